@@ -1,0 +1,98 @@
+"""Evaluating a model on task data: chunked, length-sorted, on the model's device, no grad."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .errors import TokenError
+from .task import IGNORE, TaskData
+
+DEFAULT_BUDGET = 4_000_000  # batch x pos x pos per chunk: bounds the [batch, head, pos, pos] attention memory
+
+
+def check_tokens(model, tokens: Tensor, vocab=None) -> None:
+    """Refuse tokens the model cannot take: ids outside its vocabulary or longer than its context."""
+    if tokens.ndim != 2:
+        raise TokenError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
+    if tokens.shape[1] > model.cfg.n_ctx:
+        raise TokenError(
+            f"sequences of {tokens.shape[1]} tokens are longer than the model's context n_ctx={model.cfg.n_ctx}"
+        )
+    if vocab is not None:
+        vocab.check_ids(tokens)
+    elif tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= model.cfg.d_vocab):
+        raise TokenError(f"token ids must lie in [0, {model.cfg.d_vocab - 1}], got min {int(tokens.min())} max {int(tokens.max())}")
+
+
+def length_chunks(data: TaskData, budget: int = DEFAULT_BUDGET) -> Iterator[Tensor]:
+    """Index tensors over ``data``, sorted by length, each chunk holding at most ``budget``
+    attention entries per head (chunk size x longest length squared), so padding and memory stay small."""
+    order = torch.argsort(data.lengths.cpu(), stable=True).to(data.device)
+    lengths = data.lengths[order].tolist()
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * max(lengths[end], 1) ** 2 <= budget:
+            end += 1
+        yield order[start:end]
+        start = end
+
+
+def map_chunks(model, data: TaskData, fn: Callable[[TaskData], dict[str, Tensor]], budget: int = DEFAULT_BUDGET) -> dict[str, Tensor]:
+    """Apply ``fn`` to length-sorted chunks of ``data`` (moved to the model's device) and reassemble
+    the per-example outputs (dim 0) in the original order."""
+    device = next(model.parameters()).device
+    data = data.to(device)
+    check_tokens(model, data.tokens)
+    outs: dict[str, list[Tensor]] = {}
+    order = []
+    for idx in length_chunks(data, budget):
+        res = fn(data.select(idx))
+        for k, v in res.items():
+            outs.setdefault(k, []).append(v)
+        order.append(idx)
+    perm = torch.cat(order)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(len(perm), device=perm.device)
+    return {k: _cat_padded(v)[inv] for k, v in outs.items()}
+
+
+def _cat_padded(chunks: list[Tensor]) -> Tensor:
+    """Concatenate along dim 0, right-padding dim 1 (positions) with zeros when lengths differ."""
+    if chunks[0].ndim < 2:
+        return torch.cat(chunks)
+    t = max(c.shape[1] for c in chunks)
+    return torch.cat([F.pad(c, (0, 0) * (c.ndim - 2) + (0, t - c.shape[1])) for c in chunks])
+
+
+def predictions_and_loss(model, data: TaskData, fwd_hooks=()) -> dict[str, Tensor]:
+    """Per-position argmax ``preds [batch, pos]`` and cross-entropy ``loss [batch, pos]`` (0 where no target)."""
+
+    def one(chunk: TaskData) -> dict[str, Tensor]:
+        with torch.inference_mode():
+            logits = model.run_with_hooks(chunk.tokens, fwd_hooks=list(fwd_hooks)) if fwd_hooks else model(chunk.tokens)
+        return {"preds": logits.argmax(-1), "loss": per_position_loss(logits, chunk.targets)}
+
+    return map_chunks(model, data, one)
+
+
+def per_position_loss(logits: Float[Tensor, "batch pos vocab"], targets: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+    """Cross-entropy at every position with a target; 0 where ``targets == IGNORE``."""
+    return F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE, reduction="none")
+
+
+def evaluate(model, task, data: TaskData) -> dict[str, float]:
+    """The task's metrics (``accuracy`` first) of ``model`` on ``data``."""
+    task.check_data(data)
+    out = predictions_and_loss(model, data)
+    return task.metrics(out["preds"], out["loss"], data.to(out["preds"].device))
+
+
+def evaluate_splits(model, task, splits=None, seed: int | None = None) -> dict[str, dict[str, float]]:
+    """Metrics per split, e.g. ``{"train": {...}, "val": {...}, "test": {...}}``."""
+    return {s: evaluate(model, task, task.dataset(s, seed)) for s in (splits or task.splits)}

@@ -1,0 +1,55 @@
+"""An exact, query-restricted forward for one-layer attention-only HookedTransformers.
+
+In a one-layer attention-only model the logits at position ``p`` depend only on the attention row of
+query ``p``. Tasks whose loss sits on a few positions (noisy majority: the ``=`` and answer positions)
+can therefore compute just those rows: ``O(batch x heads x k x T)`` instead of TransformerLens'
+``O(batch x heads x T x T)`` with several materialised copies. It uses the model's own parameters and
+modules (gradients flow into the HookedTransformer) and is tested equal to ``model(tokens)``.
+Training and in-training validation use it when :func:`supports_query_forward` says so; analyses and
+reported metrics use the HookedTransformer forward and its hooks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+def supports_query_forward(model) -> bool:
+    cfg = model.cfg
+    return (
+        cfg.n_layers == 1 and cfg.attn_only and cfg.positional_embedding_type == "standard"
+        and getattr(cfg, "attn_scores_soft_cap", -1.0) in (-1.0, None, 0)
+        and cfg.attention_dir == "causal" and not getattr(cfg, "use_local_attn", False)
+        and getattr(cfg, "n_key_value_heads", None) in (None, cfg.n_heads)
+    )
+
+
+def logits_at(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"],
+              dropout: float = 0.0) -> Float[Tensor, "batch k vocab_out"]:
+    """Logits at ``query_pos`` of a one-layer attention-only model, exactly as ``model(tokens)`` gives them
+    (with ``dropout`` > 0: dropout after the embedding and after the attention output, as in training)."""
+    if not supports_query_forward(model):
+        raise ValueError("logits_at needs a one-layer, attention-only, causal model with standard/no positional embedding")
+    attn = model.blocks[0].attn
+    b, t = tokens.shape
+    x = model.embed(tokens) + model.pos_embed(tokens)  # [b, t, d]
+    if dropout:
+        x = F.dropout(x, p=dropout, training=True)
+    h = model.blocks[0].ln1(x)
+    rows = torch.arange(b, device=tokens.device)[:, None]
+    hq = h[rows, query_pos]  # [b, k, d]
+    q = torch.einsum("bkd,hde->bhke", hq, attn.W_Q) + attn.b_Q[None, :, None, :]
+    keys = torch.einsum("btd,hde->bhte", h, attn.W_K) + attn.b_K[None, :, None, :]
+    vals = torch.einsum("btd,hde->bhte", h, attn.W_V) + attn.b_V[None, :, None, :]
+    scores = torch.einsum("bhke,bhte->bhkt", q, keys) / attn.attn_scale
+    future = torch.arange(t, device=tokens.device)[None, None, :] > query_pos[:, :, None]  # [b, k, t]
+    scores = scores.masked_fill(future[:, None], float("-inf"))
+    z = torch.einsum("bhkt,bhte->bkhe", scores.softmax(-1), vals)
+    out = torch.einsum("bkhe,hed->bkd", z, attn.W_O) + attn.b_O
+    if dropout:
+        out = F.dropout(out, p=dropout, training=True)
+    resid = x[rows, query_pos] + out
+    return model.unembed(model.ln_final(resid) if hasattr(model, "ln_final") else resid)

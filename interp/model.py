@@ -1,0 +1,141 @@
+"""Model specs -> ``transformer_lens.HookedTransformer``.
+
+The seed's special shapes (no positional embedding, no output matrix, no attention biases) are
+expressed with the config plus frozen parameters, never a forked model class:
+
+- ``positional="none"``: ``W_pos`` is zeroed and frozen (TransformerLens has no NoPE option).
+- ``output_matrix="identity"``: ``W_O`` is the fixed block identity (head ``h``'s dimension ``i`` writes
+  to residual dimension ``h*d_head + i``); needs ``n_heads * d_head == d_model``.
+- ``attn_bias=False``: ``b_Q, b_K, b_V, b_O`` are zero and frozen. The unembedding bias ``b_U`` (the
+  seed's ``b_H``) stays trainable unless ``unembed_bias=False``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+
+POSITIONAL = ("none", "standard", "shortformer")
+OUTPUT_MATRIX = ("identity", "learned")
+NORMALIZATION = (None, "LN", "LNPre", "RMS", "RMSPre")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild a model's architecture (weights come from training or a file)."""
+
+    d_vocab: int
+    n_ctx: int
+    n_layers: int = 1
+    d_model: int = 32
+    n_heads: int = 16
+    d_head: int = 2
+    d_vocab_out: int | None = None
+    attn_only: bool = True
+    d_mlp: int | None = None
+    positional: str = "none"
+    output_matrix: str = "identity"
+    attn_bias: bool = False
+    unembed_bias: bool = True
+    normalization: str | None = None
+    act_fn: str = "relu"
+    init_seed: int = 0
+
+    def __post_init__(self):
+        for name in ("d_vocab", "n_ctx", "n_layers", "d_model", "n_heads", "d_head"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.d_vocab_out is not None and (not isinstance(self.d_vocab_out, int) or self.d_vocab_out < 1):
+            raise ConfigError(f"d_vocab_out must be a positive integer or None, got {self.d_vocab_out!r}")
+        if self.positional not in POSITIONAL:
+            raise ConfigError(f"positional must be one of {POSITIONAL}, got {self.positional!r}")
+        if self.output_matrix not in OUTPUT_MATRIX:
+            raise ConfigError(f"output_matrix must be one of {OUTPUT_MATRIX}, got {self.output_matrix!r}")
+        if self.normalization not in NORMALIZATION:
+            raise ConfigError(f"normalization must be one of {NORMALIZATION}, got {self.normalization!r}")
+        if self.output_matrix == "identity" and self.n_heads * self.d_head != self.d_model:
+            raise ConfigError(
+                f"output_matrix='identity' needs n_heads * d_head == d_model, got {self.n_heads} * {self.d_head} "
+                f"!= {self.d_model}; use output_matrix='learned'"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown model spec field(s) {sorted(unknown)}; known fields: {sorted(known)}")
+        return cls(**d)
+
+    def tl_config_kwargs(self, device: str) -> dict[str, Any]:
+        """The HookedTransformerConfig keyword arguments for this spec."""
+        return dict(
+            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, d_head=self.d_head,
+            d_vocab=self.d_vocab, d_vocab_out=self.d_vocab_out or self.d_vocab, n_ctx=self.n_ctx,
+            attn_only=self.attn_only, d_mlp=None if self.attn_only else (self.d_mlp or 4 * self.d_model),
+            act_fn=self.act_fn, normalization_type=self.normalization,
+            positional_embedding_type="shortformer" if self.positional == "shortformer" else "standard",
+            seed=self.init_seed, device=device,
+        )
+
+
+def quiet_tl():
+    """Silence TransformerLens' deprecation warnings (HookedTransformer is deprecated in 3.x)."""
+    warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformer_lens.*")
+
+
+def build_model(spec: ModelSpec, device: str | None = None):
+    """A freshly initialised HookedTransformer for ``spec`` on ``device`` with the frozen parts set."""
+    from .device import pick_device
+
+    device = pick_device(device)
+    quiet_tl()
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    # HookedTransformerConfig(seed=...) reseeds the global RNGs; keep the caller's RNG stream intact.
+    rng_state = torch.random.get_rng_state()
+    try:
+        cfg = HookedTransformerConfig(**spec.tl_config_kwargs(device))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = HookedTransformer(cfg, move_to_device=True)
+    finally:
+        torch.random.set_rng_state(rng_state)
+    apply_frozen(model, spec)
+    model.interp_spec = spec
+    return model
+
+
+def apply_frozen(model, spec: ModelSpec) -> None:
+    """Set and freeze the parameters the spec fixes (W_pos, W_O, biases)."""
+    with torch.no_grad():
+        if spec.positional == "none":
+            model.pos_embed.W_pos.zero_()
+            model.pos_embed.W_pos.requires_grad_(False)
+        for block in model.blocks:
+            attn = block.attn
+            if spec.output_matrix == "identity":
+                eye = torch.eye(spec.d_model, device=attn.W_O.device, dtype=attn.W_O.dtype)
+                attn.W_O.copy_(eye.reshape(spec.n_heads, spec.d_head, spec.d_model))
+                attn.W_O.requires_grad_(False)
+            if not spec.attn_bias:
+                for p in (attn.b_Q, attn.b_K, attn.b_V, attn.b_O):
+                    p.zero_()
+                    p.requires_grad_(False)
+        if not spec.unembed_bias:
+            model.unembed.b_U.zero_()
+            model.unembed.b_U.requires_grad_(False)
+
+
+def trainable_parameters(model) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]

@@ -1,0 +1,141 @@
+"""The task protocol: what a model learns (vocabulary, data, answer positions, correctness).
+
+Implementations live in ``tasks/``; ``interp`` only knows this protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .errors import TaskError, TokenError
+
+IGNORE = -100  # target value meaning "no loss at this position" (torch's default ignore_index)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Token strings <-> ids. Tokens ``[0, n_out)`` can be predicted; later ones (padding) are input-only."""
+
+    tokens: tuple[str, ...]
+    bos: int | None = None
+    eos: int | None = None
+    pad: int | None = None
+    n_out: int | None = None  # size of the model's output vocabulary; defaults to all tokens
+
+    def __post_init__(self):
+        if len(set(self.tokens)) != len(self.tokens):
+            raise TaskError(f"vocabulary has duplicate tokens: {self.tokens}")
+        if self.n_out is None:
+            object.__setattr__(self, "n_out", len(self.tokens))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.tokens)}
+
+    def encode(self, strs: list[str] | str) -> Int[Tensor, "pos"]:
+        """Token strings -> ids. A plain string is split on whitespace (``"[BOS] 0 1 ="``)."""
+        if isinstance(strs, str):
+            strs = strs.split()
+        idx = self.index
+        bad = [s for s in strs if s not in idx]
+        if bad:
+            raise TokenError(f"unknown token(s) {bad}; the vocabulary is {list(self.tokens)}")
+        return torch.tensor([idx[s] for s in strs], dtype=torch.long)
+
+    def decode(self, ids) -> list[str]:
+        """Ids (tensor or list) -> token strings."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        bad = [i for i in ids if not 0 <= int(i) < len(self.tokens)]
+        if bad:
+            raise TokenError(f"token id(s) {bad} are outside the vocabulary of size {len(self.tokens)}")
+        return [self.tokens[int(i)] for i in ids]
+
+    def check_ids(self, tokens: Tensor, what: str = "tokens") -> None:
+        """Raise a TokenError if any id is outside ``[0, len(vocab))``."""
+        if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
+            raise TokenError(f"{what} must be an integer tensor of token ids, got dtype {tokens.dtype}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= len(self.tokens)):
+            raise TokenError(
+                f"{what} contain ids outside the vocabulary: min {int(tokens.min())}, max {int(tokens.max())}; "
+                f"expected ids in [0, {len(self.tokens) - 1}] ({list(self.tokens)})"
+            )
+
+
+@dataclass
+class TaskData:
+    """A batch of task examples on one device.
+
+    ``targets[b, p]`` is the token the model should predict *at* position ``p`` (i.e. token ``p+1``), or
+    ``IGNORE`` where there is no loss. ``answer_pos[b]`` is the position whose prediction is the task's
+    answer and ``labels[b]`` that answer. ``lengths[b]`` counts the real (unpadded) tokens. ``fields``
+    holds the task's own per-example tensors (counts, categories, ...).
+    """
+
+    task: str
+    tokens: Int[Tensor, "batch pos"]
+    targets: Int[Tensor, "batch pos"]
+    answer_pos: Int[Tensor, "batch"]
+    labels: Int[Tensor, "batch"]
+    lengths: Int[Tensor, "batch"]
+    fields: dict[str, Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    def to(self, device) -> "TaskData":
+        return TaskData(
+            self.task, self.tokens.to(device), self.targets.to(device), self.answer_pos.to(device),
+            self.labels.to(device), self.lengths.to(device), {k: v.to(device) for k, v in self.fields.items()},
+        )
+
+    def select(self, index) -> "TaskData":
+        """The examples at ``index`` (a slice, bool mask or index tensor), padding trimmed to their longest."""
+        if isinstance(index, slice):
+            idx = torch.arange(len(self), device=self.device)[index]
+        else:
+            idx = torch.as_tensor(index, device=self.device)
+            if idx.dtype == torch.bool:
+                idx = idx.nonzero().squeeze(-1)
+        lengths = self.lengths[idx]
+        t = int(lengths.max()) if len(idx) else 0
+        t = max(t, 1)
+        return TaskData(
+            self.task, self.tokens[idx, :t], self.targets[idx, :t], self.answer_pos[idx], self.labels[idx],
+            lengths, {k: v[idx] for k, v in self.fields.items()},
+        )
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What a task provides. See ``tasks/noisy_majority.py`` for an implementation."""
+
+    name: str
+    vocab: Vocab
+    splits: tuple[str, ...]
+
+    def dataset(self, split: str, seed: int | None = None) -> TaskData:
+        """Deterministic examples of a split; the same seed gives the same data."""
+
+    def metrics(self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData) -> dict[str, float]:
+        """Scores from per-position argmax predictions and losses. Must include ``accuracy``."""
+
+    def default_spec(self) -> dict[str, Any]:
+        """Keyword arguments for ``interp.model.ModelSpec`` suited to this task."""
+
+    def params(self) -> dict[str, Any]:
+        """JSON-serialisable parameters that rebuild this task via ``tasks.get_task(name, **params)``."""
+
+    def check_data(self, data: TaskData) -> None:
+        """Raise a TaskError if ``data`` does not belong to this task."""

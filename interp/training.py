@@ -1,0 +1,270 @@
+"""Training a task model: AdamW, linear warmup, dropout through hooks, best-by-validation, resumable.
+
+Defaults follow seed 000 §5.2: batch 128, lr 1e-3, weight decay 0.01, dropout 0.1, warmup over
+``2 / (1 - beta2)`` steps (Ma & Yarats' untuned linear warmup, then constant), loss on the task's
+answer positions only. One-layer attention-only models train through the exact query-restricted
+forward of :mod:`interp.fast` (tested equal to the HookedTransformer forward). HookedTransformer has no dropout, so during training only it is added by
+forward hooks after the embedding (``blocks.0.hook_resid_pre``) and after every attention / MLP output
+(``blocks.L.hook_attn_out``, ``blocks.L.hook_mlp_out``); evaluation never uses them.
+
+A resume file ``<out>.resume.safetensors`` is written every ``save_every`` epochs (weights, optimizer
+moments, RNG states, best model so far, history; no pickle). ``resume=True`` continues from it and
+ends with exactly the weights an uninterrupted run gives (on CPU; CUDA kernels may be nondeterministic).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .checkpoint import atomic_write, save_checkpoint
+from .device import pick_device
+from .errors import CheckpointError, ConfigError
+from .evaluate import evaluate, evaluate_splits
+from .fast import logits_at, supports_query_forward
+from .model import ModelSpec, build_model, trainable_parameters
+from .task import IGNORE
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 900
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    dropout: float = 0.1
+    warmup_steps: int | None = None  # None: 2 / (1 - beta2)
+    seed: int = 0
+    save_every: int = 5  # epochs between resume files
+    patience: int | None = None  # stop after this many epochs without a better validation accuracy
+
+    def __post_init__(self):
+        checks = {
+            "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1, "lr": self.lr > 0,
+            "weight_decay": self.weight_decay >= 0, "beta1": 0 <= self.beta1 < 1, "beta2": 0 <= self.beta2 < 1,
+            "dropout": 0 <= self.dropout < 1, "save_every": self.save_every >= 1,
+            "warmup_steps": self.warmup_steps is None or self.warmup_steps >= 0,
+            "patience": self.patience is None or self.patience >= 1,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ConfigError(f"invalid training option(s): " + ", ".join(f"{k}={getattr(self, k)!r}" for k in bad))
+
+    @property
+    def warmup(self) -> int:
+        return round(2 / (1 - self.beta2)) if self.warmup_steps is None else self.warmup_steps
+
+
+def dropout_hooks(model, p: float) -> list:
+    """Forward hooks that apply dropout where the seed's transformer has it."""
+    if p == 0:
+        return []
+
+    def drop(x, hook):
+        return F.dropout(x, p=p, training=True)
+
+    names = ["blocks.0.hook_resid_pre"]
+    for layer in range(model.cfg.n_layers):
+        names.append(f"blocks.{layer}.hook_attn_out")
+        if not model.cfg.attn_only:
+            names.append(f"blocks.{layer}.hook_mlp_out")
+    return [(n, drop) for n in names]
+
+
+def task_loss(logits, targets) -> torch.Tensor:
+    """Mean cross-entropy over the positions that have a target."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def target_positions(data) -> torch.Tensor | None:
+    """``[batch, k]`` positions that carry a target when every row has the same few (else None)."""
+    mask = data.targets != IGNORE
+    counts = mask.sum(1)
+    if int(counts.min()) != int(counts.max()) or int(counts.max()) * 4 > data.tokens.shape[1]:
+        return None
+    return mask.nonzero()[:, 1].view(len(data), -1)
+
+
+def batch_loss(model, batch, hooks, dropout: float) -> torch.Tensor:
+    """Training loss of one batch: the exact query-restricted forward where it applies, else TL's."""
+    qpos = target_positions(batch) if supports_query_forward(model) else None
+    if qpos is not None:
+        logits = logits_at(model, batch.tokens, qpos, dropout=dropout)
+        return task_loss(logits, batch.targets.gather(1, qpos))
+    with model.hooks(fwd_hooks=hooks):
+        return task_loss(model(batch.tokens), batch.targets)
+
+
+def quick_evaluate(model, task, data, batch_size: int = 512) -> dict[str, float]:
+    """Validation metrics during training; uses the exact query-restricted forward where it applies."""
+    if not supports_query_forward(model) or target_positions(data.select(slice(0, 1))) is None:
+        return evaluate(model, task, data)
+    preds = torch.full_like(data.tokens, -1)
+    loss = torch.zeros(data.tokens.shape, device=data.device)
+    with torch.inference_mode():
+        for start in range(0, len(data), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(data)), device=data.device)
+            chunk = data.select(idx)
+            qpos = target_positions(chunk)
+            logits = logits_at(model, chunk.tokens, qpos)
+            rows = idx[:, None]
+            preds[rows, qpos] = logits.argmax(-1)
+            loss[rows, qpos] = F.cross_entropy(logits.transpose(1, 2).float(), chunk.targets.gather(1, qpos), reduction="none")
+    return task.metrics(preds, loss, data)
+
+
+def resume_path(out: Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".safetensors") + ".resume.safetensors")
+
+
+class _State:
+    """Mutable training state; (de)serialised to a safetensors resume file."""
+
+    def __init__(self, model, opt, gen):
+        self.model, self.opt, self.gen = model, opt, gen
+        self.epoch = 0  # epochs completed
+        self.step = 0
+        self.best_val = -1.0
+        self.best_epoch = -1
+        self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.history: list[dict[str, float]] = []
+
+    def save(self, path: Path, identity: dict[str, Any]) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        tensors.update({f"best.{k}": v.detach().cpu().contiguous() for k, v in self.best_state.items()})
+        opt_sd = self.opt.state_dict()
+        for i, st in opt_sd["state"].items():
+            for k, v in st.items():
+                tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
+        tensors["rng.torch"] = torch.random.get_rng_state()
+        tensors["rng.shuffle"] = self.gen.get_state()
+        if torch.cuda.is_available():
+            tensors["rng.cuda"] = torch.cuda.get_rng_state()
+        meta = {
+            "identity": json.dumps(identity, sort_keys=True),
+            "progress": json.dumps({"epoch": self.epoch, "step": self.step, "best_val": self.best_val,
+                                    "best_epoch": self.best_epoch, "history": self.history}),
+            "param_groups": json.dumps(opt_sd["param_groups"]),
+        }
+        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+    def load(self, path: Path, identity: dict[str, Any]) -> None:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        try:
+            with safe_open(str(path), "pt") as f:
+                meta = f.metadata()
+            tensors = load_file(str(path))
+        except Exception as e:
+            raise CheckpointError(f"resume file {path} is corrupt ({e}); delete it to start over") from None
+        saved = json.loads(meta["identity"])
+        diff = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
+        if diff:
+            raise CheckpointError(
+                f"resume file {path} belongs to a different run (differs in: {', '.join(diff)}); "
+                "use the same options or delete it"
+            )
+        dev = next(self.model.parameters()).device
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        self.best_state = {k[5:]: v.to(dev) for k, v in tensors.items() if k.startswith("best.")}
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for k, v in tensors.items():
+            if k.startswith("opt."):
+                _, i, name = k.split(".", 2)
+                state.setdefault(int(i), {})[name] = v if name == "step" else v.to(dev)
+        self.opt.load_state_dict({"state": state, "param_groups": json.loads(meta["param_groups"])})
+        torch.random.set_rng_state(tensors["rng.torch"])
+        self.gen.set_state(tensors["rng.shuffle"])
+        if "rng.cuda" in tensors and torch.cuda.is_available():
+            torch.cuda.set_rng_state(tensors["rng.cuda"])
+        prog = json.loads(meta["progress"])
+        self.epoch, self.step = prog["epoch"], prog["step"]
+        self.best_val, self.best_epoch, self.history = prog["best_val"], prog["best_epoch"], prog["history"]
+
+
+def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = None, resume: bool = False,
+          progress: bool = True) -> dict[str, Any]:
+    """Train a model for ``task``; write the best-by-validation model to ``out``; return its provenance."""
+    device = pick_device(device)
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise ConfigError(f"output directory {out.parent} does not exist")
+    rpath = resume_path(out)
+    if resume and not rpath.is_file():
+        raise CheckpointError(f"--resume: no resume file {rpath} (it is written every {cfg.save_every} epochs)")
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(spec, device=device)
+    model.train()
+    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                            weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    state = _State(model, opt, gen)
+    identity = {"task": {"name": task.name, "params": task.params()}, "spec": spec.to_dict(),
+                **{k: v for k, v in asdict(cfg).items() if k not in ("epochs", "save_every", "patience")}}
+    if resume:
+        state.load(rpath, identity)
+
+    train_data = task.dataset("train").to(device)
+    val_data = task.dataset("val").to(device)
+    hooks = dropout_hooks(model, cfg.dropout)
+    n = len(train_data)
+    started = time.time()
+    bar = tqdm(total=cfg.epochs, initial=state.epoch, desc=f"train {task.name}", unit="epoch", disable=not progress)
+    while state.epoch < cfg.epochs:
+        model.train()
+        perm = torch.randperm(n, generator=gen).to(device)
+        total, count = 0.0, 0
+        for start in range(0, n, cfg.batch_size):
+            batch = train_data.select(perm[start : start + cfg.batch_size])
+            for g in opt.param_groups:
+                g["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(cfg.warmup, 1))
+            loss = batch_loss(model, batch, hooks, cfg.dropout)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            state.step += 1
+            total += loss.item() * len(batch)
+            count += len(batch)
+        model.eval()
+        val = quick_evaluate(model, task, val_data)
+        state.epoch += 1
+        state.history.append({"epoch": state.epoch, "train_loss": total / count, "val_accuracy": val["accuracy"]})
+        if val["accuracy"] > state.best_val:
+            state.best_val, state.best_epoch = val["accuracy"], state.epoch
+            state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        bar.update(1)
+        bar.set_postfix(loss=f"{total / count:.4f}", val=f"{val['accuracy']:.4f}", best=f"{state.best_val:.4f}@{state.best_epoch}")
+        if state.epoch % cfg.save_every == 0 and state.epoch < cfg.epochs:
+            state.save(rpath, identity)
+        if cfg.patience is not None and state.epoch - state.best_epoch >= cfg.patience:
+            break
+    bar.close()
+
+    model.load_state_dict(state.best_state)
+    model.eval()
+    metrics = evaluate_splits(model, task)
+    provenance = {
+        "seed": cfg.seed, "epochs": cfg.epochs, "epochs_run": state.epoch, "steps": state.step,
+        "best_epoch": state.best_epoch, "config": asdict(cfg),
+        "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
+        "history": state.history, "device": device, "wall_seconds_this_run": round(time.time() - started, 1),
+        "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+    }
+    save_checkpoint(out, model, task, provenance)
+    rpath.unlink(missing_ok=True)
+    return provenance
