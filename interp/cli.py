@@ -66,10 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output-matrix", choices=["identity", "learned"],
                    help="default: the task's (identity when n_heads*d_head == d_model, else learned)")
     t.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's (900 for noisy-majority)")
-    t.add_argument("--batch-size", type=_positive_int, default=128)
-    t.add_argument("--lr", type=_positive_float, default=1e-3)
-    t.add_argument("--weight-decay", type=float, default=0.01)
-    t.add_argument("--dropout", type=_fraction, default=0.1)
+    t.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's (128)")
+    t.add_argument("--lr", type=_positive_float, default=None, help="default: the task's (1e-3)")
+    t.add_argument("--weight-decay", type=float, default=None, help="default: the task's (0.01)")
+    t.add_argument("--dropout", type=_fraction, default=None, help="default: the task's (0.1)")
     t.add_argument("--patience", type=_positive_int, default=None, help="stop after this many epochs without a better validation accuracy")
     t.add_argument("--save-every", type=_positive_int, default=5, help="epochs between resume files")
     t.add_argument("--seed", type=_nonneg_int, default=0)
@@ -113,9 +113,11 @@ def cmd_train(args) -> int:
     elif spec_kw.get("output_matrix") == "identity" and spec_kw["n_heads"] * spec_kw["d_head"] != spec_kw["d_model"]:
         spec_kw["output_matrix"] = "learned"  # the seed's 64-head d=2 model: a trained W_O
     spec = ModelSpec(**{**spec_kw, "init_seed": args.seed})
-    epochs = args.epochs or getattr(task, "default_epochs", 900)
-    cfg = TrainConfig(epochs=epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                      dropout=args.dropout, seed=args.seed, save_every=args.save_every, patience=args.patience)
+    train_kw = dict(task.default_train()) if hasattr(task, "default_train") else {}
+    for key in ("epochs", "batch_size", "lr", "weight_decay", "dropout", "patience"):
+        if getattr(args, key) is not None:
+            train_kw[key] = getattr(args, key)
+    cfg = TrainConfig(**{**train_kw, "seed": args.seed, "save_every": args.save_every})
     out = Path(args.out) if args.out else Path("runs") / f"{task.name}-seed{args.seed}.safetensors"
     if not args.out:
         out.parent.mkdir(parents=True, exist_ok=True)

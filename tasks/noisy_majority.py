@@ -71,6 +71,10 @@ class NoisyMajority:
             n_ctx=self.n_ctx, positional="none", output_matrix="identity", attn_bias=False,
         )
 
+    def default_train(self) -> dict[str, Any]:
+        """``interp.training.TrainConfig`` defaults for this task (seed 000 §5.2)."""
+        return dict(epochs=900, batch_size=128, lr=1e-3, weight_decay=0.01, dropout=0.1)
+
     def dataset(self, split: str, seed: int | None = None) -> TaskData:
         """The sentences of ``split``, generated from ``seed`` (default: the task's data seed)."""
         if split not in self.splits:
