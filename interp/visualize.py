@@ -1,0 +1,126 @@
+"""Visualisation building blocks: offline circuitsvis attention views and plotly heatmaps.
+
+circuitsvis' ``str(view)`` loads its JavaScript from a CDN (blank offline); these helpers always use
+the package's bundled ``dist/cdn/iife.js``, so every file and notebook output works without a network.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+import uuid
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .errors import InterpError
+
+
+@lru_cache(maxsize=1)
+def circuitsvis_bundle() -> str:
+    """The circuitsvis JavaScript bundle (defines the global ``CircuitsVis``), safe to inline in <script>."""
+    import circuitsvis
+
+    path = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
+    return path.read_text(encoding="utf-8").replace("</script>", "<\\/script>")
+
+
+def attention_props(tokens: Sequence[str], pattern: Float[Tensor, "heads dest src"], head_names: Sequence[str] | None = None) -> dict:
+    """Validated props for circuitsvis' ``AttentionHeads``. Tokens are passed as plain text: React renders
+    them as text (escaping them would show ``&lt;``); :func:`render_call` keeps ``</script>`` out of the JSON."""
+    pattern = torch.as_tensor(pattern).detach().float().cpu()
+    if pattern.ndim == 2:
+        pattern = pattern[None]
+    if pattern.ndim != 3 or pattern.shape[1] != pattern.shape[2]:
+        raise InterpError(f"attention pattern must have shape [heads, dest, src] with dest == src, got {tuple(pattern.shape)}")
+    if len(tokens) != pattern.shape[-1]:
+        raise InterpError(f"{len(tokens)} tokens were given for an attention pattern over {pattern.shape[-1]} positions")
+    names = list(head_names) if head_names is not None else [f"H{h}" for h in range(pattern.shape[0])]
+    if len(names) != pattern.shape[0]:
+        raise InterpError(f"{len(names)} head names were given for {pattern.shape[0]} heads")
+    return {
+        "attention": [[[round(float(v), 5) for v in row] for row in head] for head in pattern.tolist()],
+        "tokens": [str(t) for t in tokens],
+        "attentionHeadNames": names,
+    }
+
+
+def render_call(element: str, props: dict, div_id: str | None = None) -> str:
+    """A <div> plus the script that renders a circuitsvis element into it (needs the bundle on the page)."""
+    div_id = div_id or f"cv-{uuid.uuid4().hex[:12]}"
+    return (f'<div id="{div_id}" class="cv-view" style="margin: 8px 0"></div>'
+            f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {_script_json(props)});</script>')
+
+
+def _script_json(obj) -> str:
+    """JSON that is safe inside a <script> element."""
+    return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+class AttentionView:
+    """Interactive attention patterns of several heads on one sequence (circuitsvis ``AttentionHeads``).
+
+    Displays itself in Jupyter (offline: the bundle is inlined), ``.save(path)`` writes a self-contained
+    HTML file, ``.pattern`` keeps the numbers."""
+
+    def __init__(self, tokens: Sequence[str], pattern: Float[Tensor, "heads dest src"], head_names: Sequence[str] | None = None,
+                 title: str = ""):
+        self.props = attention_props(tokens, pattern, head_names)
+        self.tokens = list(tokens)
+        self.pattern = torch.as_tensor(pattern).detach().cpu()
+        self.head_names = self.props["attentionHeadNames"]
+        self.title = title
+
+    def body_html(self) -> str:
+        """The view's markup for a page that already includes :func:`circuitsvis_bundle`."""
+        title = f"<h3>{_html.escape(self.title)}</h3>" if self.title else ""
+        return title + render_call("AttentionHeads", self.props)
+
+    def html(self) -> str:
+        """A complete, self-contained HTML document."""
+        return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>attention</title>"
+                f"<script>{circuitsvis_bundle()}</script></head><body>{self.body_html()}</body></html>")
+
+    def save(self, path) -> Path:
+        from .checkpoint import atomic_write
+
+        path = Path(path)
+        doc = self.html()
+        atomic_write(path, lambda tmp: Path(tmp).write_text(doc, encoding="utf-8"))
+        return path
+
+    def _repr_html_(self) -> str:
+        return f"<script>{circuitsvis_bundle()}</script>{self.body_html()}"
+
+
+def heatmap(matrix: Float[Tensor, "rows cols"], x_labels: Sequence[str], y_labels: Sequence[str], title: str = "",
+            colorscale: str = "RdBu", zmid: float | None = 0.0, zmin: float | None = None, zmax: float | None = None,
+            x_title: str = "", y_title: str = "", text_fmt: str | None = None):
+    """A labelled plotly heatmap (rows top to bottom), values shown on hover (and in cells if ``text_fmt``)."""
+    import plotly.graph_objects as go
+
+    z = torch.as_tensor(matrix).detach().float().cpu()
+    if z.shape != (len(y_labels), len(x_labels)):
+        raise InterpError(f"heatmap of shape {tuple(z.shape)} needs {z.shape[0]} row and {z.shape[1]} column labels, "
+                          f"got {len(y_labels)} and {len(x_labels)}")
+    kw = dict(z=z.tolist(), x=list(x_labels), y=list(y_labels), colorscale=colorscale, hoverongaps=False)
+    if zmid is not None and zmin is None and zmax is None:
+        kw["zmid"] = zmid
+    if zmin is not None:
+        kw["zmin"] = zmin
+    if zmax is not None:
+        kw["zmax"] = zmax
+    if text_fmt:
+        kw["text"] = [[format(v, text_fmt) for v in row] for row in z.tolist()]
+        kw["texttemplate"] = "%{text}"
+    fig = go.Figure(go.Heatmap(**kw))
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, yaxis_autorange="reversed",
+                      width=max(420, 28 * len(x_labels) + 200), height=max(360, 24 * len(y_labels) + 160),
+                      template="plotly_white")
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
+    return fig
