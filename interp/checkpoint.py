@@ -48,6 +48,9 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a model on a task and write a .safetensors checkpoint")
     t.add_argument("task", help="task name, e.g. noisy-majority")
+    t.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
+                   help="task parameter, e.g. --set train_size=2000 --set 'test_lengths=[151,300]' (repeatable)")
     t.add_argument("--d-model", type=_positive_int)
     t.add_argument("--n-heads", type=_positive_int)
     t.add_argument("--d-head", type=_positive_int)
@@ -98,12 +100,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse_task_params(items: list[str]) -> dict:
+    """``["train_size=2000", "test_lengths=[151,300]"]`` -> dict; values are JSON, else strings."""
+    from interp.errors import TaskError
+
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TaskError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip()] = value
+    return params
+
+
 def cmd_train(args) -> int:
     from interp.model import ModelSpec
     from interp.training import TrainConfig, train
     from tasks import get_task
 
-    task = get_task(args.task)
+    task = get_task(args.task, **_parse_task_params(args.task_params))
     spec_kw = task.default_spec()
     for opt, key in (("d_model", "d_model"), ("n_heads", "n_heads"), ("d_head", "d_head"), ("n_layers", "n_layers")):
         if getattr(args, opt) is not None:

@@ -5,8 +5,8 @@ query ``p``. Tasks whose loss sits on a few positions (noisy majority: the ``=``
 can therefore compute just those rows: ``O(batch x heads x k x T)`` instead of TransformerLens'
 ``O(batch x heads x T x T)`` with several materialised copies. It uses the model's own parameters and
 modules (gradients flow into the HookedTransformer) and is tested equal to ``model(tokens)``.
-Training and in-training validation use it when :func:`supports_query_forward` says so; analyses and
-reported metrics use the HookedTransformer forward and its hooks.
+Training and :func:`interp.evaluate.evaluate` use it when :func:`supports_query_forward` says so;
+analyses use the HookedTransformer forward and its hooks.
 """
 
 from __future__ import annotations
@@ -53,3 +53,42 @@ def logits_at(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "b
         out = F.dropout(out, p=dropout, training=True)
     resid = x[rows, query_pos] + out
     return model.unembed(model.ln_final(resid) if hasattr(model, "ln_final") else resid)
+
+
+def target_positions(data) -> Tensor | None:
+    """``[batch, k]`` positions that carry a target when every row has the same few (else None)."""
+    from .task import IGNORE
+
+    mask = data.targets != IGNORE
+    counts = mask.sum(1)
+    if not len(data) or int(counts.min()) != int(counts.max()) or int(counts.max()) * 4 > data.tokens.shape[1]:
+        return None
+    return mask.nonzero()[:, 1].view(len(data), -1)
+
+
+def sparse_predictions_and_loss(model, data, batch_size: int = 512) -> dict[str, Tensor] | None:
+    """Like :func:`interp.evaluate.predictions_and_loss` (argmax and loss at target positions; ``preds``
+    is -1 and ``loss`` 0 elsewhere) via :func:`logits_at`, or None where that forward does not apply."""
+    from .evaluate import check_tokens
+
+    if not supports_query_forward(model):
+        return None
+    device = next(model.parameters()).device
+    data = data.to(device)
+    check_tokens(model, data.tokens)
+    if target_positions(data.select(slice(0, 1))) is None:
+        return None
+    preds = torch.full_like(data.tokens, -1)
+    loss = torch.zeros(data.tokens.shape, device=device)
+    with torch.inference_mode():
+        for start in range(0, len(data), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(data)), device=device)
+            chunk = data.select(idx)
+            qpos = target_positions(chunk)
+            if qpos is None:
+                return None
+            logits = logits_at(model, chunk.tokens, qpos)
+            rows = idx[:, None]
+            preds[rows, qpos] = logits.argmax(-1)
+            loss[rows, qpos] = F.cross_entropy(logits.transpose(1, 2).float(), chunk.targets.gather(1, qpos), reduction="none")
+    return {"preds": preds, "loss": loss}

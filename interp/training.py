@@ -19,7 +19,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,7 @@ from .checkpoint import atomic_write, save_checkpoint
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
 from .evaluate import evaluate, evaluate_splits
-from .fast import logits_at, supports_query_forward
+from .fast import logits_at, supports_query_forward, target_positions
 from .model import ModelSpec, build_model, trainable_parameters
 from .task import IGNORE
 
@@ -86,15 +86,6 @@ def task_loss(logits, targets) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
 
 
-def target_positions(data) -> torch.Tensor | None:
-    """``[batch, k]`` positions that carry a target when every row has the same few (else None)."""
-    mask = data.targets != IGNORE
-    counts = mask.sum(1)
-    if int(counts.min()) != int(counts.max()) or int(counts.max()) * 4 > data.tokens.shape[1]:
-        return None
-    return mask.nonzero()[:, 1].view(len(data), -1)
-
-
 def batch_loss(model, batch, hooks, dropout: float) -> torch.Tensor:
     """Training loss of one batch: the exact query-restricted forward where it applies, else TL's."""
     qpos = target_positions(batch) if supports_query_forward(model) else None
@@ -103,24 +94,6 @@ def batch_loss(model, batch, hooks, dropout: float) -> torch.Tensor:
         return task_loss(logits, batch.targets.gather(1, qpos))
     with model.hooks(fwd_hooks=hooks):
         return task_loss(model(batch.tokens), batch.targets)
-
-
-def quick_evaluate(model, task, data, batch_size: int = 512) -> dict[str, float]:
-    """Validation metrics during training; uses the exact query-restricted forward where it applies."""
-    if not supports_query_forward(model) or target_positions(data.select(slice(0, 1))) is None:
-        return evaluate(model, task, data)
-    preds = torch.full_like(data.tokens, -1)
-    loss = torch.zeros(data.tokens.shape, device=data.device)
-    with torch.inference_mode():
-        for start in range(0, len(data), batch_size):
-            idx = torch.arange(start, min(start + batch_size, len(data)), device=data.device)
-            chunk = data.select(idx)
-            qpos = target_positions(chunk)
-            logits = logits_at(model, chunk.tokens, qpos)
-            rows = idx[:, None]
-            preds[rows, qpos] = logits.argmax(-1)
-            loss[rows, qpos] = F.cross_entropy(logits.transpose(1, 2).float(), chunk.targets.gather(1, qpos), reduction="none")
-    return task.metrics(preds, loss, data)
 
 
 def resume_path(out: Path) -> Path:
@@ -197,8 +170,11 @@ class _State:
 
 
 def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = None, resume: bool = False,
-          progress: bool = True) -> dict[str, Any]:
-    """Train a model for ``task``; write the best-by-validation model to ``out``; return its provenance."""
+          progress: bool = True, on_epoch_end: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Train a model for ``task``; write the best-by-validation model to ``out``; return its provenance.
+
+    ``on_epoch_end(epoch, record)`` is called after each epoch (after the resume file is written), e.g. to
+    log metrics; an exception it raises stops training like an interruption would."""
     device = pick_device(device)
     out = Path(out)
     if not out.parent.is_dir():
@@ -224,6 +200,8 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
     hooks = dropout_hooks(model, cfg.dropout)
     n = len(train_data)
     started = time.time()
+    if state.epoch >= cfg.epochs:
+        raise ConfigError(f"the resumed run has already done {state.epoch} epochs; ask for more than that")
     bar = tqdm(total=cfg.epochs, initial=state.epoch, desc=f"train {task.name}", unit="epoch", disable=not progress)
     while state.epoch < cfg.epochs:
         model.train()
@@ -241,7 +219,7 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
             total += loss.item() * len(batch)
             count += len(batch)
         model.eval()
-        val = quick_evaluate(model, task, val_data)
+        val = evaluate(model, task, val_data)
         state.epoch += 1
         state.history.append({"epoch": state.epoch, "train_loss": total / count, "val_accuracy": val["accuracy"]})
         if val["accuracy"] > state.best_val:
@@ -251,6 +229,8 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
         bar.set_postfix(loss=f"{total / count:.4f}", val=f"{val['accuracy']:.4f}", best=f"{state.best_val:.4f}@{state.best_epoch}")
         if state.epoch % cfg.save_every == 0 and state.epoch < cfg.epochs:
             state.save(rpath, identity)
+        if on_epoch_end is not None:
+            on_epoch_end(state.epoch, state.history[-1])
         if cfg.patience is not None and state.epoch - state.best_epoch >= cfg.patience:
             break
     bar.close()

@@ -42,11 +42,14 @@ class NoisyMajority:
     def __post_init__(self):
         for split in self.splits:
             size = getattr(self, f"{split}_size")
-            lo, hi = getattr(self, f"{split}_lengths")
-            if not isinstance(size, int) or size < 1:
+            lengths = getattr(self, f"{split}_lengths")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise TaskError(f"{split}_size must be a positive integer, got {size!r}")
-            if not (0 <= lo <= hi):
-                raise TaskError(f"{split}_lengths must be (lo, hi) with 0 <= lo <= hi, got {(lo, hi)}")
+            ok = isinstance(lengths, (tuple, list)) and len(lengths) == 2 and all(isinstance(x, int) for x in lengths)
+            if not ok or not (0 <= lengths[0] <= lengths[1]):
+                raise TaskError(f"{split}_lengths must be [lo, hi] digit counts with 0 <= lo <= hi, got {lengths!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise TaskError(f"seed must be a non-negative integer, got {self.seed!r}")
         object.__setattr__(self, "train_lengths", tuple(self.train_lengths))
         object.__setattr__(self, "val_lengths", tuple(self.val_lengths))
         object.__setattr__(self, "test_lengths", tuple(self.test_lengths))

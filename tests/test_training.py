@@ -1,0 +1,123 @@
+"""Training: a tiny run learns, resume equals uninterrupted, bad options and resume files are refused."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from interp.checkpoint import load_checkpoint
+from interp.errors import CheckpointError, ConfigError
+from interp.model import ModelSpec
+from interp.training import TrainConfig, dropout_hooks, resume_path, train
+from tasks import get_task
+
+TINY = dict(train_size=512, val_size=128, test_size=128, train_lengths=[0, 20], val_lengths=[21, 30], test_lengths=[31, 40])
+
+
+@pytest.fixture(scope="module")
+def tiny_task():
+    return get_task("noisy-majority", **TINY)
+
+
+@pytest.fixture(scope="module")
+def tiny_spec(tiny_task):
+    return ModelSpec(**{**tiny_task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
+
+
+def _cfg(**kw):
+    return TrainConfig(**{"epochs": 12, "batch_size": 64, "lr": 1e-2, "warmup_steps": 10, "seed": 0, **kw})
+
+
+def test_a_tiny_run_learns_and_generalises_to_longer_inputs(tmp_path, tiny_task, tiny_spec):
+    out = tmp_path / "tiny.safetensors"
+    prov = train(tiny_task, tiny_spec, _cfg(), out, device="cpu", progress=False)
+    # train lengths 0-20, test lengths 31-40 (never seen); chance is ~0.5
+    assert prov["accuracy"]["val"] >= 0.95 and prov["accuracy"]["test"] >= 0.95
+    assert prov["history"][0]["val_accuracy"] < prov["accuracy"]["val"]
+    ckpt = load_checkpoint(out, device="cpu")
+    assert ckpt.training["best_epoch"] == prov["best_epoch"] and ckpt.training["seed"] == 0
+    # the stored accuracies are those of the stored weights
+    from interp.evaluate import evaluate
+
+    assert evaluate(ckpt.model, tiny_task, tiny_task.dataset("test"))["accuracy"] == prov["accuracy"]["test"]
+    assert not resume_path(out).exists()
+
+
+def test_training_is_deterministic_for_a_seed(tmp_path, tiny_task, tiny_spec):
+    a = train(tiny_task, tiny_spec, _cfg(epochs=2), tmp_path / "a.safetensors", device="cpu", progress=False)
+    b = train(tiny_task, tiny_spec, _cfg(epochs=2), tmp_path / "b.safetensors", device="cpu", progress=False)
+    wa, wb = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa) and a["history"] == b["history"]
+    c = train(tiny_task, tiny_spec, _cfg(epochs=2, seed=1), tmp_path / "c.safetensors", device="cpu", progress=False)
+    assert c["history"] != a["history"]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, tiny_task, tiny_spec):
+    cfg = _cfg(epochs=6, save_every=2)
+    full = train(tiny_task, tiny_spec, cfg, tmp_path / "full.safetensors", device="cpu", progress=False)
+
+    out = tmp_path / "killed.safetensors"
+
+    def kill_after_epoch_3(epoch, record):  # the resume file of epoch 2 exists; epoch 3's work is lost
+        if epoch == 3:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train(tiny_task, tiny_spec, cfg, out, device="cpu", progress=False, on_epoch_end=kill_after_epoch_3)
+    assert resume_path(out).exists() and not out.exists()
+    resumed = train(tiny_task, tiny_spec, cfg, out, device="cpu", progress=False, resume=True)
+
+    w_full, w_resumed = load_file(str(tmp_path / "full.safetensors")), load_file(str(out))
+    assert w_full.keys() == w_resumed.keys() and all(torch.equal(w_full[k], w_resumed[k]) for k in w_full)
+    assert resumed["history"] == full["history"] and resumed["best_epoch"] == full["best_epoch"]
+    assert resumed["accuracy"] == full["accuracy"]
+    assert not resume_path(out).exists()
+
+
+def test_resume_refuses_missing_or_foreign_state(tmp_path, tiny_task, tiny_spec):
+    with pytest.raises(CheckpointError, match="no resume file"):
+        train(tiny_task, tiny_spec, _cfg(), tmp_path / "none.safetensors", device="cpu", progress=False, resume=True)
+
+    out = tmp_path / "run.safetensors"
+
+    def stop(epoch, record):
+        raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train(tiny_task, tiny_spec, _cfg(save_every=1), out, device="cpu", progress=False, on_epoch_end=stop)
+    with pytest.raises(CheckpointError, match="different run \\(differs in: lr\\)"):
+        train(tiny_task, tiny_spec, _cfg(lr=5e-3), out, device="cpu", progress=False, resume=True)
+    resume_path(out).write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train(tiny_task, tiny_spec, _cfg(), out, device="cpu", progress=False, resume=True)
+
+
+@pytest.mark.parametrize("kw", [{"epochs": 0}, {"lr": -1.0}, {"dropout": 1.0}, {"batch_size": 0}, {"beta2": 1.0}])
+def test_bad_training_options(kw):
+    with pytest.raises(ConfigError, match="invalid training option"):
+        _cfg(**kw)
+
+
+def test_missing_output_directory_is_refused_before_training(tmp_path, tiny_task, tiny_spec):
+    with pytest.raises(ConfigError, match="does not exist"):
+        train(tiny_task, tiny_spec, _cfg(), tmp_path / "no" / "x.safetensors", device="cpu", progress=False)
+
+
+def test_default_warmup_is_ma_and_yarats_untuned():
+    assert TrainConfig().warmup == 2000  # 2 / (1 - 0.999)
+    assert TrainConfig(beta2=0.98).warmup == 100
+
+
+def test_dropout_hooks_sit_after_embedding_and_attention(tiny_task, tiny_spec):
+    from interp.model import build_model
+
+    model = build_model(tiny_spec, device="cpu")
+    names = [n for n, _ in dropout_hooks(model, 0.1)]
+    assert names == ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out"]
+    assert dropout_hooks(model, 0.0) == []
+    x = torch.ones(1000)
+    dropped = dropout_hooks(model, 0.5)[0][1](x, hook=None)
+    assert 300 < int((dropped == 0).sum()) < 700 and set(dropped.unique().tolist()) <= {0.0, 2.0}
