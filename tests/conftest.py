@@ -28,3 +28,28 @@ def nm_ckpt():
 @pytest.fixture
 def cpu_generator():
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def shipped_report(tmp_path_factory):
+    """``build(name) -> (path, seconds)``: the HTML report of a shipped checkpoint, written once per session
+    by ``interp report NAME`` run in-process (shared by tests/test_report.py and tests/test_browser.py)."""
+    import time
+
+    from interp.cli import main
+    from tasks import shipped_checkpoints
+
+    built = {}
+
+    def build(name: str):
+        if name not in shipped_checkpoints():
+            pytest.skip(f"no shipped checkpoint {name!r} in tasks/checkpoints/")
+        if name not in built:
+            out = tmp_path_factory.mktemp("report") / f"{name}.html"
+            t0 = time.perf_counter()
+            rc = main(["report", name, "--out", str(out), "--quiet", "--device", "cpu"])
+            built[name] = (out, time.perf_counter() - t0)
+            assert rc == 0 and out.is_file(), f"interp report {name} failed with exit code {rc}"
+        return built[name]
+
+    return build

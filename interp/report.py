@@ -1,0 +1,413 @@
+"""The self-contained HTML report of a checkpoint (``interp report CHECKPOINT --out report.html``).
+
+:class:`Report` is the page builder the analysis suites write into (``section``, ``text``, ``table``,
+``figure``, ``attention``). The finished page inlines plotly.js once and the circuitsvis bundle once, and
+a Content-Security-Policy forbids every fetch: it opens offline in any browser.
+
+:func:`write_report` assembles the whole page: the model card, the task suite's sections, and the
+attention patterns of all heads on a few examples; it writes the file atomically.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import numbers
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .errors import InterpError
+
+# Nothing may be fetched: scripts and styles are inline, images only data:/blob: URLs.
+CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
+       "img-src data: blob:; font-src data:; worker-src blob:; connect-src 'none'")
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1200px;
+       padding: 16px 28px 60px; color: #1d2330; line-height: 1.45; }
+h1 { margin-bottom: 4px; } h2 { margin-top: 40px; border-bottom: 1px solid #d5dae3; padding-bottom: 4px; }
+.subtitle, .caption, .note { color: #5b6475; } .caption { font-size: 0.92em; margin: 2px 0 18px; }
+.note { font-style: italic; }
+nav ol { columns: 2; } nav a { color: #2952a3; text-decoration: none; }
+table.data { border-collapse: collapse; margin: 8px 0 4px; font-size: 0.92em; }
+table.data caption { caption-side: bottom; text-align: left; color: #5b6475; padding-top: 4px; }
+table.data th, table.data td { border-bottom: 1px solid #e3e7ee; padding: 3px 10px; text-align: left; }
+table.data th { background: #f3f5f9; } table.data td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.figure { margin: 8px 0; overflow-x: auto; }
+"""
+
+
+@dataclass
+class _Section:
+    title: str
+    anchor: str
+    parts: list[str]
+
+
+class Report:
+    """An HTML page built from sections of plain text, tables, plotly figures and attention views.
+
+    Analysis suites add content only through :meth:`section`, :meth:`text`, :meth:`table`,
+    :meth:`figure` and :meth:`attention`; :meth:`html` renders the page and :meth:`save` writes it."""
+
+    def __init__(self, title: str = "interp report", subtitle: str = ""):
+        self.title = title
+        self.subtitle = subtitle
+        self.sections: list[_Section] = []
+        self.n_figures = 0
+        self.n_attention = 0
+
+    # -- the builder methods the suites use ---------------------------------------------------------
+    def section(self, title: str, intro: str = "") -> None:
+        """Start a new section; ``intro`` is plain text saying what it shows."""
+        anchor = f"s{len(self.sections) + 1}"
+        self.sections.append(_Section(str(title), anchor, []))
+        if intro:
+            self._add(f'<p class="intro">{_escape_text(intro)}</p>')
+
+    def text(self, text: str) -> None:
+        """A paragraph of plain text (escaped; blank lines separate paragraphs)."""
+        for para in str(text).split("\n\n"):
+            if para.strip():
+                self._add(f"<p>{_escape_text(para)}</p>")
+
+    def table(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, caption: str = "",
+              formats: Mapping[str, str] | None = None) -> None:
+        """A table with one row per mapping; ``columns`` picks and orders the columns (default: the keys in
+        first-seen order); ``formats`` maps a column to a format spec such as ``".3f"``."""
+        self._add(render_table(rows, columns, caption, formats))
+
+    def figure(self, fig, caption: str = "") -> None:
+        """A plotly figure (interactive; plotly.js is inlined once for the whole page)."""
+        if not hasattr(fig, "to_html") or not hasattr(fig, "to_plotly_json"):
+            raise InterpError(f"report.figure expects a plotly Figure, got {type(fig).__name__}")
+        self.n_figures += 1
+        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{self.n_figures}",
+                          config={"displaylogo": False, "responsive": True})
+        self._add(f'<div class="figure">{div}</div>' + _caption(caption))
+
+    def attention(self, view, caption: str = "") -> None:
+        """An interactive circuitsvis attention view (:class:`interp.visualize.AttentionView`)."""
+        from .visualize import AttentionView
+
+        if not isinstance(view, AttentionView):
+            raise InterpError(f"report.attention expects an interp.visualize.AttentionView, got {type(view).__name__}")
+        self.n_attention += 1
+        self._add(f'<div class="figure">{view.body_html()}</div>' + _caption(caption))
+
+    # -- output -------------------------------------------------------------------------------------
+    def _add(self, markup: str) -> None:
+        if not self.sections:
+            self.sections.append(_Section("", "s0", []))
+        self.sections[-1].parts.append(markup)
+
+    def html(self) -> str:
+        """The complete page: one file, every script inline, no external reference."""
+        from .visualize import circuitsvis_bundle
+
+        scripts = []
+        if self.n_figures:
+            from plotly.offline import get_plotlyjs
+
+            scripts.append(f'<script type="text/javascript">{get_plotlyjs()}</script>')
+        if self.n_attention:
+            scripts.append(f"<script>{circuitsvis_bundle()}</script>")
+        titled = [s for s in self.sections if s.title]
+        nav = ("<nav><ol>" + "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in titled)
+               + "</ol></nav>") if len(titled) > 1 else ""
+        body = "".join(
+            (f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>' if s.title else f'<section id="{s.anchor}">')
+            + "".join(s.parts) + "</section>"
+            for s in self.sections
+        )
+        subtitle = f'<p class="subtitle">{_escape_text(self.subtitle)}</p>' if self.subtitle else ""
+        return (
+            "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{html.escape(self.title)}</title><style>{CSS}</style>{''.join(scripts)}</head>"
+            f"<body><h1>{html.escape(self.title)}</h1>{subtitle}{nav}{body}</body></html>\n"
+        )
+
+    def save(self, path) -> Path:
+        """Write :meth:`html` to ``path`` atomically (a temp file in the same folder, then a rename)."""
+        out = OutputFile(path)
+        try:
+            out.write(self.html())
+        finally:
+            out.discard()
+        return out.path
+
+
+# -- tables -----------------------------------------------------------------------------------------
+def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, caption: str = "",
+                 formats: Mapping[str, str] | None = None) -> str:
+    """The HTML of a table of dict rows (cells escaped, numbers right-aligned and formatted)."""
+    if isinstance(rows, Mapping) or not all(isinstance(r, Mapping) for r in rows):
+        raise InterpError("report.table expects a list of dicts (one per row)")
+    rows = list(rows)
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    columns = [str(c) for c in columns]
+    formats = dict(formats or {})
+    unknown = sorted(set(formats) - set(columns))
+    if unknown:
+        raise InterpError(f"report.table formats name unknown column(s) {unknown}; the columns are {columns}")
+    for col, spec in formats.items():
+        try:
+            format(1.5, spec)
+        except (ValueError, TypeError):
+            raise InterpError(f"report.table format {spec!r} for column {col!r} is not a valid format spec") from None
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for c in columns:
+            text, numeric = _cell(r.get(c), formats.get(c))
+            cells.append(f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    cap = f"<caption>{_escape_text(caption)}</caption>" if caption else ""
+    empty = "" if rows else f'<tr><td colspan="{max(len(columns), 1)}" class="note">(no rows)</td></tr>'
+    return f'<table class="data">{cap}<thead><tr>{head}</tr></thead><tbody>{"".join(body)}{empty}</tbody></table>'
+
+
+def _cell(value, spec: str | None) -> tuple[str, bool]:
+    """(escaped text, is-number) for one table cell; 0-d tensors/arrays become numbers."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()
+    if value is None:
+        return "", False
+    if isinstance(value, bool):
+        return str(value), False
+    if isinstance(value, numbers.Number):
+        if spec:
+            return html.escape(format(value, spec)), True
+        if isinstance(value, numbers.Integral):
+            return str(value), True
+        return html.escape(format(value, ".4g")), True
+    return html.escape(str(value)), False
+
+
+def _escape_text(text: str) -> str:
+    return html.escape(str(text)).replace("\n", "<br>")
+
+
+def _caption(caption: str) -> str:
+    return f'<p class="caption">{_escape_text(caption)}</p>' if caption else ""
+
+
+# -- writing ----------------------------------------------------------------------------------------
+class OutputFile:
+    """An output path checked up front: the temp file is created at once (so an unwritable path fails
+    before any work), filled by :meth:`write`, renamed into place; :meth:`discard` removes it if unused."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        if self.path.is_dir():
+            raise InterpError(f"cannot write the report to {self.path}: it is a directory; expected a file path such as report.html")
+        if not parent.exists():
+            raise InterpError(f"cannot write the report to {self.path}: directory {parent} does not exist")
+        if not parent.is_dir():
+            raise InterpError(f"cannot write the report to {self.path}: {parent} is not a directory")
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
+        except OSError as e:
+            raise InterpError(f"cannot write the report to {self.path}: {e.strerror or e} in {parent}") from None
+        os.close(fd)
+        self.tmp: Path | None = Path(tmp)
+
+    def write(self, text: str) -> None:
+        if self.tmp is None:
+            raise InterpError(f"{self.path} was already written or discarded")
+        try:
+            self.tmp.write_text(text, encoding="utf-8")
+            os.chmod(self.tmp, 0o644)
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            raise InterpError(f"cannot write the report to {self.path}: {e.strerror or e}") from None
+        self.tmp = None
+
+    def discard(self) -> None:
+        if self.tmp is not None:
+            try:
+                self.tmp.unlink()
+            except FileNotFoundError:
+                pass
+            self.tmp = None
+
+
+def write_report(checkpoint, out, device: str | None = None, progress: bool = True) -> Path:
+    """Build the report of ``checkpoint`` (a path, a shipped name, or a loaded :class:`Checkpoint`) and
+    write it to ``out`` atomically. Bad paths and checkpoints fail before any work, leaving no file."""
+    from .checkpoint import Checkpoint, load_checkpoint
+
+    output = OutputFile(out)
+    try:
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint, device=device)
+        report = build_report(ckpt, progress=progress)
+        output.write(report.html())
+    finally:
+        output.discard()
+    return output.path
+
+
+STEPS = ("model card", "analyses", "attention patterns")
+
+
+def build_report(ckpt, progress: bool = True) -> Report:
+    """The :class:`Report` of a loaded checkpoint: model card, the task suite's sections, attention views."""
+    from tqdm.auto import tqdm
+
+    report = Report(title=f"{ckpt.task.name}: {Path(ckpt.path).name}",
+                    subtitle=f"interp report of {ckpt.path}, written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    bar = tqdm(total=len(STEPS), desc="report", unit="step", disable=not progress, file=sys.stderr, leave=False)
+    try:
+        for step, fn in zip(STEPS, (add_model_card, add_suite_sections, add_attention_views)):
+            bar.set_postfix_str(step)
+            fn(ckpt, report, progress)
+            bar.update(1)
+    finally:
+        bar.close()
+    return report
+
+
+def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
+    """Task, model spec, training provenance, and accuracy on every split (evaluated now)."""
+    from .evaluate import evaluate_splits
+
+    meta = ckpt.metadata
+    task_meta = meta.get("task", {})
+    report.section("Model card", "What was trained, on which task, how, and how well it does on every split "
+                                 "(evaluated now, on this machine).")
+    params = task_meta.get("params", {})
+    report.table([{"task": ckpt.task.name, **{k: _short(v) for k, v in params.items()}}], caption="Task and its parameters")
+    spec = meta.get("model_spec", {})
+    n_params = sum(p.numel() for p in ckpt.model.parameters())
+    n_trainable = sum(p.numel() for p in ckpt.model.parameters() if p.requires_grad)
+    report.table([{"field": k, "value": _short(v)} for k, v in spec.items()]
+                 + [{"field": "parameters (trainable)", "value": f"{n_params} ({n_trainable})"}],
+                 caption="Model spec (interp.model.ModelSpec -> HookedTransformer)")
+    t0 = time.perf_counter()
+    metrics = evaluate_splits(ckpt.model, ckpt.task)
+    secs = time.perf_counter() - t0
+    trained = meta.get("training", {}).get("metrics", {})
+    rows = []
+    for split, m in metrics.items():
+        row = {"split": split, **m}
+        if "accuracy" in trained.get(split, {}):
+            row["accuracy at training time"] = trained[split]["accuracy"]
+        rows.append(row)
+    report.table(rows, formats={k: ".4f" for k in rows[0] if k != "split"} if rows else None,
+                 caption=f"Metrics per split, evaluated in {secs:.1f} s on {next(ckpt.model.parameters()).device}")
+    add_training(meta.get("training", {}), report)
+
+
+def add_training(training: Mapping[str, Any], report: Report) -> None:
+    """Training provenance (seed, epochs, config, versions) and the learning curve, when the file has them."""
+    if not training:
+        report.text("This checkpoint records no training provenance.")
+        return
+    prov = {k: v for k, v in training.items() if k not in ("history", "metrics", "accuracy", "config")}
+    cfg = training.get("config", {})
+    report.table([{"field": k, "value": _short(v)} for k, v in {**prov, **{f"config.{k}": v for k, v in cfg.items()}}.items()],
+                 caption="Training provenance, as recorded in the checkpoint")
+    history = [h for h in training.get("history", []) if isinstance(h, Mapping) and "epoch" in h]
+    if len(history) >= 2:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        epochs = [h["epoch"] for h in history]
+        fig = make_subplots(specs=[[{"secondary_y": True}]])
+        keys = [k for k in history[0] if k != "epoch" and isinstance(history[0][k], numbers.Number)]
+        for k in keys:
+            fig.add_trace(go.Scatter(x=epochs, y=[h.get(k) for h in history], name=k, mode="lines"),
+                          secondary_y="loss" in k)
+        fig.update_layout(title="Learning curve", xaxis_title="epoch", template="plotly_white", height=360, width=760)
+        fig.update_yaxes(title_text="accuracy", secondary_y=False)
+        fig.update_yaxes(title_text="loss", secondary_y=True)
+        report.figure(fig, caption="Per-epoch training loss and validation accuracy recorded during training.")
+
+
+def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
+    """The task's own analysis sections (``analyses.suites``), or a note when the task has no suite."""
+    from .errors import TaskError
+
+    try:
+        from analyses.suites import get_suite  # only the report and the CLI wire interp to analyses
+
+        suite = get_suite(ckpt.task.name)
+    except (TaskError, ImportError) as e:
+        report.section("Analyses", "")
+        report.text(f"No analysis sections: {e}.")
+        return
+    suite.add_report_sections(ckpt, report, progress)
+
+
+def pick_examples(task, n: int = 3, target_len: int = 28):
+    """A few examples for attention views: those closest to ``target_len`` tokens, one per label first
+    (splits in order, deterministic). Returns ``[(split, index, TaskData of one example)]``."""
+    import torch
+
+    candidates = []
+    for rank, split in enumerate(task.splits):
+        data = task.dataset(split)
+        dist = (data.lengths.cpu() - target_len).abs()
+        for i in torch.argsort(dist, stable=True)[: 20 * n].tolist():
+            candidates.append((int(dist[i]), rank, split, i, data))
+    candidates.sort(key=lambda c: (c[0], c[1], c[3]))
+    chosen, labels = [], set()
+    for pass_ in (0, 1):  # first one example per label, then fill up
+        for dist, rank, split, i, data in candidates:
+            if len(chosen) == n:
+                break
+            label = int(data.labels[i])
+            if (split, i) in {(c[0], c[1]) for c in chosen} or (pass_ == 0 and label in labels):
+                continue
+            chosen.append((split, i, data.select(torch.tensor([i], device=data.device))))
+            labels.add(label)
+    return chosen
+
+
+def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples: int = 3, max_len: int = 64) -> None:
+    """Attention patterns of every head on a few examples (interactive circuitsvis views)."""
+    import torch
+
+    from .heads import head_label
+    from .visualize import AttentionView
+
+    model, task = ckpt.model, ckpt.task
+    cfg = model.cfg
+    report.section("Attention patterns", f"Every head's attention ({cfg.n_layers * cfg.n_heads} heads) on "
+                   f"{n_examples} short examples chosen from the task's splits. Pick a head to enlarge it; hover "
+                   "a destination token to see where it attends.")
+    names = [head_label(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    device = next(model.parameters()).device
+    for split, i, ex in pick_examples(task, n_examples):
+        length = int(ex.lengths[0])
+        tokens = ex.tokens[:, :length].to(device)
+        with torch.inference_mode():
+            logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
+        pattern = torch.cat([cache["pattern", l][0] for l in range(cfg.n_layers)])  # [layers*heads, dest, src]
+        pos = int(ex.answer_pos[0])
+        pred, label = int(logits[0, pos].argmax()), int(ex.labels[0])
+        shown = min(length, max_len)
+        strs = task.vocab.decode(tokens[0, :shown])
+        note = "" if shown == length else f" Only the first {shown} of {length} tokens are shown (causal attention: exact)."
+        verdict = "correct" if pred == label else "wrong"
+        report.attention(
+            AttentionView(strs, pattern[:, :shown, :shown], names, title=f"{split} example {i}"),
+            caption=f"{split} example {i}: {length} tokens; answer at position {pos}: expected "
+                    f"{task.vocab.tokens[label]!r}, the model predicts {task.vocab.tokens[pred]!r} ({verdict}).{note}",
+        )
+
+
+def _short(value, limit: int = 120) -> str:
+    """A compact one-line rendering of a metadata value."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
