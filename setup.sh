@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up: a virtual environment in .venv with torch, the toolkit and its test tools.
+# Re-running is quick: it only reinstalls when pyproject.toml changed.
+# INTERP_TORCH chooses the torch requirement installed first (default torch==2.13.0; on a machine with a
+# local CPU wheel of it, e.g. CI, that wheel is used; from PyPI on Linux it is the CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")"
+PY="${PYTHON:-python3}"
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+  || { echo "setup.sh: Python 3.11 or newer is needed ($("$PY" --version 2>&1) found); set PYTHON=python3.11" >&2; exit 1; }
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=".venv/.interp-setup-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "is ignored" || true
+  if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check "${INTERP_TORCH:-torch==2.13.0}" 2>&1 | grep -v "is ignored" || true
+  fi
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v -E "is ignored|^ *!!|WheelFile|strategy" || true
+  .venv/bin/python -c "import torch, transformer_lens, interp, tasks, analyses" 2>/dev/null \
+    || { echo "setup.sh: installation failed (see pip output above)" >&2; exit 1; }
+  rm -f .venv/.interp-setup-* && touch "$stamp"
+fi
