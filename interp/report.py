@@ -262,7 +262,7 @@ STEPS = ("model card", "analyses", "attention patterns")
 
 def build_report(ckpt, progress: bool = True) -> Report:
     """The :class:`Report` of a loaded checkpoint: model card, the task suite's sections, attention views."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     report = Report(title=f"{ckpt.task.name}: {Path(ckpt.path).name}",
                     subtitle=f"interp report of {ckpt.path}, written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
