@@ -1,0 +1,153 @@
+"""One pass over task data that keeps what the head analyses need at each example's answer position.
+
+The head analyses of seed 000 §5.4 all read the model at the position where the answer is predicted
+(the ``=`` token of noisy majority): the per-head outputs ``r^h`` (TransformerLens' ``hook_z``, before
+``W_O``), the residual stream entering layer 0 (the direct path), and the answer query's attention row.
+:func:`cache_answer` collects them once, chunked and on the model's device, so learned accuracy,
+separation accuracy and attention ratios share one forward pass.
+
+Two exact ways to get them:
+
+- ``method="hooks"``: ``model.run_with_cache`` (any number of layers), keeping only the answer row;
+- ``method="query"``: for one-layer attention-only models, the answer query's attention row computed
+  directly from the model's own modules (``embed``, ``pos_embed``, ``ln1``, ``W_Q/W_K/W_V``): ``O(T)``
+  instead of TransformerLens' ``O(T^2)`` per head. Tested equal to ``"hooks"``.
+
+``method="auto"`` takes ``"query"`` when the model supports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.errors import InterpError, TaskError
+from interp.evaluate import DEFAULT_BUDGET, check_tokens, map_chunks
+from interp.fast import supports_query_forward
+from interp.task import TaskData
+
+METHODS = ("auto", "hooks", "query")
+
+
+@dataclass
+class AnswerCache:
+    """Per-example activations at the answer position (all on the model's device).
+
+    ``log_attn[b, l, h, t]`` is the log attention of the answer query to key ``t`` (``-inf`` for keys after
+    the query and for padding); ``None`` when attention was not requested."""
+
+    task: str
+    z: Float[Tensor, "batch layer head d_head"]
+    resid_pre: Float[Tensor, "batch d_model"]
+    log_attn: Float[Tensor, "batch layer head pos"] | None
+    tokens: Int[Tensor, "batch pos"]
+    labels: Int[Tensor, "batch"]
+    answer_pos: Int[Tensor, "batch"]
+
+    def __len__(self) -> int:
+        return self.z.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.z.device
+
+
+def check_model_data(model, data: TaskData, task=None) -> None:
+    """Refuse data of another task than the model's, and tokens the model cannot take."""
+    if not isinstance(data, TaskData):
+        raise TaskError(f"expected task data (interp.task.TaskData), got {type(data).__name__}")
+    task = task if task is not None else getattr(model, "interp_task", None)
+    if task is not None:
+        task.check_data(data)
+    check_tokens(model, data.tokens, getattr(task, "vocab", None))
+
+
+def resolve_method(model, method: str) -> str:
+    """``auto`` -> ``query`` for one-layer attention-only models, else ``hooks``."""
+    if method not in METHODS:
+        raise InterpError(f"unknown method {method!r}; expected one of {METHODS}")
+    if method == "auto":
+        return "query" if supports_query_forward(model) else "hooks"
+    if method == "query" and not supports_query_forward(model):
+        raise InterpError("method='query' needs a one-layer, attention-only, causal model; use method='hooks'")
+    return method
+
+
+def cache_answer(model, data: TaskData, *, attention: bool = True, method: str = "auto", task=None,
+                 budget: int = DEFAULT_BUDGET) -> AnswerCache:
+    """Head outputs ``z``, the layer-0 residual input and (optionally) the log attention row at every
+    example's answer position, from one chunked pass without gradients."""
+    check_model_data(model, data, task)
+    method = resolve_method(model, method)
+    n_layers = model.cfg.n_layers
+    one = _query_chunk if method == "query" else _hooks_chunk
+
+    def fn(chunk: TaskData) -> dict[str, Tensor]:
+        with torch.inference_mode():
+            return one(model, chunk, attention)
+
+    out = map_chunks(model, data, fn, budget=budget)
+    device = out["z"].device
+    data = data.to(device)
+    log_attn = None
+    if attention:
+        # chunks were padded with zeros along positions (dim 1): restore -inf beyond each answer query
+        la = out["log_attn"]  # [b, t, layer, head]
+        t = la.shape[1]
+        future = torch.arange(t, device=device)[None, :] > data.answer_pos[:, None]
+        la = la.masked_fill(future[:, :, None, None], float("-inf"))
+        log_attn = la.permute(0, 2, 3, 1).contiguous()
+        assert log_attn.shape[1] == n_layers
+    return AnswerCache(task=data.task, z=out["z"], resid_pre=out["resid_pre"], log_attn=log_attn,
+                       tokens=data.tokens, labels=data.labels, answer_pos=data.answer_pos)
+
+
+def _hooks_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
+    L = model.cfg.n_layers
+    names = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.attn.hook_z" for l in range(L)]
+    if attention:
+        names += [f"blocks.{l}.attn.hook_attn_scores" for l in range(L)]
+    _, cache = model.run_with_cache(chunk.tokens, names_filter=names)
+    rows = torch.arange(len(chunk), device=chunk.tokens.device)
+    ap = chunk.answer_pos
+    out = {
+        "z": torch.stack([cache[f"blocks.{l}.attn.hook_z"][rows, ap] for l in range(L)], dim=1),
+        "resid_pre": cache["blocks.0.hook_resid_pre"][rows, ap],
+    }
+    if attention:
+        # hook_attn_scores is already causally masked (-inf after the query); log_softmax = log pattern
+        scores = torch.stack([cache[f"blocks.{l}.attn.hook_attn_scores"][rows, :, ap] for l in range(L)], dim=1)
+        out["log_attn"] = scores.float().log_softmax(-1).permute(0, 3, 1, 2)  # [b, t, layer, head]
+    return out
+
+
+def _query_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
+    attn = model.blocks[0].attn
+    tokens, ap = chunk.tokens, chunk.answer_pos
+    b, t = tokens.shape
+    rows = torch.arange(b, device=tokens.device)
+    x = model.embed(tokens) + model.pos_embed(tokens)
+    h = model.blocks[0].ln1(x)
+    q = torch.einsum("bd,hde->bhe", h[rows, ap], attn.W_Q) + attn.b_Q
+    k = torch.einsum("btd,hde->bhte", h, attn.W_K) + attn.b_K[None, :, None, :]
+    v = torch.einsum("btd,hde->bhte", h, attn.W_V) + attn.b_V[None, :, None, :]
+    scores = torch.einsum("bhe,bhte->bht", q, k) / attn.attn_scale
+    future = torch.arange(t, device=tokens.device)[None, :] > ap[:, None]
+    log_attn = scores.masked_fill(future[:, None, :], float("-inf")).float().log_softmax(-1)
+    z = torch.einsum("bht,bhte->bhe", log_attn.exp().to(v.dtype), v)
+    out = {"z": z[:, None], "resid_pre": x[rows, ap]}
+    if attention:
+        out["log_attn"] = log_attn[:, None].permute(0, 3, 1, 2)
+    return out
+
+
+def as_cache(model, data, *, attention: bool = True, method: str = "auto", task=None) -> AnswerCache:
+    """``data`` itself if it is already an :class:`AnswerCache` (with attention if needed), else its cache."""
+    if isinstance(data, AnswerCache):
+        if attention and data.log_attn is None:
+            raise InterpError("this AnswerCache has no attention rows; build it with cache_answer(..., attention=True)")
+        return data
+    return cache_answer(model, data, attention=attention, method=method, task=task)

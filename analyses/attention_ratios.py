@@ -1,0 +1,186 @@
+"""Attention ratios of the answer query (seed 000 §5.4): ``w01 = A(= -> 0) / A(= -> 1)`` and
+``w02 = A(= -> 0) / A(= -> 2)`` per head.
+
+Measured on data (:func:`measured_attention_ratios`), precisely: for sequence ``b`` and head ``h`` let
+``Abar_c(b)`` be the *mean attention per token* that the ``=`` query gives to the tokens ``c``
+(``sum over positions t holding c of A(= -> t)``, divided by the number ``n_c`` of such tokens). Then
+``w01(b) = Abar_0(b) / Abar_1(b)`` for every sequence with ``n0, n1 > 0`` (``w02`` likewise with
+``n0, n2 > 0``), and the reported ``w01`` is their geometric mean over those sequences,
+``exp(mean_b log w01(b))`` (ratios are multiplicative, and the geometric mean keeps ``w`` and ``1/w``
+symmetric). Everything is computed in log space from ``log_softmax`` of the attention scores, so ratios
+like ``e^30`` do not overflow or underflow.
+
+In a one-layer model without positional embedding every ``0`` token gets the same score from the ``=``
+query, so ``w01(b)`` is the same for every sequence and equals the exact value from the QK circuit
+(:func:`exact_attention_ratios`): ``score(=, t) = (x_= W_Q + b_Q) . (x_t W_K + b_K) / sqrt(d_head)`` with
+``x = ln1(W_E[token])``, and ``w01 = exp(score(=, 0) - score(=, 1))``. The exact form is refused for models
+where it does not hold (more than one layer, or a positional embedding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from interp.errors import ConfigError, TaskError
+from interp.heads import all_heads, head_label
+
+from .answer_cache import AnswerCache, as_cache
+
+DIGITS = ("0", "1", "2")
+QUERY = "="
+
+
+def task_token_ids(vocab, tokens=DIGITS + (QUERY,)) -> list[int]:
+    """Ids of the tokens the ratios need, or a TaskError naming the vocabulary."""
+    missing = [t for t in tokens if t not in vocab.index]
+    if missing:
+        raise TaskError(f"attention ratios need the tokens {list(tokens)} (noisy majority); this vocabulary "
+                        f"{list(vocab.tokens)} lacks {missing}")
+    return [vocab.index[t] for t in tokens]
+
+
+def _vocab_of(model, data_task: str | None = None):
+    task = getattr(model, "interp_task", None)
+    if task is None or (data_task is not None and task.name != data_task):
+        from tasks import get_task
+
+        task = get_task(data_task or "noisy-majority")
+    return task.vocab
+
+
+@dataclass
+class AttentionRatios:
+    """``w01[l, h]``, ``w02[l, h]`` measured on data (geometric means) and, where it exists, exactly from QK.
+    ``log_w01``/``log_w02`` are the per-sequence natural logs (NaN where undefined)."""
+
+    w01: Float[Tensor, "layer head"]
+    w02: Float[Tensor, "layer head"]
+    log_w01: Float[Tensor, "batch layer head"]
+    log_w02: Float[Tensor, "batch layer head"]
+    exact_w01: Float[Tensor, "layer head"] | None = None
+    exact_w02: Float[Tensor, "layer head"] | None = None
+
+    @property
+    def heads(self) -> list[str]:
+        L, H = self.w01.shape
+        return [head_label(l, h) for l, h in all_heads(L, H)]
+
+    def to_dict(self) -> dict:
+        d = {"heads": self.heads, "w01": self.w01.flatten().tolist(), "w02": self.w02.flatten().tolist()}
+        if self.exact_w01 is not None:
+            d.update(exact_w01=self.exact_w01.flatten().tolist(), exact_w02=self.exact_w02.flatten().tolist())
+        return d
+
+    def figure(self, separation: Float[Tensor, "layer head"] | None = None, title: str = ""):
+        """The seed's Figure 7: ``w01`` against ``w02`` per head on log axes, coloured by separation accuracy."""
+        return ratio_figure(self.w01.flatten(), self.w02.flatten(), self.heads,
+                            None if separation is None else torch.as_tensor(separation).flatten(), title)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return self.figure()._repr_mimebundle_(include, exclude)
+
+
+def ratio_figure(w01, w02, names, color=None, title: str = ""):
+    import plotly.graph_objects as go
+
+    w01 = torch.as_tensor(w01).double().cpu()
+    w02 = torch.as_tensor(w02).double().cpu()
+    # log axes cannot show 0 or inf: clip to a finite range and say so in the hover text
+    clip = lambda w: w.clamp(1e-12, 1e12).nan_to_num(1.0)  # noqa: E731
+    hover = [f"{n}<br>w01 = {a:.3g}<br>w02 = {b:.3g}" + (f"<br>separation = {float(c):.3f}" if color is not None else "")
+             for n, a, b, c in zip(names, w01.tolist(), w02.tolist(), color.tolist() if color is not None else [None] * len(names))]
+    marker = dict(size=12, line=dict(width=1, color="black"))
+    if color is not None:
+        marker.update(color=torch.as_tensor(color).float().tolist(), colorscale="Viridis", cmin=0.5, cmax=1.0,
+                      colorbar=dict(title="separation<br>accuracy"))
+    fig = go.Figure(go.Scatter(x=clip(w01).tolist(), y=clip(w02).tolist(), mode="markers+text", text=list(names),
+                               textposition="top center", hovertext=hover, hoverinfo="text", marker=marker))
+    fig.update_layout(title=title or "Attention ratios of the '=' query per head (Figure 7)",
+                      xaxis_title="w01 = A(=→0) / A(=→1)", yaxis_title="w02 = A(=→0) / A(=→2)",
+                      template="plotly_white", width=640, height=520)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def class_log_attention(cache: AnswerCache, token_ids: list[int]) -> tuple[Tensor, Tensor]:
+    """``log Abar_c[b, l, h, c]`` (log mean attention per token of each class ``c``; -inf when absent) and
+    the counts ``n[b, c]`` of each class before the answer query."""
+    if cache.log_attn is None:
+        raise TaskError("the cache has no attention rows; build it with attention=True")
+    t = cache.log_attn.shape[-1]
+    tokens = cache.tokens[:, :t]
+    before = torch.arange(t, device=tokens.device)[None] <= cache.answer_pos[:, None]
+    out, counts = [], []
+    for tok in token_ids:
+        is_c = (tokens == tok) & before  # [b, t]
+        n = is_c.sum(-1)
+        la = cache.log_attn.masked_fill(~is_c[:, None, None, :], float("-inf")).logsumexp(-1)
+        out.append(la - n.clamp(min=1).log()[:, None, None].to(la.dtype))
+        counts.append(n)
+    return torch.stack(out, -1), torch.stack(counts, -1)
+
+
+def measured_attention_ratios(model, data) -> AttentionRatios:
+    """``w01``, ``w02`` per head measured from the answer query's attention on ``data`` (see module doc)."""
+    cache = as_cache(model, data, attention=True)
+    ids = task_token_ids(_vocab_of(model, cache.task))
+    la, n = class_log_attention(cache, ids[:3])
+    nan = torch.tensor(float("nan"), device=la.device, dtype=la.dtype)
+    ok01 = ((n[:, 0] > 0) & (n[:, 1] > 0))[:, None, None]
+    ok02 = ((n[:, 0] > 0) & (n[:, 2] > 0))[:, None, None]
+    log_w01 = torch.where(ok01, la[..., 0] - la[..., 1], nan)
+    log_w02 = torch.where(ok02, la[..., 0] - la[..., 2], nan)
+    if not bool(ok01.any()) or not bool(ok02.any()):
+        raise TaskError("the data has no sequence with both 0s and 1s (or 0s and 2s); ratios are undefined")
+    return AttentionRatios(w01=log_w01.nanmean(0).exp(), w02=log_w02.nanmean(0).exp(), log_w01=log_w01, log_w02=log_w02)
+
+
+def query_key_scores(model, vocab=None) -> Float[Tensor, "head vocab"]:
+    """Exact attention scores of the ``=`` query to every token, for a one-layer model without positional
+    embedding (refused otherwise): ``(x_= W_Q + b_Q) . (x_t W_K + b_K) / attn_scale``, ``x = ln1(W_E)``."""
+    cfg = model.cfg
+    if cfg.n_layers != 1:
+        raise ConfigError(f"exact attention ratios need a one-layer model (the scores of later layers depend on "
+                          f"earlier heads); this model has {cfg.n_layers} layers: use measured_attention_ratios")
+    pos_type = cfg.positional_embedding_type
+    has_pos = pos_type not in ("standard", "shortformer") or bool(model.pos_embed.W_pos.detach().abs().max() > 0)
+    if has_pos:
+        raise ConfigError(f"exact attention ratios need a model without positional embedding (scores would depend "
+                          f"on positions); this model has a {pos_type!r} positional embedding: use measured_attention_ratios")
+    vocab = vocab or _vocab_of(model)
+    eq = task_token_ids(vocab)[3]
+    attn = model.blocks[0].attn
+    with torch.inference_mode():
+        x = model.blocks[0].ln1(model.W_E[None])[0]  # [vocab, d]
+        q = torch.einsum("d,hde->he", x[eq], attn.W_Q) + attn.b_Q  # [h, e]
+        k = torch.einsum("vd,hde->hve", x, attn.W_K) + attn.b_K[:, None]  # [h, vocab, e]
+        return torch.einsum("he,hve->hv", q, k) / attn.attn_scale
+
+
+def exact_attention_ratios(model, vocab=None) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
+    """``(w01, w02)`` per head from the QK circuit of a one-layer model without positional embedding."""
+    vocab = vocab or _vocab_of(model)
+    z, o, t = task_token_ids(vocab)[:3]
+    s = query_key_scores(model, vocab).double()
+    return (s[:, z] - s[:, o]).exp()[None], (s[:, z] - s[:, t]).exp()[None]
+
+
+def attention_ratios(model, data) -> AttentionRatios:
+    """Measured ratios, plus the exact ones when the model is one-layer without positional embedding."""
+    res = measured_attention_ratios(model, data)
+    try:
+        res.exact_w01, res.exact_w02 = exact_attention_ratios(model)
+    except ConfigError:
+        pass
+    return res
+
+
+def log10_or_none(x: float) -> float | None:
+    """``log10(x)`` for JSON, ``None`` when ``x`` is not a positive finite number."""
+    return math.log10(x) if x > 0 and math.isfinite(x) else None

@@ -1,0 +1,89 @@
+"""Value vectors and head outputs (seed 000 §5.4, Figure 6).
+
+For a head with ``d_head = 2`` the answer query's output ``z`` is a point in the plane: a convex combination
+of the value vectors of the tokens it attends to. A good counting head puts its outputs on the segment
+between ``v_0`` and ``v_1`` (ignoring 2s) at a place set by the share of 1s, so the answers ('4' blue, '5'
+red) fall on two sides of a line; a bad one collapses them or mixes in ``v_2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.errors import ConfigError, HeadError, InterpError
+from interp.heads import Head, head_label, parse_head
+
+from .answer_cache import as_cache
+from .attention_ratios import DIGITS, _vocab_of, task_token_ids
+
+
+def value_vectors(model, head, tokens=DIGITS) -> Float[Tensor, "token d_head"]:
+    """``v_t = ln1(W_E[t]) W_V + b_V`` of layer-0 ``head`` for each token (exact for one-layer models without
+    positional embedding, where a token's value does not depend on its position; refused otherwise)."""
+    cfg = model.cfg
+    layer, h = parse_head(head, cfg.n_layers, cfg.n_heads)
+    if layer != 0:
+        raise ConfigError(f"value vectors per token exist only for layer-0 heads; got {head_label(layer, h)}")
+    if cfg.positional_embedding_type != "standard" or bool(model.pos_embed.W_pos.detach().abs().max() > 0):
+        raise ConfigError("value vectors per token need a model without positional embedding (values would depend on position)")
+    ids = task_token_ids(_vocab_of(model), tuple(tokens))
+    attn = model.blocks[0].attn
+    with torch.inference_mode():
+        x = model.blocks[0].ln1(model.W_E[ids][None])[0]
+        return x @ attn.W_V[h] + attn.b_V[h]
+
+
+@dataclass
+class HeadOutputs:
+    """One head's outputs at the answer position on data, its value vectors and the right answers."""
+
+    head: str
+    outputs: Float[Tensor, "batch d_head"]
+    labels: Int[Tensor, "batch"]
+    values: Float[Tensor, "token d_head"] | None
+    value_tokens: tuple[str, ...]
+    label_names: dict[int, str]
+
+    def figure(self, max_points: int = 2000):
+        """Figure 6: the outputs coloured by the right answer, with the value vectors of 0, 1, 2."""
+        import plotly.graph_objects as go
+
+        if self.outputs.shape[1] != 2:
+            raise InterpError(f"the Figure 6 scatter needs d_head = 2; head {self.head} has d_head = {self.outputs.shape[1]}")
+        out, lab = self.outputs[:max_points].float().cpu(), self.labels[:max_points].cpu()
+        colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+        fig = go.Figure()
+        for i, cls in enumerate(sorted(set(lab.tolist()))):
+            sel = lab == cls
+            fig.add_trace(go.Scatter(x=out[sel, 0].tolist(), y=out[sel, 1].tolist(), mode="markers",
+                                     marker=dict(size=5, opacity=0.6, color=colors[i % len(colors)]),
+                                     name=f"answer {self.label_names.get(cls, cls)}"))
+        if self.values is not None:
+            v = self.values.float().cpu()
+            fig.add_trace(go.Scatter(x=v[:, 0].tolist(), y=v[:, 1].tolist(), mode="markers+text",
+                                     text=[f"v_{t}" for t in self.value_tokens], textposition="top right",
+                                     marker=dict(size=13, symbol="x", color="black"), name="value vectors"))
+        fig.update_layout(title=f"Head {self.head}: outputs at '=' and value vectors (Figure 6)",
+                          xaxis_title="z[0]", yaxis_title="z[1]", template="plotly_white", width=560, height=480)
+        return fig
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return self.figure()._repr_mimebundle_(include, exclude)
+
+
+def head_outputs(model, data, head) -> HeadOutputs:
+    """The outputs ``z`` of ``head`` (``'L0H3'`` or ``(0, 3)``) at the answer position of every example."""
+    cfg = model.cfg
+    layer, h = parse_head(head, cfg.n_layers, cfg.n_heads)
+    cache = as_cache(model, data, attention=False)
+    vocab = _vocab_of(model, cache.task)
+    try:
+        values = value_vectors(model, (layer, h))
+    except ConfigError:
+        values = None
+    names = {i: t for i, t in enumerate(vocab.tokens)}
+    return HeadOutputs(head_label(layer, h), cache.z[:, layer, h], cache.labels, values, DIGITS, names)

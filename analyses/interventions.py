@@ -1,0 +1,189 @@
+"""Attention interventions (seed 000 §5.4, Figure 8): set the ``=`` query's attention by hand and ask how well
+each head's output then separates the answers.
+
+The intervened attention row gives every token ``c`` in {0, 1, 2} the weight ``c_0 = w01``, ``c_1 = 1``,
+``c_2 = 1 / w02`` (0 when ``w02 = inf``), normalised, and 0 to every other token ([BOS], '='), so that
+``A(=->0)/A(=->1) = w01`` and ``A(=->0)/A(=->2) = w02`` exactly. A row with no weighted token (no 0s or 1s and
+``w02 = inf``) attends to [BOS]. The head's output is then ``z = sum_t A(t) v(t)`` with its own value vectors.
+
+- ``method="hooks"``: a ``hook_pattern`` hook replaces the answer row of the layer's pattern for a batch
+  repeated once per setting, and ``hook_z`` is read at the answer position (any number of layers);
+- ``method="cached"`` (exact, default): the answer row only mixes the layer's values ``v``, which the
+  intervention does not change, so ``z' = A' v`` from one pass (``v`` straight from the model's modules
+  for one-layer attention-only models, else ``run_with_cache``). Tested equal to ``"hooks"``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.errors import InterpError
+from interp.evaluate import map_chunks
+from interp.fast import supports_query_forward
+from interp.heads import head_label
+from interp.task import TaskData
+
+from .answer_cache import check_model_data
+from .attention_ratios import _vocab_of, task_token_ids
+from .probes import fit_separator
+
+W01_VALUES = (1 / 16, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 16.0)
+W02_VALUES = (1 / 4, 1.0, 4.0, 16.0, 64.0, 256.0, math.inf)
+
+
+def _check_settings(settings) -> list[tuple[float, float]]:
+    out = []
+    for s in settings:
+        try:
+            w01, w02 = (float(x) for x in s)
+        except (TypeError, ValueError):
+            raise InterpError(f"an intervention setting must be a pair (w01, w02), got {s!r}") from None
+        if not (0 < w01 < math.inf) or not (0 < w02 <= math.inf):
+            raise InterpError(f"intervention needs 0 < w01 < inf and 0 < w02 <= inf, got w01={w01}, w02={w02}")
+        out.append((w01, w02))
+    if not out:
+        raise InterpError("no intervention settings were given; expected (w01, w02) pairs")
+    return out
+
+
+def intervention_rows(tokens: Int[Tensor, "batch pos"], answer_pos: Int[Tensor, "batch"], settings: Sequence[tuple[float, float]],
+                      token_ids: Sequence[int], bos_pos: int = 0) -> Float[Tensor, "setting batch pos"]:
+    """The hand-set attention rows of the answer query, one per ``(w01, w02)`` setting (see module doc)."""
+    zero, one, two = token_ids[:3]
+    t = tokens.shape[1]
+    before = torch.arange(t, device=tokens.device)[None] < answer_pos[:, None]
+    rows = []
+    for w01, w02 in settings:
+        w = torch.zeros(tokens.shape, device=tokens.device)
+        w = torch.where((tokens == zero) & before, w01, w)
+        w = torch.where((tokens == one) & before, 1.0, w)
+        w = torch.where((tokens == two) & before, 0.0 if math.isinf(w02) else 1.0 / w02, w)
+        empty = w.sum(-1) == 0
+        w[empty, bos_pos] = 1.0
+        rows.append(w / w.sum(-1, keepdim=True))
+    return torch.stack(rows)
+
+
+def intervened_head_outputs(model, data: TaskData, settings, *, layer: int = 0, method: str = "cached",
+                            task=None) -> Float[Tensor, "setting batch head d_head"]:
+    """Every head's output ``z`` at the answer position of layer ``layer`` under each intervention setting."""
+    check_model_data(model, data, task)
+    settings = _check_settings(settings)
+    if not (isinstance(layer, int) and 0 <= layer < model.cfg.n_layers):
+        raise InterpError(f"layer must be in [0, {model.cfg.n_layers - 1}], got {layer!r}")
+    if method not in ("cached", "hooks"):
+        raise InterpError(f"unknown method {method!r}; expected 'cached' or 'hooks'")
+    ids = task_token_ids(_vocab_of(model, data.task))
+    fn = _cached_chunk if method == "cached" else _hooks_chunk
+
+    def one(chunk: TaskData) -> dict[str, Tensor]:
+        rows = intervention_rows(chunk.tokens, chunk.answer_pos, settings, ids)
+        with torch.inference_mode():
+            return {"z": fn(model, chunk, rows, layer).transpose(0, 1)}  # [b, K, h, e]
+
+    return map_chunks(model, data, one)["z"].transpose(0, 1)
+
+
+def _cached_chunk(model, chunk: TaskData, rows, layer: int):
+    if layer == 0 and supports_query_forward(model):
+        attn = model.blocks[0].attn
+        h = model.blocks[0].ln1(model.embed(chunk.tokens) + model.pos_embed(chunk.tokens))
+        v = torch.einsum("btd,hde->bthe", h, attn.W_V) + attn.b_V
+    else:
+        name = f"blocks.{layer}.attn.hook_v"
+        _, cache = model.run_with_cache(chunk.tokens, names_filter=[name])
+        v = cache[name]
+    return torch.einsum("kbt,bthe->kbhe", rows.to(v.dtype), v)
+
+
+def _hooks_chunk(model, chunk: TaskData, rows, layer: int):
+    K, b, t = rows.shape
+    idx = torch.arange(K * b, device=rows.device)
+    ap = chunk.answer_pos.repeat(K)
+    flat = rows.reshape(K * b, t)
+    got = {}
+
+    def set_row(pattern, hook):
+        pattern = pattern.clone()
+        pattern[idx, :, ap] = flat[:, None, :].to(pattern.dtype)
+        return pattern
+
+    def read_z(z, hook):
+        got["z"] = z[idx, ap]
+
+    model.run_with_hooks(chunk.tokens.repeat(K, 1), fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", set_row),
+                                                             (f"blocks.{layer}.attn.hook_z", read_z)])
+    return got["z"].view(K, b, *got["z"].shape[1:])
+
+
+@dataclass
+class InterventionSweep:
+    """Separation accuracy of every head of ``layer`` under hand-set attention: ``w01_accuracy[k, h]`` with
+    ``w02 = inf`` and ``w01 = w01_values[k]``; ``w02_accuracy[k, h]`` with ``w01 = 1`` and ``w02 = w02_values[k]``."""
+
+    w01_values: list[float]
+    w02_values: list[float]
+    w01_accuracy: Float[Tensor, "setting head"]
+    w02_accuracy: Float[Tensor, "setting head"]
+    n_train: int
+    n_test: int
+    layer: int = 0
+
+    @property
+    def w01_mean(self) -> Tensor:
+        return self.w01_accuracy.mean(1)
+
+    @property
+    def w02_mean(self) -> Tensor:
+        return self.w02_accuracy.mean(1)
+
+    def to_dict(self) -> dict:
+        H = self.w01_accuracy.shape[1]
+        return {"heads": [head_label(self.layer, h) for h in range(H)], "n_train": self.n_train, "n_test": self.n_test,
+                "w02_inf": {"w01": self.w01_values, "mean_accuracy": self.w01_mean.tolist(),
+                            "accuracy": self.w01_accuracy.tolist()},
+                "w01_one": {"w02": [None if math.isinf(w) else w for w in self.w02_values],
+                            "mean_accuracy": self.w02_mean.tolist(), "accuracy": self.w02_accuracy.tolist()}}
+
+    def figure(self):
+        """The seed's Figure 8: mean separation accuracy over heads against w01 (w02 = inf) and against w02 (w01 = 1)."""
+        from plotly.subplots import make_subplots
+        import plotly.graph_objects as go
+
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("w02 = ∞ (2s ignored)", "w01 = 1 (0s and 1s weighted equally)"))
+        fig.add_trace(go.Scatter(x=self.w01_values, y=self.w01_mean.tolist(), mode="lines+markers", name="w02 = ∞"), 1, 1)
+        finite = [w for w in self.w02_values if not math.isinf(w)]
+        top = max(finite) * 4 if finite else 1.0
+        xs = [top if math.isinf(w) else w for w in self.w02_values]
+        fig.add_trace(go.Scatter(x=xs, y=self.w02_mean.tolist(), mode="lines+markers", name="w01 = 1",
+                                 text=["∞" if math.isinf(w) else f"{w:g}" for w in self.w02_values]), 1, 2)
+        fig.update_xaxes(type="log", title_text="w01", row=1, col=1)
+        fig.update_xaxes(type="log", title_text="w02 (rightmost point: ∞)", row=1, col=2)
+        fig.update_yaxes(title_text="mean separation accuracy over heads", range=[0.4, 1.02])
+        fig.update_layout(title=f"Attention interventions (Figure 8): {self.n_train} train / {self.n_test} test sequences",
+                          template="plotly_white", showlegend=False, width=900, height=420)
+        return fig
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return self.figure()._repr_mimebundle_(include, exclude)
+
+
+def attention_intervention_sweep(model, train: TaskData, test: TaskData, *, w01_values=W01_VALUES, w02_values=W02_VALUES,
+                                 layer: int = 0, C: float = 1000.0, standardize: bool = False, task=None) -> InterventionSweep:
+    """Figure 8: the separation accuracy of each head of ``layer`` under each hand-set attention."""
+    w01_values, w02_values = [float(w) for w in w01_values], [float(w) for w in w02_values]
+    settings = [(w, math.inf) for w in w01_values] + [(1.0, w) for w in w02_values]
+    z_tr = intervened_head_outputs(model, train, settings, layer=layer, task=task).float().cpu()  # sklearn boundary
+    z_te = intervened_head_outputs(model, test, settings, layer=layer, task=task).float().cpu()
+    y_tr, y_te = train.labels.cpu().numpy(), test.labels.cpu().numpy()
+    H = z_tr.shape[2]
+    acc = torch.tensor([[fit_separator(z_tr[k, :, h].numpy(), y_tr, z_te[k, :, h].numpy(), y_te, C=C,
+                                       standardize=standardize)["accuracy"] for h in range(H)] for k in range(len(settings))])
+    n1 = len(w01_values)
+    return InterventionSweep(w01_values, w02_values, acc[:n1], acc[n1:], len(train), len(test), layer)

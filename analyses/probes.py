@@ -1,0 +1,142 @@
+"""Separation accuracy A_s(H) (seed 000, Definition 5.2): how well a linear separator on the outputs of the
+heads in H, at the answer position, predicts the answer.
+
+Features are the heads' outputs ``r^h`` = ``hook_z`` at the answer position (``d_head`` numbers per head,
+concatenated over the heads of H). The separator is scikit-learn's
+``LinearSVC(penalty="l2", loss="squared_hinge", C=1000)`` as the seed specifies, fitted on the train split and
+scored on the test split; ROC AUC of its decision function is reported beside accuracy (the published
+follow-up, Zsamboki et al. 2025, reports both).
+
+Standardisation (``standardize=True``) puts a ``StandardScaler`` fitted on the train features in front of the
+SVC. It is off by default because the seed fits the raw outputs; with ``C=1000`` the penalty is weak either
+way, but it changes the effective regularisation when head outputs are tiny or huge. The solver is
+liblinear's primal Newton method (``dual=False``: far more samples than features), which converges in a few
+dozen iterations here; a fit that still hits ``max_iter`` is recorded in ``converged`` instead of warning.
+
+Tensors stay on the model's device until the scikit-learn boundary, where the features move to CPU once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from interp.errors import HeadError, InterpError
+from interp.heads import head_label
+
+from .ablation import Subset, head_subsets, parse_subsets, subset_name
+from .answer_cache import AnswerCache, as_cache
+
+
+@dataclass
+class SeparationAccuracy:
+    """Test accuracy and ROC AUC of a linear separator per head subset (``accuracy[s]`` is ``subsets[s]``'s)."""
+
+    subsets: list[Subset]
+    accuracy: Float[Tensor, "subset"]
+    roc_auc: Float[Tensor, "subset"]
+    train_accuracy: Float[Tensor, "subset"]
+    converged: Tensor
+    C: float
+    standardize: bool
+    n_train: int
+    n_test: int
+    chance: float = field(default=float("nan"))  # accuracy of always predicting the commonest test label
+
+    @property
+    def names(self) -> list[str]:
+        return [subset_name(s) for s in self.subsets]
+
+    def to_dict(self) -> dict:
+        return {"C": self.C, "standardize": self.standardize, "n_train": self.n_train, "n_test": self.n_test,
+                "chance": self.chance, "subsets": [[head_label(*h) for h in s] for s in self.subsets],
+                "accuracy": self.accuracy.tolist(), "roc_auc": self.roc_auc.tolist(),
+                "converged": self.converged.tolist()}
+
+    def figure(self, top: int = 40):
+        import plotly.graph_objects as go
+
+        order = torch.argsort(self.accuracy, descending=True)[:top].tolist()
+        names = [self.names[i] for i in order]
+        fig = go.Figure([go.Bar(name="accuracy", x=names, y=[float(self.accuracy[i]) for i in order]),
+                         go.Bar(name="ROC AUC", x=names, y=[float(self.roc_auc[i]) for i in order])])
+        fig.update_layout(title=f"Separation accuracy (LinearSVC C={self.C:g}, {self.n_train} train / {self.n_test} test)",
+                          yaxis_range=[0, 1], barmode="group", template="plotly_white")
+        return fig
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return self.figure()._repr_mimebundle_(include, exclude)
+
+
+def head_features(cache: AnswerCache, subset: Subset) -> Float[Tensor, "batch feature"]:
+    """The outputs of the heads in ``subset`` at the answer position, concatenated: ``[batch, |H| * d_head]``."""
+    if not subset:
+        raise HeadError("an empty head subset was given where at least one head is needed (a separator needs features)")
+    return torch.cat([cache.z[:, l, h] for l, h in subset], dim=-1)
+
+
+def make_separator(C: float = 1000.0, standardize: bool = False, max_iter: int = 10_000, random_state: int = 0):
+    """The seed's separator: ``LinearSVC(penalty="l2", loss="squared_hinge", C)``, optionally after a scaler."""
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import LinearSVC
+
+    if not (isinstance(C, (int, float)) and C > 0):
+        raise InterpError(f"C must be a positive number, got {C!r}")
+    svc = LinearSVC(penalty="l2", loss="squared_hinge", C=float(C), dual=False, max_iter=max_iter, random_state=random_state)
+    return make_pipeline(StandardScaler(), svc) if standardize else svc
+
+
+def fit_separator(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, *,
+                  C: float = 1000.0, standardize: bool = False, max_iter: int = 10_000) -> dict:
+    """Fit on train, score on test: ``accuracy``, ``roc_auc`` (binary labels; NaN otherwise), ``train_accuracy``,
+    ``converged`` (False when liblinear stopped at ``max_iter``)."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.metrics import roc_auc_score
+
+    classes = np.unique(y_train)
+    if len(classes) < 2:
+        raise InterpError(f"the train labels contain one class only ({classes.tolist()}); a separator needs two")
+    clf = make_separator(C, standardize, max_iter)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        clf.fit(x_train, y_train)
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    auc = float("nan")
+    if len(classes) == 2 and len(np.unique(y_test)) == 2:
+        auc = float(roc_auc_score(y_test == classes[1], clf.decision_function(x_test)))
+    return {"accuracy": float((clf.predict(x_test) == y_test).mean()), "roc_auc": auc,
+            "train_accuracy": float((clf.predict(x_train) == y_train).mean()), "converged": converged}
+
+
+def separation_accuracy(model, train, test, subsets: Iterable | None = None, *, C: float = 1000.0,
+                        standardize: bool = False, max_iter: int = 10_000, task=None) -> SeparationAccuracy:
+    """A_s(H) for every H in ``subsets`` (default: every single head). ``train``/``test`` are task data or
+    :class:`AnswerCache` objects (reuse them across calls: the forward pass is the expensive part)."""
+    cfg = model.cfg
+    subsets = head_subsets(cfg.n_layers, cfg.n_heads, 1) if subsets is None else subsets
+    parsed = parse_subsets(subsets, cfg.n_layers, cfg.n_heads, allow_empty=False)
+    tr = as_cache(model, train, attention=False, task=task)
+    te = as_cache(model, test, attention=False, task=task)
+    if tr.task != te.task:
+        raise InterpError(f"train data is of task {tr.task!r} but test data of task {te.task!r}")
+    # the scikit-learn boundary: move everything to CPU once
+    z_tr, z_te = tr.z.float().cpu(), te.z.float().cpu()
+    y_tr, y_te = tr.labels.cpu().numpy(), te.labels.cpu().numpy()
+    rows = []
+    for subset in parsed:
+        cols_tr = torch.cat([z_tr[:, l, h] for l, h in subset], -1).numpy()
+        cols_te = torch.cat([z_te[:, l, h] for l, h in subset], -1).numpy()
+        rows.append(fit_separator(cols_tr, y_tr, cols_te, y_te, C=C, standardize=standardize, max_iter=max_iter))
+    _, counts = np.unique(y_te, return_counts=True)
+    return SeparationAccuracy(
+        subsets=parsed, accuracy=torch.tensor([r["accuracy"] for r in rows]), roc_auc=torch.tensor([r["roc_auc"] for r in rows]),
+        train_accuracy=torch.tensor([r["train_accuracy"] for r in rows]), converged=torch.tensor([r["converged"] for r in rows]),
+        C=float(C), standardize=standardize, n_train=len(tr), n_test=len(te), chance=float(counts.max() / counts.sum()),
+    )
