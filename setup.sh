@@ -11,12 +11,17 @@ PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=".venv/.interp-setup-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "is ignored" || true
+  log=.venv/setup.log
+  pip_install() { .venv/bin/python -m pip install --disable-pip-version-check "$@" >>"$log" 2>&1 \
+    || { tail -n 30 "$log" >&2; echo "setup.sh: pip install $* failed (full log: $log)" >&2; exit 1; }; }
+  echo "setup.sh: installing into .venv (log: $log) ..."
+  pip_install --upgrade pip
   if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check "${INTERP_TORCH:-torch==2.13.0}" 2>&1 | grep -v "is ignored" || true
+    pip_install "${INTERP_TORCH:-torch==2.13.0}"
   fi
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v -E "is ignored|^ *!!|WheelFile|strategy" || true
-  .venv/bin/python -c "import torch, transformer_lens, interp, tasks, analyses" 2>/dev/null \
-    || { echo "setup.sh: installation failed (see pip output above)" >&2; exit 1; }
+  pip_install -e ".[test]"
+  .venv/bin/python -c "import torch, transformer_lens, interp, tasks, analyses" \
+    || { echo "setup.sh: the installed packages do not import (log: $log)" >&2; exit 1; }
   rm -f .venv/.interp-setup-* && touch "$stamp"
+  echo "setup.sh: done"
 fi

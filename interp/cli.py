@@ -212,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     except InterpError as e:
         print(f"interp: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         print("interp: interrupted", file=sys.stderr)
         return 130
