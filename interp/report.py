@@ -39,6 +39,7 @@ table.data caption { caption-side: bottom; text-align: left; color: #5b6475; pad
 table.data th, table.data td { border-bottom: 1px solid #e3e7ee; padding: 3px 10px; text-align: left; }
 table.data th { background: #f3f5f9; } table.data td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .figure { margin: 8px 0; overflow-x: auto; }
+.cards { display: flex; flex-wrap: wrap; gap: 8px 40px; align-items: flex-start; }
 """
 
 
@@ -287,12 +288,6 @@ def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
                                  "(evaluated now, on this machine).")
     params = task_meta.get("params", {})
     report.table([{"task": ckpt.task.name, **{k: _short(v) for k, v in params.items()}}], caption="Task and its parameters")
-    spec = meta.get("model_spec", {})
-    n_params = sum(p.numel() for p in ckpt.model.parameters())
-    n_trainable = sum(p.numel() for p in ckpt.model.parameters() if p.requires_grad)
-    report.table([{"field": k, "value": _short(v)} for k, v in spec.items()]
-                 + [{"field": "parameters (trainable)", "value": f"{n_params} ({n_trainable})"}],
-                 caption="Model spec (interp.model.ModelSpec -> HookedTransformer)")
     t0 = time.perf_counter()
     metrics = evaluate_splits(ckpt.model, ckpt.task)
     secs = time.perf_counter() - t0
@@ -305,18 +300,24 @@ def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
         rows.append(row)
     report.table(rows, formats={k: ".4f" for k in rows[0] if k != "split"} if rows else None,
                  caption=f"Metrics per split, evaluated in {secs:.1f} s on {next(ckpt.model.parameters()).device}")
-    add_training(meta.get("training", {}), report)
-
-
-def add_training(training: Mapping[str, Any], report: Report) -> None:
-    """Training provenance (seed, epochs, config, versions) and the learning curve, when the file has them."""
-    if not training:
-        report.text("This checkpoint records no training provenance.")
-        return
+    spec = meta.get("model_spec", {})
+    n_params = sum(p.numel() for p in ckpt.model.parameters())
+    n_trainable = sum(p.numel() for p in ckpt.model.parameters() if p.requires_grad)
+    spec_table = render_table([{"field": k, "value": _short(v)} for k, v in spec.items()]
+                              + [{"field": "parameters (trainable)", "value": f"{n_params} ({n_trainable})"}],
+                              caption="Model spec (interp.model.ModelSpec -> HookedTransformer)")
+    training = meta.get("training", {})
     prov = {k: v for k, v in training.items() if k not in ("history", "metrics", "accuracy", "config")}
-    cfg = training.get("config", {})
-    report.table([{"field": k, "value": _short(v)} for k, v in {**prov, **{f"config.{k}": v for k, v in cfg.items()}}.items()],
-                 caption="Training provenance, as recorded in the checkpoint")
+    prov.update({f"config.{k}": v for k, v in training.get("config", {}).items()})
+    prov_table = (render_table([{"field": k, "value": _short(v)} for k, v in prov.items()],
+                               caption="Training provenance, as recorded in the checkpoint")
+                  if prov else '<p class="note">This checkpoint records no training provenance.</p>')
+    report._add(f'<div class="cards">{spec_table}{prov_table}</div>')
+    add_learning_curve(training, report)
+
+
+def add_learning_curve(training: Mapping[str, Any], report: Report) -> None:
+    """The per-epoch numbers recorded during training (loss, validation accuracy), when the file has them."""
     history = [h for h in training.get("history", []) if isinstance(h, Mapping) and "epoch" in h]
     if len(history) >= 2:
         import plotly.graph_objects as go
