@@ -2,7 +2,7 @@
 each head's output then separates the answers.
 
 The intervened attention row gives every token ``c`` in {0, 1, 2} the weight ``c_0 = w01``, ``c_1 = 1``,
-``c_2 = 1 / w02`` (0 when ``w02 = inf``), normalised, and 0 to every other token ([BOS], '='), so that
+``c_2 = w01 / w02`` (0 when ``w02 = inf``), normalised, and 0 to every other token ([BOS], '='), so that
 ``A(=->0)/A(=->1) = w01`` and ``A(=->0)/A(=->2) = w02`` exactly. A row with no weighted token (no 0s or 1s and
 ``w02 = inf``) attends to [BOS]. The head's output is then ``z = sum_t A(t) v(t)`` with its own value vectors.
 
@@ -63,7 +63,7 @@ def intervention_rows(tokens: Int[Tensor, "batch pos"], answer_pos: Int[Tensor, 
         w = torch.zeros(tokens.shape, device=tokens.device)
         w = torch.where((tokens == zero) & before, w01, w)
         w = torch.where((tokens == one) & before, 1.0, w)
-        w = torch.where((tokens == two) & before, 0.0 if math.isinf(w02) else 1.0 / w02, w)
+        w = torch.where((tokens == two) & before, 0.0 if math.isinf(w02) else w01 / w02, w)
         empty = w.sum(-1) == 0
         w[empty, bos_pos] = 1.0
         rows.append(w / w.sum(-1, keepdim=True))
