@@ -259,6 +259,7 @@ def write_report(checkpoint, out, device: str | None = None, progress: bool = Tr
 
 
 STEPS = ("model card", "analyses", "attention patterns")
+EXAMPLE_TOKENS = 28  # length of the examples shown in the attention views
 
 
 def build_report(ckpt, progress: bool = True) -> Report:
@@ -350,13 +351,14 @@ def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
     suite.add_report_sections(ckpt, report, progress)
 
 
-def pick_examples(task, n: int = 3, target_len: int = 28):
-    """A few examples for attention views: those closest to ``target_len`` tokens, one per label first
-    (splits in order, deterministic). Returns ``[(split, index, TaskData of one example)]``."""
+def pick_examples(task, n: int = 3, target_len: int = EXAMPLE_TOKENS):
+    """A few examples for attention views: those closest to ``target_len`` tokens (long ones make huge,
+    unreadable views), one per label first, held-out splits preferred on ties (test, then val, then
+    train); deterministic. Returns ``[(split, index, TaskData of one example)]``."""
     import torch
 
     candidates = []
-    for rank, split in enumerate(task.splits):
+    for rank, split in enumerate(reversed(task.splits)):
         data = task.dataset(split)
         dist = (data.lengths.cpu() - target_len).abs()
         for i in torch.argsort(dist, stable=True)[: 20 * n].tolist():
@@ -385,8 +387,9 @@ def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples
     model, task = ckpt.model, ckpt.task
     cfg = model.cfg
     report.section("Attention patterns", f"Every head's attention ({cfg.n_layers * cfg.n_heads} heads) on "
-                   f"{n_examples} short examples chosen from the task's splits. Pick a head to enlarge it; hover "
-                   "a destination token to see where it attends.")
+                   f"{n_examples} examples of the task's data, the ones nearest {EXAMPLE_TOKENS} tokens long (held-out splits first: "
+                   "long sequences make unreadable views). Pick a head to enlarge it; hover a destination token "
+                   "to see where it attends.")
     names = [head_label(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     device = next(model.parameters()).device
     for split, i, ex in pick_examples(task, n_examples):
