@@ -23,7 +23,7 @@ from itertools import combinations
 from typing import Iterable, Sequence
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from interp.errors import InterpError
@@ -133,6 +133,11 @@ def learned_accuracy(model, data: TaskData, subsets: Iterable, *, ablation: str 
     labels = data.labels.to(logits.device)
     acc = (logits.argmax(-1) == labels[None]).float().mean(-1)
     return LearnedAccuracy(parsed, acc, ablation, len(data))
+
+
+def learned_accuracy_of(model, data: TaskData, heads, **kw) -> float:
+    """A_l(H) of one subset ``heads`` (e.g. ``['L0H8', 'L0H9']``; ``[]``: the direct path alone)."""
+    return float(learned_accuracy(model, data, [heads], **kw).accuracy[0])
 
 
 def learned_accuracy_of_size(model, data: TaskData, size: int, **kw) -> LearnedAccuracy:

@@ -14,8 +14,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.errors import ConfigError, HeadError, InterpError
-from interp.heads import Head, head_label, parse_head
+from interp.errors import ConfigError, InterpError
+from interp.heads import head_label, parse_head
 
 from .answer_cache import as_cache
 from .attention_ratios import DIGITS, _vocab_of, task_token_ids

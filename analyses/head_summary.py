@@ -21,9 +21,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.heads import all_heads, head_label
+from interp.task import TaskData
 
-from .ablation import head_subsets, learned_accuracy
-from .answer_cache import AnswerCache, as_cache
+from .ablation import head_subsets, learned_accuracy, supports_cached
+from .answer_cache import as_cache
 from .attention_ratios import attention_ratios
 from .probes import separation_accuracy
 
@@ -129,16 +130,23 @@ class HeadSummary:
                 f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
 
-def head_summary(model, train, test, *, pairs: bool = True, C: float = 1000.0, standardize: bool = False) -> HeadSummary:
+def head_summary(model, train, test, *, pairs: bool = True, C: float = 1000.0, standardize: bool = False,
+                 test_data: TaskData | None = None) -> HeadSummary:
     """Everything in the head table, from one pass over ``train`` and one over ``test`` (task data or
-    :class:`AnswerCache`; the test cache needs attention rows for ``w01``/``w02``)."""
+    :class:`AnswerCache`; the test cache needs attention rows for ``w01``/``w02``). Models deeper than one
+    layer need the test data itself for learned accuracy (hook path): pass it as ``test`` or ``test_data``."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     tr = as_cache(model, train, attention=False)
     te = as_cache(model, test, attention=True)
+    test_data = test if isinstance(test, TaskData) else test_data
     singles = head_subsets(L, H, 1)
     pair_list = head_subsets(L, H, 2) if pairs else []
     everything = [tuple(all_heads(L, H))]
-    la = learned_accuracy(model, test, singles + pair_list + everything + [()], cache=te)
+    subsets = singles + pair_list + everything + [()]
+    if supports_cached(model) or test_data is None:
+        la = learned_accuracy(model, te, subsets)
+    else:
+        la = learned_accuracy(model, test_data, subsets, method="hooks")
     sep = separation_accuracy(model, tr, te, singles + pair_list, C=C, standardize=standardize)
     ratios = attention_ratios(model, te)
     rows = []

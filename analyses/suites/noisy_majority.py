@@ -29,7 +29,7 @@ def _summary(ckpt, train_size: int | None = None, test_size: int | None = None):
         test = test.select(slice(0, test_size))
     tr = cache_answer(model, train, attention=False)
     te = cache_answer(model, test, attention=True)
-    return head_summary(model, tr, te), train, test, tr, te
+    return head_summary(model, tr, te, test_data=test), train, test, tr, te
 
 
 def _finite(x):
