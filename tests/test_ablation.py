@@ -125,3 +125,20 @@ def test_bad_input(nm_ckpt, small_test):
         learned_accuracy(model, small_test, [["L0H1"]], ablation="resample")
     with pytest.raises(InterpError, match="subset size"):
         head_subsets(1, 16, 17)
+
+
+def test_pair_matrix_and_one_subset(nm_ckpt, small_test):
+    """Figure 5's matrix: singles on the diagonal, pairs off it, heads sorted by the diagonal in the figure."""
+    from analyses.ablation import learned_accuracy_of
+    from analyses.head_summary import pair_matrix
+
+    model = nm_ckpt.model
+    res = learned_accuracy(model, small_test, head_subsets(1, 16, 1) + head_subsets(1, 16, 2))
+    m = pair_matrix(res, 1, 16, "pairs")
+    assert torch.equal(m.values, m.values.T) and not m.values.isnan().any()
+    assert m.values[8, 9].item() == learned_accuracy_of(model, small_test, ["L0H8", "L0H9"])
+    assert m.values[3, 3].item() == learned_accuracy_of(model, small_test, ["L0H3"])
+    fig = m.figure()
+    diag = m.values.diagonal()
+    shown = [diag[int(name[3:])].item() for name in fig.data[0].y]
+    assert shown == sorted(shown, reverse=True)
