@@ -43,6 +43,7 @@ def test_notebook_executes(path):
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
                             resources={"metadata": {"path": str(EXAMPLES)}})
+    before = set(EXAMPLES.rglob("*"))
     try:
         client.execute()
     except CellExecutionError as e:  # the message holds the failing cell's source and traceback
@@ -51,3 +52,5 @@ def test_notebook_executes(path):
     assert code and all(c.execution_count is not None for c in code)
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.name}: error outputs {errors}"
+    written = sorted(str(p.relative_to(EXAMPLES)) for p in set(EXAMPLES.rglob("*")) - before)
+    assert not written, f"{path.name} wrote {written} into examples/; write to a temporary directory instead"
