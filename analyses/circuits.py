@@ -22,13 +22,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.device import model_device
 from interp.errors import ConfigError, InterpError
 from interp.evaluate import check_tokens
 from interp.heads import head_label, parse_head
-
-
-def _device(model):
-    return next(model.parameters()).device
 
 
 def _token_labels(model, n: int) -> list[str]:
@@ -50,8 +47,8 @@ class Circuit:
     col_title: str = ""
 
     def dense(self) -> Float[Tensor, "rows cols"]:
-        """The full matrix (``FactoredMatrix.AB``)."""
-        return self.matrix.AB
+        """The full matrix (``FactoredMatrix.AB``), detached from the model's parameters."""
+        return self.matrix.AB.detach()
 
     def figure(self, max_size: int = 80):
         """Heatmap of the matrix (its top-left ``max_size`` corner for big vocabularies)."""
@@ -213,7 +210,7 @@ def logit_decomposition(model, tokens: Int[Tensor, "batch pos"]) -> LogitDecompo
     if not cfg.attn_only or cfg.normalization_type is not None:
         raise ConfigError("logit_decomposition needs an attention-only model without LayerNorm (normalization None); "
                           f"this model has attn_only={cfg.attn_only}, normalization={cfg.normalization_type!r}")
-    tokens = torch.as_tensor(tokens).to(_device(model))
+    tokens = torch.as_tensor(tokens).to(model_device(model))
     check_tokens(model, tokens)
     with torch.inference_mode():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in ("hook_embed", "hook_pos_embed") or n.endswith("hook_z"))

@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.device import model_device
 from interp.errors import InterpError
 from interp.heads import head_label
 
@@ -33,7 +34,7 @@ def random_baseline(d_model: int, d_head: int, n_samples: int = 1000, seed: int 
     if d_model < 1 or d_head < 1 or n_samples < 2:
         raise InterpError(f"random_baseline needs d_model, d_head >= 1 and n_samples >= 2, got {d_model}, {d_head}, {n_samples}")
     gen = torch.Generator().manual_seed(seed)
-    a1, b1, a2, b2 = (torch.randn(n_samples, *shape, generator=gen).to(device or "cpu")
+    a1, b1, a2, b2 = (torch.randn(n_samples, *shape, generator=gen).to(device)  # CPU generator: same numbers everywhere
                       for shape in ((d_model, d_head), (d_head, d_model)) * 2)
     s = composition_scores(FactoredMatrix(a1, b1), FactoredMatrix(a2, b2), broadcast_dims=False)
     return float(s.mean()), float(s.std())
@@ -115,5 +116,5 @@ def composition_scores(model, n_baseline: int = 1000, seed: int = 0) -> Composit
     with torch.inference_mode():
         s = {m: model.all_composition_scores(m).detach().clone() for m in MODES}
     mean, std = random_baseline(model.cfg.d_model, model.cfg.d_head, n_baseline, seed=seed,
-                                device=next(model.parameters()).device)
+                                device=model_device(model))
     return CompositionScores(**s, baseline_mean=mean, baseline_std=std)

@@ -27,15 +27,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.device import model_device
 from interp.errors import HeadError, InterpError, TokenError
 from interp.evaluate import check_tokens
 from interp.heads import head_label, parse_heads
 
 SCORES = ("induction", "prev_token", "duplicate", "bos")
-
-
-def model_device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def repeated_tokens(n_seqs: int, rep_len: int, n_symbols: int, *, n_repeats: int = 2, bos: int | None = None,
