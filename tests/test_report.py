@@ -175,7 +175,18 @@ def test_pick_examples_prefers_short_sequences_with_distinct_labels(nm_task):
         assert abs(length - 28) <= 2  # the train split has thousands of sequences near 28 tokens
 
 
-# -- the report of the shipped noisy-majority checkpoint --------------------------------------------
+# -- the reports of the shipped checkpoints (built once per session, shared with test_browser.py) ----------
+SHIPPED = {"noisy-majority": "noisy-majority", "induction": "repeated-tokens"}  # checkpoint -> task
+
+
+@pytest.fixture(scope="module", params=list(SHIPPED))
+def shipped_page(request, shipped_report):
+    """(checkpoint name, page text, parsed page, seconds to build) for each shipped checkpoint."""
+    path, seconds = shipped_report(request.param)
+    text = path.read_text(encoding="utf-8")
+    return request.param, text, parse(text), seconds
+
+
 @pytest.fixture(scope="module")
 def nm_page(shipped_report):
     path, seconds = shipped_report("noisy-majority")
@@ -183,23 +194,24 @@ def nm_page(shipped_report):
     return text, parse(text), seconds
 
 
-def test_report_builds_within_a_minute(nm_page):
-    _, _, seconds = nm_page
-    assert seconds < 60, f"the noisy-majority report took {seconds:.1f} s; the issue asks for under a minute on CPU"
+def test_report_builds_within_a_minute(shipped_page):
+    name, _, _, seconds = shipped_page
+    assert seconds < 60, f"the {name} report took {seconds:.1f} s; the issue asks for under a minute on CPU"
 
 
-def test_report_sections(nm_page):
-    text, page, _ = nm_page
+def test_report_sections(shipped_page):
+    name, text, page, _ = shipped_page
     assert page.h2[0] == "Model card" and page.h2[-1] == "Attention patterns"
     try:
         from analyses.suites import get_suite
 
-        get_suite("noisy-majority")
+        get_suite(SHIPPED[name])
     except TaskError as e:
         assert page.h2[1:-1] == ["Analyses"] and str(e) in html.unescape(text)
     else:  # the suite's own sections sit between the model card and the attention views
         assert len(page.h2) >= 3 and "Analyses" not in page.h2
     assert len({a["href"] for t, a in page.tags if t == "a" and a.get("href", "").startswith("#")}) == len(page.h2)
+    assert table_with_caption(page, "Task")[0]["task"] == SHIPPED[name]
 
 
 def test_model_card_accuracy_matches_a_plain_forward(nm_page, nm_ckpt):
@@ -229,26 +241,30 @@ def test_model_card_accuracy_matches_a_plain_forward(nm_page, nm_ckpt):
     assert prov["seed"] == str(nm_ckpt.training["seed"])
 
 
-def test_attention_views_show_every_head_and_the_models_patterns(nm_page, nm_ckpt):
+def test_attention_views_show_every_head_and_the_models_patterns(shipped_page):
     """Each view's tokens, encoded again and run through the model, give the patterns in the page."""
-    text, _, _ = nm_page
-    section = text[text.index('<h2>Attention patterns</h2>'):]
+    from interp.checkpoint import load_checkpoint
+
+    name, text, _, _ = shipped_page
+    section = text[text.index("<h2>Attention patterns</h2>"):]
     views = [json.loads(props.replace("<\\/", "</")) for _, element, props in RENDER_RE.findall(section)]
     assert len(views) == 3
-    model, task = nm_ckpt.model, nm_ckpt.task
+    ckpt = load_checkpoint(name, device="cpu")
+    model, task = ckpt.model, ckpt.task
+    cfg = model.cfg
     for props in views:
-        assert props["attentionHeadNames"] == [f"L0H{h}" for h in range(16)]
+        assert props["attentionHeadNames"] == [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
         tokens = task.vocab.encode(props["tokens"])[None]
-        assert tokens[0, 0] == 0 and "=" in props["tokens"]
+        assert tokens[0, 0] == task.vocab.bos
         with torch.inference_mode():
-            _, cache = model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_pattern")
-        shown = torch.tensor(props["attention"])
-        torch.testing.assert_close(shown, cache["pattern", 0][0], atol=6e-6, rtol=0)  # rounded to 5 decimals
+            _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+        expected = torch.cat([cache["pattern", l][0] for l in range(cfg.n_layers)])
+        torch.testing.assert_close(torch.tensor(props["attention"]), expected, atol=6e-6, rtol=0)  # 5 decimals
 
 
-def test_report_is_offline_by_inspection(nm_page):
+def test_report_is_offline_by_inspection(shipped_page):
     """No tag refers to anything outside the file; a CSP forbids fetching; each library is inlined once."""
-    text, page, _ = nm_page
+    _, text, page, _ = shipped_page
     from plotly.offline import get_plotlyjs
 
     from interp.visualize import circuitsvis_bundle
