@@ -156,3 +156,19 @@ def test_attention_view_offline_html(circuit, unique_tokens, tmp_path):
     text = path.read_text()
     assert "CircuitsVis.render" in text and "unpkg.com" not in text
     assert "CircuitsVis" in view._repr_html_()
+
+
+def test_default_probe_for_a_foreign_model():
+    """A model without the repeated-tokens task gets [R R] over its output symbols, no BOS, filling the context."""
+    from analyses.head_scores import task_repeated_tokens
+    from interp.model import ModelSpec, build_model
+
+    m = build_model(ModelSpec(d_vocab=10, d_vocab_out=7, n_ctx=21, n_layers=1, d_model=8, n_heads=2, d_head=4,
+                              output_matrix="learned"), device="cpu")
+    toks = task_repeated_tokens(m, n_seqs=5, seed=0)
+    assert toks.shape == (5, 20) and int(toks.max()) < 7
+    assert torch.equal(toks[:, :10], toks[:, 10:])
+    s = head_scores(m)
+    assert s.induction.shape == (1, 2) and s.tokens.shape == (64, 20)
+    with pytest.raises(TokenError, match="do not fit"):
+        task_repeated_tokens(m, rep_len=11)
