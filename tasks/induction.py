@@ -95,8 +95,8 @@ class RepeatedTokens:
 
     def default_train(self) -> dict[str, Any]:
         """``TrainConfig`` defaults: AdamW 3e-3, weight decay 0.01, no dropout, betas (0.9, 0.98), 100 warm-up
-        steps; 16 epochs of 32,000 fresh sequences = 4,000 steps of 128 (the induction phase change comes at
-        about 500-1,000 steps)."""
+        steps; 16 epochs of 32,000 fresh sequences = 4,000 steps of 128 (the shipped run's induction phase change
+        came between steps 250 and 500: validation accuracy 0.37 -> 0.96)."""
         return dict(epochs=16, batch_size=128, lr=3e-3, weight_decay=0.01, dropout=0.0, beta2=0.98, warmup_steps=100)
 
     def dataset(self, split: str, seed: int | None = None) -> TaskData:
