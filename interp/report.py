@@ -62,11 +62,14 @@ class Report:
         self.sections: list[_Section] = []
         self.n_figures = 0
         self.n_attention = 0
+        self.on_section = None  # called with each new section's title (the progress bar shows it)
 
     # -- the builder methods the suites use ---------------------------------------------------------
     def section(self, title: str, intro: str = "") -> None:
         """Start a new section; ``intro`` is plain text saying what it shows."""
         anchor = f"s{len(self.sections) + 1}"
+        if self.on_section is not None:
+            self.on_section(str(title))
         self.sections.append(_Section(str(title), anchor, []))
         if intro:
             self._add(f'<p class="intro">{_escape_text(intro)}</p>')
@@ -272,9 +275,12 @@ def build_report(ckpt, progress: bool = True) -> Report:
     try:
         for step, fn in zip(STEPS, (add_model_card, add_suite_sections, add_attention_views)):
             bar.set_postfix_str(step)
+            report.on_section = lambda title, step=step: bar.set_postfix_str(
+                step if title.lower() == step else f"{step}: {title}")
             fn(ckpt, report, progress)
             bar.update(1)
     finally:
+        report.on_section = None
         bar.close()
     return report
 
