@@ -40,4 +40,5 @@ def get_task(name: str, **params):
 
 def shipped_checkpoints() -> dict[str, Path]:
     """Names of the checkpoints that ship with the project -> their files."""
-    return {p.name.removesuffix(".safetensors"): p for p in sorted(CHECKPOINT_DIR.glob("*.safetensors"))}
+    files = sorted(p for p in CHECKPOINT_DIR.glob("*.safetensors") if not p.name.endswith(".resume.safetensors"))
+    return {p.name.removesuffix(".safetensors"): p for p in files}
