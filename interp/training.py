@@ -174,7 +174,20 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
     """Train a model for ``task``; write the best-by-validation model to ``out``; return its provenance.
 
     ``on_epoch_end(epoch, record)`` is called after each epoch (after the resume file is written), e.g. to
-    log metrics; an exception it raises stops training like an interruption would."""
+    log metrics; an exception it raises stops training like an interruption would.
+
+    Training runs with ``torch.use_deterministic_algorithms(True, warn_only=True)``: on CPU, multi-threaded
+    scatter-adds (the backward of embedding / index lookups) otherwise make runs differ in the last bits.
+    The same seed, torch version and thread count then give bit-identical weights."""
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _train(task, spec, cfg, out, device=device, resume=resume, progress=progress, on_epoch_end=on_epoch_end)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def _train(task, spec, cfg, out, *, device, resume, progress, on_epoch_end) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
     if not out.parent.is_dir():
@@ -243,7 +256,8 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
         "best_epoch": state.best_epoch, "config": asdict(cfg),
         "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
         "history": state.history, "device": device, "wall_seconds_this_run": round(time.time() - started, 1),
-        "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+        "torch": torch.__version__, "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
+        "machine": platform.machine(),
     }
     save_checkpoint(out, model, task, provenance)
     rpath.unlink(missing_ok=True)
