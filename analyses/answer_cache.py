@@ -26,7 +26,7 @@ from torch import Tensor
 
 from interp.errors import InterpError, TaskError
 from interp.evaluate import DEFAULT_BUDGET, check_tokens, map_chunks
-from interp.fast import supports_query_forward
+from interp.fast import query_attention, supports_query_forward
 from interp.task import TaskData
 
 METHODS = ("auto", "hooks", "query")
@@ -125,22 +125,13 @@ def _hooks_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
 
 
 def _query_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
-    attn = model.blocks[0].attn
-    tokens, ap = chunk.tokens, chunk.answer_pos
-    b, t = tokens.shape
-    rows = torch.arange(b, device=tokens.device)
-    x = model.embed(tokens) + model.pos_embed(tokens)
-    h = model.blocks[0].ln1(x)
-    q = torch.einsum("bd,hde->bhe", h[rows, ap], attn.W_Q) + attn.b_Q
-    k = torch.einsum("btd,hde->bhte", h, attn.W_K) + attn.b_K[None, :, None, :]
-    v = torch.einsum("btd,hde->bhte", h, attn.W_V) + attn.b_V[None, :, None, :]
-    scores = torch.einsum("bhe,bhte->bht", q, k) / attn.attn_scale
-    future = torch.arange(t, device=tokens.device)[None, :] > ap[:, None]
-    log_attn = scores.masked_fill(future[:, None, :], float("-inf")).float().log_softmax(-1)
-    z = torch.einsum("bht,bhte->bhe", log_attn.exp().to(v.dtype), v)
-    out = {"z": z[:, None], "resid_pre": x[rows, ap]}
+    ap = chunk.answer_pos
+    x, scores, v = query_attention(model, chunk.tokens, ap[:, None])  # [b,t,d], [b,h,1,t], [b,h,t,e]
+    log_attn = scores.float().log_softmax(-1)  # log space keeps tiny attention weights exact for w01/w02
+    z = torch.einsum("bhkt,bhte->bkhe", log_attn.exp().to(v.dtype), v)  # [b, 1 (layer), h, e]
+    out = {"z": z, "resid_pre": x[torch.arange(len(chunk), device=ap.device), ap]}
     if attention:
-        out["log_attn"] = log_attn[:, None].permute(0, 3, 1, 2)
+        out["log_attn"] = log_attn.permute(0, 3, 2, 1)  # [b, t, layer, head]
     return out
 
 

@@ -13,44 +13,26 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(f"interp: error: {message} (see '{self.prog} --help')")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _checked(convert, ok, expected: str):
+    """An argparse type: ``convert`` the text, then require ``ok(value)``; errors say what was expected."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {v}")
-    return v
+_positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
+_nonneg_int = _checked(int, lambda v: v >= 0, "a non-negative integer")
+_positive_float = _checked(float, lambda v: v > 0, "a positive number")
+_fraction = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+_nonneg_float = _checked(float, lambda v: v >= 0, "a non-negative number")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's (900 for noisy-majority)")
     t.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's (128)")
     t.add_argument("--lr", type=_positive_float, default=None, help="default: the task's (1e-3)")
-    t.add_argument("--weight-decay", type=float, default=None, help="default: the task's (0.01)")
+    t.add_argument("--weight-decay", type=_nonneg_float, default=None, help="default: the task's (0.01)")
     t.add_argument("--dropout", type=_fraction, default=None, help="default: the task's (0.1)")
     t.add_argument("--patience", type=_positive_int, default=None, help="stop after this many epochs without a better validation accuracy")
     t.add_argument("--save-every", type=_positive_int, default=5, help="epochs between resume files")

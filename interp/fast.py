@@ -27,12 +27,13 @@ def supports_query_forward(model) -> bool:
     )
 
 
-def logits_at(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"],
-              dropout: float = 0.0) -> Float[Tensor, "batch k vocab_out"]:
-    """Logits at ``query_pos`` of a one-layer attention-only model, exactly as ``model(tokens)`` gives them
-    (with ``dropout`` > 0: dropout after the embedding and after the attention output, as in training)."""
+def query_attention(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"], dropout: float = 0.0
+                    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head k pos"], Float[Tensor, "batch head pos d_head"]]:
+    """The layer-0 attention inputs of the queries at ``query_pos`` only: the residual input ``x``
+    (embedding, with ``dropout`` if > 0), the scaled attention scores (``-inf`` on future keys) and the
+    value vectors of every position."""
     if not supports_query_forward(model):
-        raise ValueError("logits_at needs a one-layer, attention-only, causal model with standard/no positional embedding")
+        raise ValueError("the query-restricted forward needs a one-layer, attention-only, causal model with standard/no positional embedding")
     attn = model.blocks[0].attn
     b, t = tokens.shape
     x = model.embed(tokens) + model.pos_embed(tokens)  # [b, t, d]
@@ -40,17 +41,25 @@ def logits_at(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "b
         x = F.dropout(x, p=dropout, training=True)
     h = model.blocks[0].ln1(x)
     rows = torch.arange(b, device=tokens.device)[:, None]
-    hq = h[rows, query_pos]  # [b, k, d]
-    q = torch.einsum("bkd,hde->bhke", hq, attn.W_Q) + attn.b_Q[None, :, None, :]
+    q = torch.einsum("bkd,hde->bhke", h[rows, query_pos], attn.W_Q) + attn.b_Q[None, :, None, :]
     keys = torch.einsum("btd,hde->bhte", h, attn.W_K) + attn.b_K[None, :, None, :]
     vals = torch.einsum("btd,hde->bhte", h, attn.W_V) + attn.b_V[None, :, None, :]
     scores = torch.einsum("bhke,bhte->bhkt", q, keys) / attn.attn_scale
     future = torch.arange(t, device=tokens.device)[None, None, :] > query_pos[:, :, None]  # [b, k, t]
-    scores = scores.masked_fill(future[:, None], float("-inf"))
+    return x, scores.masked_fill(future[:, None], float("-inf")), vals
+
+
+def logits_at(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"],
+              dropout: float = 0.0) -> Float[Tensor, "batch k vocab_out"]:
+    """Logits at ``query_pos`` of a one-layer attention-only model, exactly as ``model(tokens)`` gives them
+    (with ``dropout`` > 0: dropout after the embedding and after the attention output, as in training)."""
+    attn = model.blocks[0].attn
+    x, scores, vals = query_attention(model, tokens, query_pos, dropout)
     z = torch.einsum("bhkt,bhte->bkhe", scores.softmax(-1), vals)
     out = torch.einsum("bkhe,hed->bkd", z, attn.W_O) + attn.b_O
     if dropout:
         out = F.dropout(out, p=dropout, training=True)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
     resid = x[rows, query_pos] + out
     return model.unembed(model.ln_final(resid) if hasattr(model, "ln_final") else resid)
 
