@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--n-heads", type=_positive_int)
     t.add_argument("--d-head", type=_positive_int)
     t.add_argument("--n-layers", type=_positive_int)
+    t.add_argument("--positional", choices=["none", "standard", "shortformer"],
+                   help="positional embedding: none (zeroed, frozen), standard (added to the residual stream), "
+                        "shortformer (into queries and keys only); default: the task's")
     t.add_argument("--output-matrix", choices=["identity", "learned"],
                    help="default: the task's (identity when n_heads*d_head == d_model, else learned)")
     t.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's (900 for noisy-majority)")
@@ -108,6 +111,8 @@ def cmd_train(args) -> int:
     for opt, key in (("d_model", "d_model"), ("n_heads", "n_heads"), ("d_head", "d_head"), ("n_layers", "n_layers")):
         if getattr(args, opt) is not None:
             spec_kw[key] = getattr(args, opt)
+    if args.positional:
+        spec_kw["positional"] = args.positional
     if args.output_matrix:
         spec_kw["output_matrix"] = args.output_matrix
     elif spec_kw.get("output_matrix") == "identity" and spec_kw["n_heads"] * spec_kw["d_head"] != spec_kw["d_model"]:

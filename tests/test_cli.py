@@ -44,6 +44,17 @@ def test_train_then_eval_json_end_to_end(tmp_path, capsys):
     assert result["accuracy"] == ckpt.training["accuracy"]
 
 
+def test_train_options_reach_the_model_spec(tmp_path):
+    out = tmp_path / "short.safetensors"
+    assert main(["train", "noisy-majority", *TINY, "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--n-layers", "2",
+                 "--positional", "shortformer", "--epochs", "1", "--out", str(out), "--quiet", "--device", "cpu"]) == 0
+    from interp.checkpoint import load_checkpoint
+
+    model = load_checkpoint(out).model
+    assert model.cfg.positional_embedding_type == "shortformer" and model.cfg.n_layers == 2
+    assert model.interp_spec.positional == "shortformer" and model.W_pos.requires_grad
+
+
 def test_eval_of_the_shipped_checkpoint(capsys):
     assert main(["eval", "noisy-majority"]) == 0
     text = capsys.readouterr().out
