@@ -119,7 +119,8 @@ def heatmap(matrix: Float[Tensor, "rows cols"], x_labels: Sequence[str], y_label
         kw["texttemplate"] = "%{text}"
     fig = go.Figure(go.Heatmap(**kw))
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, yaxis_autorange="reversed",
-                      width=max(420, 28 * len(x_labels) + 200), height=max(360, 24 * len(y_labels) + 160),
+                      width=max(420, 28 * len(x_labels) + 200, int(7.5 * len(title)) + 120),
+                      height=max(360, 24 * len(y_labels) + 160),
                       template="plotly_white")
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
