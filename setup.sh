@@ -9,7 +9,7 @@ PY="${PYTHON:-python3}"
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
   || { echo "setup.sh: Python 3.11 or newer is needed ($("$PY" --version 2>&1) found); set PYTHON=python3.11" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-stamp=".venv/.interp-setup-$(sha1sum pyproject.toml | cut -c1-12)"
+stamp=".venv/.interp-setup-$("$PY" -c 'import hashlib; print(hashlib.sha1(open("pyproject.toml", "rb").read()).hexdigest()[:12])')"
 if [ ! -f "$stamp" ]; then
   log=.venv/setup.log
   pip_install() { .venv/bin/python -m pip install --disable-pip-version-check "$@" >>"$log" 2>&1 \
