@@ -8,8 +8,6 @@ epochs, best epoch, accuracies, wall time, device, versions). Loading never unpi
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import torch
 
 from .errors import CheckpointError, InterpError
+from .files import atomic_write
 
 FORMAT = "interp-checkpoint"
 FORMAT_VERSION = 1
@@ -36,30 +35,6 @@ class Checkpoint:
         return self.metadata.get("training", {})
 
 
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
-    path = Path(path)
-    if path.exists() and path.is_dir():
-        raise InterpError(f"cannot write {path}: it is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InterpError(f"cannot write {path}: directory {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def save_checkpoint(path, model, task, training: dict[str, Any] | None = None) -> Path:
     """Write ``model`` (with its ``interp_spec``) and ``task`` to ``path`` atomically."""
     from safetensors.torch import save_file
@@ -76,7 +51,7 @@ def save_checkpoint(path, model, task, training: dict[str, Any] | None = None) -
         "training": json.dumps(training or {}),
     }
     path = Path(path)
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), "the checkpoint")
     return path
 
 

@@ -13,15 +13,14 @@ from __future__ import annotations
 import html
 import json
 import numbers
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import InterpError
+from .files import AtomicFile, atomic_write_text
 
 # Nothing may be fetched: scripts and styles are inline, images only data:/blob: URLs.
 CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
@@ -140,12 +139,7 @@ class Report:
 
     def save(self, path) -> Path:
         """Write :meth:`html` to ``path`` atomically (a temp file in the same folder, then a rename)."""
-        out = OutputFile(path)
-        try:
-            out.write(self.html())
-        finally:
-            out.discard()
-        return out.path
+        return atomic_write_text(path, self.html(), "the report")
 
 
 # -- tables -----------------------------------------------------------------------------------------
@@ -206,58 +200,16 @@ def _caption(caption: str) -> str:
 
 
 # -- writing ----------------------------------------------------------------------------------------
-class OutputFile:
-    """An output path checked up front: the temp file is created at once (so an unwritable path fails
-    before any work), filled by :meth:`write`, renamed into place; :meth:`discard` removes it if unused."""
-
-    def __init__(self, path):
-        self.path = Path(path)
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        if self.path.is_dir():
-            raise InterpError(f"cannot write the report to {self.path}: it is a directory; expected a file path such as report.html")
-        if not parent.exists():
-            raise InterpError(f"cannot write the report to {self.path}: directory {parent} does not exist")
-        if not parent.is_dir():
-            raise InterpError(f"cannot write the report to {self.path}: {parent} is not a directory")
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
-        except OSError as e:
-            raise InterpError(f"cannot write the report to {self.path}: {e.strerror or e} in {parent}") from None
-        os.close(fd)
-        self.tmp: Path | None = Path(tmp)
-
-    def write(self, text: str) -> None:
-        if self.tmp is None:
-            raise InterpError(f"{self.path} was already written or discarded")
-        try:
-            self.tmp.write_text(text, encoding="utf-8")
-            os.chmod(self.tmp, 0o644)
-            os.replace(self.tmp, self.path)
-        except OSError as e:
-            raise InterpError(f"cannot write the report to {self.path}: {e.strerror or e}") from None
-        self.tmp = None
-
-    def discard(self) -> None:
-        if self.tmp is not None:
-            try:
-                self.tmp.unlink()
-            except FileNotFoundError:
-                pass
-            self.tmp = None
-
-
 def write_report(checkpoint, out, device: str | None = None, progress: bool = True) -> Path:
     """Build the report of ``checkpoint`` (a path, a shipped name, or a loaded :class:`Checkpoint`) and
     write it to ``out`` atomically. Bad paths and checkpoints fail before any work, leaving no file."""
     from .checkpoint import Checkpoint, load_checkpoint
 
-    output = OutputFile(out)
-    try:
+    with AtomicFile(out, "the report") as output:  # an unwritable path fails before any work
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint, device=device)
         report = build_report(ckpt, progress=progress)
-        output.write(report.html())
-    finally:
-        output.discard()
+        html_text = report.html()
+        output.commit(lambda tmp: Path(tmp).write_text(html_text, encoding="utf-8"))
     return output.path
 
 

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .checkpoint import atomic_write, save_checkpoint
+from .checkpoint import save_checkpoint
+from .files import atomic_write
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
 from .evaluate import evaluate, evaluate_splits
@@ -132,7 +133,7 @@ class _State:
                                     "best_epoch": self.best_epoch, "history": self.history}),
             "param_groups": json.dumps(opt_sd["param_groups"]),
         }
-        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta), "the resume file")
 
     def load(self, path: Path, identity: dict[str, Any]) -> None:
         from safetensors import safe_open

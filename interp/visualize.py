@@ -86,12 +86,9 @@ class AttentionView:
                 f"<script>{circuitsvis_bundle()}</script></head><body>{self.body_html()}</body></html>")
 
     def save(self, path) -> Path:
-        from .checkpoint import atomic_write
+        from .files import atomic_write_text
 
-        path = Path(path)
-        doc = self.html()
-        atomic_write(path, lambda tmp: Path(tmp).write_text(doc, encoding="utf-8"))
-        return path
+        return atomic_write_text(path, self.html(), "the attention view")
 
     def _repr_html_(self) -> str:
         return f"<script>{circuitsvis_bundle()}</script>{self.body_html()}"

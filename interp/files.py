@@ -1,0 +1,76 @@
+"""Writing output files atomically: a temp file in the target folder, then a rename.
+
+Readers never see a half-written file, and a failure leaves nothing behind. :class:`AtomicFile` reserves
+the temp file when it is created, so an unwritable path fails before any expensive work.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from .errors import InterpError
+
+
+class AtomicFile:
+    """An output path checked and reserved up front; :meth:`commit` fills it and renames it into place.
+    Used as a context manager, the temp file is removed if nothing was committed."""
+
+    def __init__(self, path, what: str = "a file"):
+        self.path = Path(path)
+        self.what = what
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        if self.path.is_dir():
+            self._fail(f"it is a directory; expected a file path")
+        if not parent.exists():
+            self._fail(f"directory {parent} does not exist")
+        if not parent.is_dir():
+            self._fail(f"{parent} is not a directory")
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
+        except OSError as e:
+            self._fail(f"{e.strerror or e} in {parent}")
+        os.close(fd)
+        self.tmp: Path | None = Path(tmp)
+
+    def _fail(self, why: str):
+        raise InterpError(f"cannot write {self.what} to {self.path}: {why}")
+
+    def commit(self, write: Callable[[str], None]) -> Path:
+        """Call ``write(temp_path)``, give the file the usual permissions, rename it onto the path."""
+        if self.tmp is None:
+            self._fail("it was already written or discarded")
+        try:
+            write(str(self.tmp))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            self._fail(e.strerror or str(e))
+        finally:
+            self.discard()
+        return self.path
+
+    def discard(self) -> None:
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+            self.tmp = None
+
+    def __enter__(self) -> "AtomicFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.discard()
+
+
+def atomic_write(path, write: Callable[[str], None], what: str = "a file") -> Path:
+    """Call ``write(temp_path)`` and rename the result onto ``path``."""
+    with AtomicFile(path, what) as out:
+        return out.commit(write)
+
+
+def atomic_write_text(path, text: str, what: str = "a file") -> Path:
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), what)
