@@ -127,9 +127,9 @@ class OVCopying:
                        title="OV circuit copying", zmin=-1, zmax=1, zmid=None, text_fmt=".2f")
 
     def _repr_html_(self) -> str:
-        from analyses.head_scores import _html_table
+        from interp.visualize import render_table
 
-        return _html_table(self.rows(), ["head", "copying_score", "top1", f"top{self.k}"])
+        return render_table(self.rows(), ["head", "copying_score", "top1", f"top{self.k}"], float_format=".3f")
 
 
 def ov_copying(model, k: int = 5) -> OVCopying:

@@ -103,11 +103,11 @@ class CompositionScores:
                        title=f"{mode}-composition scores (random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f})")
 
     def _repr_html_(self) -> str:
-        from analyses.head_scores import _html_table
+        from interp.visualize import render_table
 
         rows = [r for m in MODES for r in self.top_pairs(m, 3)]
         note = f"<p>random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f}</p>"
-        return note + _html_table(rows, ["mode", "from", "to", "score", "ratio_to_baseline", "z"])
+        return note + render_table(rows, ["mode", "from", "to", "score", "ratio_to_baseline", "z"], float_format=".3f")
 
 
 def composition_scores(model, n_baseline: int = 1000, seed: int = 0) -> CompositionScores:

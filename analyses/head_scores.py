@@ -31,6 +31,7 @@ from interp.device import model_device
 from interp.errors import HeadError, InterpError, TokenError
 from interp.evaluate import check_tokens
 from interp.heads import head_label, parse_heads
+from interp.visualize import render_table
 
 SCORES = ("induction", "prev_token", "duplicate", "bos")
 
@@ -136,7 +137,7 @@ class HeadScores:
                        zmid=None, zmin=0, zmax=1, text_fmt=".2f")
 
     def _repr_html_(self) -> str:
-        return _html_table(self.rows(), ["head", *[f"{s}_score" for s in SCORES]])
+        return render_table(self.rows(), ["head", *[f"{s}_score" for s in SCORES]], float_format=".3f")
 
 
 def head_scores(model, tokens: Int[Tensor, "batch pos"] | None = None, chunk: int = 256) -> HeadScores:
@@ -211,7 +212,7 @@ class AblationTest:
                        zmid=None, zmin=0, zmax=1, text_fmt=".2f", x_title="measured head", y_title="ablated head")
 
     def _repr_html_(self) -> str:
-        return _html_table(self.rows(), ["ablated", "head", "induction_score", "ablated_score", "drop"])
+        return render_table(self.rows(), ["ablated", "head", "induction_score", "ablated_score", "drop"], float_format=".3f")
 
 
 def ablation_induction_test(model, tokens: Int[Tensor, "batch pos"] | None = None, layer: int = 0,
@@ -268,14 +269,3 @@ def attention_view(model, tokens: Int[Tensor, "pos"], heads=None, token_strs=Non
         task = getattr(model, "interp_task", None)
         token_strs = task.vocab.decode(tokens) if task is not None else [str(int(t)) for t in tokens]
     return AttentionView(token_strs, pattern, [head_label(*h) for h in heads], title=title)
-
-
-def _html_table(rows: list[dict], columns: list[str]) -> str:
-    import html
-
-    def fmt(v):
-        return f"{v:.3f}" if isinstance(v, float) else html.escape(str(v))
-
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{fmt(r[c])}</td>" for c in columns) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

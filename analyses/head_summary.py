@@ -12,7 +12,6 @@ alike), ``2s ignored`` means ``w02 >= 10``.
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass, field
 
@@ -122,12 +121,11 @@ class HeadSummary:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else html.escape(str(v))  # noqa: E731
-        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
-        body = "".join("<tr>" + "".join(f"<td>{fmt(r[c])}</td>" for c in self.COLUMNS) + "</tr>" for r in self.rows)
+        from interp.visualize import render_table
+
         return (f"<p>all heads: accuracy {self.model_accuracy:.3f}; no heads (direct path): {self.direct_accuracy:.3f}; "
                 f"chance {self.chance:.3f}; {self.n_train} train / {self.n_test} test sequences</p>"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+                + render_table(self.rows, list(self.COLUMNS), float_format=".3g"))
 
 
 def head_summary(model, train, test, *, pairs: bool = True, C: float = 1000.0, standardize: bool = False,

@@ -21,6 +21,8 @@ from typing import Any, Mapping, Sequence
 
 from .errors import InterpError
 from .files import AtomicFile, atomic_write_text
+from .visualize import escape_text as _escape_text
+from .visualize import render_table
 
 # Nothing may be fetched: scripts and styles are inline, images only data:/blob: URLs.
 CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
@@ -140,59 +142,6 @@ class Report:
     def save(self, path) -> Path:
         """Write :meth:`html` to ``path`` atomically (a temp file in the same folder, then a rename)."""
         return atomic_write_text(path, self.html(), "the report")
-
-
-# -- tables -----------------------------------------------------------------------------------------
-def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, caption: str = "",
-                 formats: Mapping[str, str] | None = None) -> str:
-    """The HTML of a table of dict rows (cells escaped, numbers right-aligned and formatted)."""
-    if isinstance(rows, Mapping) or not all(isinstance(r, Mapping) for r in rows):
-        raise InterpError("report.table expects a list of dicts (one per row)")
-    rows = list(rows)
-    if columns is None:
-        columns = list(dict.fromkeys(k for r in rows for k in r))
-    columns = [str(c) for c in columns]
-    formats = dict(formats or {})
-    unknown = sorted(set(formats) - set(columns))
-    if unknown:
-        raise InterpError(f"report.table formats name unknown column(s) {unknown}; the columns are {columns}")
-    for col, spec in formats.items():
-        try:
-            format(1.5, spec)
-        except (ValueError, TypeError):
-            raise InterpError(f"report.table format {spec!r} for column {col!r} is not a valid format spec") from None
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = []
-    for r in rows:
-        cells = []
-        for c in columns:
-            text, numeric = _cell(r.get(c), formats.get(c))
-            cells.append(f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    cap = f"<caption>{_escape_text(caption)}</caption>" if caption else ""
-    empty = "" if rows else f'<tr><td colspan="{max(len(columns), 1)}" class="note">(no rows)</td></tr>'
-    return f'<table class="data">{cap}<thead><tr>{head}</tr></thead><tbody>{"".join(body)}{empty}</tbody></table>'
-
-
-def _cell(value, spec: str | None) -> tuple[str, bool]:
-    """(escaped text, is-number) for one table cell; 0-d tensors/arrays become numbers."""
-    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        value = value.item()
-    if value is None:
-        return "", False
-    if isinstance(value, bool):
-        return str(value), False
-    if isinstance(value, numbers.Number):
-        if spec:
-            return html.escape(format(value, spec)), True
-        if isinstance(value, numbers.Integral):
-            return str(value), True
-        return html.escape(format(value, ".4g")), True
-    return html.escape(str(value)), False
-
-
-def _escape_text(text: str) -> str:
-    return html.escape(str(text)).replace("\n", "<br>")
 
 
 def _caption(caption: str) -> str:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import html as _html
 import json
+import numbers
 import uuid
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from jaxtyping import Float
@@ -122,3 +123,57 @@ def heatmap(matrix: Float[Tensor, "rows cols"], x_labels: Sequence[str], y_label
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
     return fig
+
+
+def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, caption: str = "",
+                 formats: Mapping[str, str] | None = None, float_format: str = ".4g") -> str:
+    """The HTML of a table of dict rows (cells escaped, numbers right-aligned; ``formats`` per column,
+    ``float_format`` for other non-integer numbers)."""
+    if isinstance(rows, Mapping) or not all(isinstance(r, Mapping) for r in rows):
+        raise InterpError("a table expects a list of dicts (one per row)")
+    rows = list(rows)
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    columns = [str(c) for c in columns]
+    formats = dict(formats or {})
+    unknown = sorted(set(formats) - set(columns))
+    if unknown:
+        raise InterpError(f"table formats name unknown column(s) {unknown}; the columns are {columns}")
+    for col, spec in formats.items():
+        try:
+            format(1.5, spec)
+        except (ValueError, TypeError):
+            raise InterpError(f"table format {spec!r} for column {col!r} is not a valid format spec") from None
+    head = "".join(f"<th>{_html.escape(c)}</th>" for c in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for c in columns:
+            text, numeric = _cell(r.get(c), formats.get(c), float_format)
+            cells.append(f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    cap = f"<caption>{escape_text(caption)}</caption>" if caption else ""
+    empty = "" if rows else f'<tr><td colspan="{max(len(columns), 1)}" class="note">(no rows)</td></tr>'
+    return f'<table class="data">{cap}<thead><tr>{head}</tr></thead><tbody>{"".join(body)}{empty}</tbody></table>'
+
+
+def _cell(value, spec: str | None, float_format: str = ".4g") -> tuple[str, bool]:
+    """(escaped text, is-number) for one table cell; 0-d tensors/arrays become numbers."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()
+    if value is None:
+        return "", False
+    if isinstance(value, bool):
+        return str(value), False
+    if isinstance(value, numbers.Number):
+        if spec:
+            return _html.escape(format(value, spec)), True
+        if isinstance(value, numbers.Integral):
+            return str(value), True
+        return _html.escape(format(value, float_format)), True
+    return _html.escape(str(value)), False
+
+
+def escape_text(text: str) -> str:
+    """Plain text as HTML (escaped, newlines kept)."""
+    return _html.escape(str(text)).replace("\n", "<br>")

@@ -120,4 +120,4 @@ def test_errors_and_figures(model):
     fig = full_ov_circuit(model, "L0H0").figure()
     assert fig.data[0].type == "heatmap" and len(fig.data[0].z) == 9
     assert ov_copying(model).figure().data[0].type == "heatmap"
-    assert "<table>" in ov_copying(model)._repr_html_()
+    assert "<table" in ov_copying(model)._repr_html_() and "<td>L0H0</td>" in ov_copying(model)._repr_html_()

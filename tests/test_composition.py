@@ -97,7 +97,7 @@ def test_figure_and_errors(model):
     cs = composition_scores(model, n_baseline=50)
     fig = cs.figure("K")
     assert fig.data[0].type == "heatmap" and "baseline" in fig.layout.title.text
-    assert "<table>" in cs._repr_html_()
+    assert "<table" in cs._repr_html_() and "<th>ratio_to_baseline</th>" in cs._repr_html_()
     with pytest.raises(InterpError, match="mode"):
         cs.scores("X")
     one = composition_scores(random_model(n_layers=1), n_baseline=50)
