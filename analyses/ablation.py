@@ -29,7 +29,7 @@ from torch import Tensor
 from interp.errors import InterpError
 from interp.evaluate import DEFAULT_BUDGET, map_chunks
 from interp.fast import supports_query_forward
-from interp.heads import Head, all_heads, head_label, parse_heads
+from interp.heads import Head, all_heads, head_label, head_mask, parse_heads
 from interp.task import TaskData
 
 from .answer_cache import AnswerCache, as_cache, check_model_data
@@ -53,15 +53,6 @@ def parse_subsets(subsets: Iterable, n_layers: int, n_heads: int, *, allow_empty
     if not out:
         raise InterpError("no head subsets were given; expected at least one")
     return out
-
-
-def subset_masks(subsets: Sequence[Subset], n_layers: int, n_heads: int, device=None) -> Float[Tensor, "subset layer head"]:
-    """A float mask per subset: 1 for the heads kept, 0 for those ablated."""
-    masks = torch.zeros(len(subsets), n_layers, n_heads, device=device)
-    for i, subset in enumerate(subsets):
-        for l, h in subset:
-            masks[i, l, h] = 1.0
-    return masks
 
 
 def mean_head_outputs(model, data: "TaskData | AnswerCache") -> Float[Tensor, "layer head d_head"]:
@@ -159,7 +150,7 @@ def subset_answer_logits(model, data: TaskData, subsets: Sequence[Subset], *, ab
         raise InterpError("method='cached' needs a one-layer attention-only model; use method='hooks'")
     cfg = model.cfg
     device = next(model.parameters()).device
-    masks = subset_masks(subsets, cfg.n_layers, cfg.n_heads, device)
+    masks = head_mask(subsets, cfg.n_layers, cfg.n_heads, device)
     z_ref = None
     if ablation == "mean":
         ref = reference if reference is not None else (cache if cache is not None else data)
@@ -249,7 +240,7 @@ def learned_accuracy_loop(model, data: TaskData, subsets: Iterable, *, ablation:
         z_ref = mean_head_outputs(model, reference if reference is not None else data).to(device)
     accs = []
     for subset in parsed:
-        mask = subset_masks([subset], cfg.n_layers, cfg.n_heads, device)[0]
+        mask = head_mask([subset], cfg.n_layers, cfg.n_heads, device)[0]
 
         def fn(chunk: TaskData) -> dict[str, Tensor]:
             hooks = []

@@ -1,9 +1,14 @@
-"""Naming heads (``L0H3``) and turning head sets into masks ``[n_layers, n_heads]``."""
+"""Naming heads (``L0H3``) and turning head sets into masks: the one mask builder of the toolkit.
+
+A head is ``(layer, head)`` with two integers, or a name ``'L0H3'`` / ``'0.3'``. A set of heads is a mask
+``[n_layers, n_heads]`` (1 = kept); many sets are a mask with a subset axis ``[subset, n_layers, n_heads]``.
+"""
 
 from __future__ import annotations
 
+import numbers
 import re
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from .errors import HeadError
 
@@ -26,9 +31,12 @@ def parse_head(spec: "str | Head", n_layers: int, n_heads: int) -> Head:
         layer, head = int(m.group(1)), int(m.group(2))
     else:
         try:
-            layer, head = (int(x) for x in spec)
-        except (TypeError, ValueError):
-            raise HeadError(f"cannot parse head {spec!r}; expected (layer, head) or a name like 'L0H3'") from None
+            parts = tuple(spec)
+        except TypeError:
+            parts = ()
+        if len(parts) != 2 or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in parts):
+            raise HeadError(f"cannot parse head {spec!r}; expected (layer, head) with two integers or a name like 'L0H3'")
+        layer, head = (int(x) for x in parts)
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise HeadError(
             f"head {head_label(layer, head)} is out of range; this model has layers 0..{n_layers - 1} "
@@ -53,11 +61,12 @@ def all_heads(n_layers: int, n_heads: int) -> list[Head]:
     return [(l, h) for l in range(n_layers) for h in range(n_heads)]
 
 
-def heads_to_mask(heads: Iterable[Head], n_layers: int, n_heads: int, device=None):
-    """A float mask ``[n_layers, n_heads]`` with 1 for the heads in the set."""
+def head_mask(subsets: Sequence[Iterable], n_layers: int, n_heads: int, device=None):
+    """``[subset, n_layers, n_heads]`` float mask, 1 for the heads in each subset (heads parsed and checked)."""
     import torch
 
-    mask = torch.zeros(n_layers, n_heads, device=device)
-    for l, h in parse_heads(list(heads), n_layers, n_heads):
-        mask[l, h] = 1.0
-    return mask
+    mask = torch.zeros(len(subsets), n_layers, n_heads)
+    for i, subset in enumerate(subsets):
+        for l, h in parse_heads(list(subset) if not isinstance(subset, str) else [subset], n_layers, n_heads):
+            mask[i, l, h] = 1.0
+    return mask.to(device) if device is not None else mask

@@ -30,6 +30,38 @@ def circuitsvis_bundle() -> str:
     return path.read_text(encoding="utf-8").replace("</script>", "<\\/script>")
 
 
+_ON_PAGE: set[str] = set()  # scripts already put on the notebook page by this kernel
+
+
+def notebook_script(name: str) -> str:
+    """``<script>`` with the ``plotly`` or ``circuitsvis`` bundle the first time this kernel asks, ``""`` after:
+    notebook outputs load each bundle once per page and reference it (a 64-head view is then ~100 kB, not 2 MB).
+    :func:`forget_notebook_scripts` starts over (e.g. for a new page)."""
+    if name in _ON_PAGE:
+        return ""
+    if name == "plotly":
+        from plotly.offline import get_plotlyjs
+
+        js = get_plotlyjs().replace("</script>", "<\\/script>")
+    elif name == "circuitsvis":
+        js = circuitsvis_bundle()
+    else:
+        raise InterpError(f"unknown script {name!r}; expected 'plotly' or 'circuitsvis'")
+    _ON_PAGE.add(name)
+    return f"<script>{js}</script>"
+
+
+def forget_notebook_scripts() -> None:
+    """Make the next notebook output carry its bundles again."""
+    _ON_PAGE.clear()
+
+
+def notebook_figure_html(fig) -> str:
+    """A plotly figure as notebook HTML that needs no network (plotly.js once per kernel)."""
+    return notebook_script("plotly") + fig.to_html(full_html=False, include_plotlyjs=False,
+                                                   config={"displaylogo": False, "responsive": True})
+
+
 def attention_props(tokens: Sequence[str], pattern: Float[Tensor, "heads dest src"], head_names: Sequence[str] | None = None) -> dict:
     """Validated props for circuitsvis' ``AttentionHeads``. Tokens are passed as plain text: React renders
     them as text (escaping them would show ``&lt;``); :func:`render_call` keeps ``</script>`` out of the JSON."""
@@ -92,7 +124,7 @@ class AttentionView:
         return atomic_write_text(path, self.html(), "the attention view")
 
     def _repr_html_(self) -> str:
-        return f"<script>{circuitsvis_bundle()}</script>{self.body_html()}"
+        return notebook_script("circuitsvis") + self.body_html()
 
 
 def heatmap(matrix: Float[Tensor, "rows cols"], x_labels: Sequence[str], y_labels: Sequence[str], title: str = "",

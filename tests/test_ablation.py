@@ -9,8 +9,10 @@ import dataclasses
 import pytest
 import torch
 
+from interp.heads import head_mask
+
 from analyses.ablation import (head_subsets, hooked_subset_logits, learned_accuracy, learned_accuracy_loop,
-                               learned_accuracy_of_size, mean_head_outputs, subset_answer_logits, subset_masks)
+                               learned_accuracy_of_size, mean_head_outputs, subset_answer_logits)
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.evaluate import evaluate
 
@@ -83,7 +85,7 @@ def test_hook_path_on_two_layer_model_equals_per_subset_runs(nm_task):
     model = build_model(spec, device="cpu")
     data = nm_task.dataset("train").select(slice(0, 12))
     subsets = [(), ((0, 1),), ((0, 0), (1, 2)), ((1, 3),), tuple((l, h) for l in range(2) for h in range(4))]
-    masks = subset_masks(subsets, 2, 4)
+    masks = head_mask(subsets, 2, 4)
     got = hooked_subset_logits(model, data, masks)
     rows = torch.arange(len(data))
     for s, m in enumerate(masks):
