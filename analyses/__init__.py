@@ -1,3 +1,70 @@
-"""What we compute about a trained model: circuits, composition, induction, ablation (learned
-accuracy), probes (separation accuracy), attention ratios. Depends on ``interp`` and, only through the
-task protocol, on ``tasks``."""
+"""What we compute about trained models.
+
+Generic analyses live at the top, with signatures ``(model, data, ...)`` (``model`` a TransformerLens
+``HookedTransformer``, ``data`` the task's ``interp.task.TaskData`` or tokens); they never name a task. Each task's
+own analyses and its ``analyze``/``report`` suite live in ``analyses/<task_module>/`` (``noisy_majority``,
+``repeated_tokens``). Every result is an :class:`interp.results.Result`: ``to_dict()``, ``figure()``, a rich
+display in Jupyter.
+
+``import analyses`` is cheap: names are imported on first use. ``analyses.__all__`` lists every analysis function
+and result type.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_NAMES = {
+    # generic
+    "analyses.answer_cache": ["AnswerCache", "cache_answer"],
+    "analyses.ablation": ["LearnedAccuracy", "learned_accuracy", "learned_accuracy_of", "learned_accuracy_of_size",
+                          "learned_accuracy_loop", "head_subsets", "mean_head_outputs", "subset_answer_logits"],
+    "analyses.probes": ["SeparationAccuracy", "separation_accuracy", "fit_separator", "make_separator", "head_features"],
+    "analyses.circuits": ["Circuit", "OVCopying", "LogitDecomposition", "full_qk_circuit", "full_ov_circuit",
+                          "positional_qk_circuit", "k_composition_circuit", "ov_copying", "bigram_table",
+                          "logit_decomposition"],
+    "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
+    "analyses.head_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
+    # noisy majority (seed 000 §5)
+    "analyses.noisy_majority.attention_ratios": ["AttentionRatios", "attention_ratios", "measured_attention_ratios",
+                                                 "exact_attention_ratios"],
+    "analyses.noisy_majority.head_outputs": ["HeadOutputs", "head_outputs", "value_vectors"],
+    "analyses.noisy_majority.interventions": ["InterventionSweep", "attention_intervention_sweep",
+                                              "intervened_head_outputs"],
+    "analyses.noisy_majority.head_summary": ["HeadSummary", "PairMatrix", "head_summary"],
+    "analyses.noisy_majority.handbuilt": ["minimal_majority_transformer", "attention_preference_model"],
+    # repeated tokens (seed 003)
+    "analyses.repeated_tokens.probe": ["probe_tokens"],
+    "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],
+    "analyses.repeated_tokens.suite": ["InductionAnalysis"],
+}
+_WHERE = {name: module for module, names in _NAMES.items() for name in names}
+__all__ = sorted(_WHERE) + ["suite_for"]
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'analyses' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__
+
+
+def suite_for(task):
+    """The ``analyze``/``report`` suite of a task (``analyses.<task module>.suite``, found by the task's name), or
+    a TaskError naming the tasks that have one."""
+    from interp.errors import TaskError
+
+    name = getattr(task, "name", task)
+    module = f"analyses.{str(name).replace('-', '_')}.suite"
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name not in (module, module.rsplit(".", 1)[0]):
+            raise
+        from pathlib import Path
+
+        have = sorted(p.parent.name.replace("_", "-") for p in Path(__file__).parent.glob("*/suite.py"))
+        raise TaskError(f"no analysis suite for task {name!r}; suites exist for: {', '.join(have)}") from None

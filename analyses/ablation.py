@@ -8,7 +8,7 @@ Many subsets are evaluated as one batched computation with a subset axis (a mask
 
 - ``method="hooks"`` (any number of layers): the batch is repeated once per subset in a group of subsets
   and a ``hook_z`` hook multiplies each copy by its subset's mask;
-- ``method="cached"`` (one-layer attention-only models, exact): heads of one layer do not interact, so
+- ``method="fast"`` (one-layer attention-only models, exact): heads of one layer do not interact, so
   ``z`` at the answer position is cached once (:func:`analyses.answer_cache.cache_answer`) and the answer
   logits of every subset are recombined as ``unembed(ln_final(resid_pre + b_O + sum_h m_h z_h W_O[h]))``.
 
@@ -26,10 +26,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.errors import InterpError
+from interp.errors import HeadError, InterpError
 from interp.evaluate import DEFAULT_BUDGET, map_chunks
-from interp.fast import supports_query_forward
-from interp.heads import Head, all_heads, head_label, head_mask, parse_heads
+from interp.heads import Head, all_heads, head_label, head_mask, parse_head, parse_heads
+from interp.query_forward import resolve_method
+from interp.results import Result, jsonable
 from interp.task import TaskData
 
 from .answer_cache import AnswerCache, as_cache, check_model_data
@@ -62,7 +63,7 @@ def mean_head_outputs(model, data: "TaskData | AnswerCache") -> Float[Tensor, "l
 
 
 @dataclass
-class LearnedAccuracy:
+class LearnedAccuracy(Result):
     """Accuracy per head subset with the other heads ablated. ``accuracy[s]`` belongs to ``subsets[s]``."""
 
     subsets: list[Subset]
@@ -75,16 +76,22 @@ class LearnedAccuracy:
         return [subset_name(s) for s in self.subsets]
 
     def __getitem__(self, subset) -> float:
-        """The accuracy of one subset, given like ``['L0H1', 'L0H2']`` or ``(0, 1)`` pairs."""
-        key = tuple(sorted(parse_heads(subset if not isinstance(subset, str) else [subset], 10**6, 10**6)))
+        """The accuracy of one subset: a single head (``'L0H2'`` or ``(0, 2)``) or a list of heads
+        (``['L0H1', 'L0H2']``, ``[(0, 1), (0, 2)]``; ``[]`` is the empty subset)."""
+        if isinstance(subset, str) or (isinstance(subset, tuple) and len(subset) == 2
+                                       and all(isinstance(x, int) and not isinstance(x, bool) for x in subset)):
+            subset = [subset]
+        if not isinstance(subset, (list, tuple)):
+            raise HeadError(f"expected a head ('L0H2', (0, 2)) or a list of heads, got {subset!r}")
+        key = tuple(sorted(parse_head(h, 10**6, 10**6) for h in subset))
         for s, a in zip(self.subsets, self.accuracy.tolist()):
             if tuple(sorted(s)) == key:
                 return a
         raise InterpError(f"subset {subset_name(key)} was not evaluated here")
 
     def to_dict(self) -> dict:
-        return {"ablation": self.ablation, "n_examples": self.n_examples,
-                "subsets": [[head_label(*h) for h in s] for s in self.subsets], "accuracy": self.accuracy.tolist()}
+        return jsonable({"ablation": self.ablation, "n_examples": self.n_examples,
+                         "subsets": [[head_label(*h) for h in s] for s in self.subsets], "accuracy": self.accuracy})
 
     def figure(self, top: int = 40):
         """Bar chart of the ``top`` best subsets."""
@@ -96,9 +103,6 @@ class LearnedAccuracy:
                           yaxis_title="accuracy", yaxis_range=[0, 1], template="plotly_white")
         return fig
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return self.figure()._repr_mimebundle_(include, exclude)
-
 
 def subset_name(subset: Subset) -> str:
     return "{" + ",".join(head_label(*h) for h in subset) + "}" if subset else "{}"
@@ -109,12 +113,12 @@ def learned_accuracy(model, data: TaskData, subsets: Iterable, *, ablation: str 
     """A_l(H) for every H in ``subsets`` (a list of head lists; ``[]`` is the direct path alone).
 
     ``ablation``: ``"zero"`` or ``"mean"`` (the ablated heads output their mean ``z`` at the answer
-    positions of ``reference``, default ``data``). ``method``: ``"cached"``, ``"hooks"`` or ``"auto"``
-    (cached when the model allows). ``cache``: an :class:`AnswerCache` of ``data`` to reuse (cached method)."""
-    if isinstance(data, AnswerCache):  # an answer cache is enough for the cached method
-        cache, method = data, ("cached" if method == "auto" else method)
-        if method != "cached":
-            raise InterpError("an AnswerCache can only be evaluated with method='cached'; pass the task data for 'hooks'")
+    positions of ``reference``, default ``data``). ``method``: ``"fast"``, ``"hooks"`` or ``"auto"``
+    (fast when the model allows). ``cache``: an :class:`AnswerCache` of ``data`` to reuse (fast method)."""
+    if isinstance(data, AnswerCache):  # an answer cache is enough for the fast method
+        cache, method = data, ("fast" if method == "auto" else method)
+        if method != "fast":
+            raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")
     else:
         check_model_data(model, data, task)
     cfg = model.cfg
@@ -142,12 +146,7 @@ def subset_answer_logits(model, data: TaskData, subsets: Sequence[Subset], *, ab
     """The answer-position logits of every example under every subset's ablation."""
     if ablation not in ABLATIONS:
         raise InterpError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
-    if method not in ("auto", "cached", "hooks"):
-        raise InterpError(f"unknown method {method!r}; expected 'auto', 'cached' or 'hooks'")
-    if method == "auto":
-        method = "cached" if supports_cached(model) else "hooks"
-    if method == "cached" and not supports_cached(model):
-        raise InterpError("method='cached' needs a one-layer attention-only model; use method='hooks'")
+    method = resolve_method(model, method)
     cfg = model.cfg
     device = next(model.parameters()).device
     masks = head_mask(subsets, cfg.n_layers, cfg.n_heads, device)
@@ -155,16 +154,12 @@ def subset_answer_logits(model, data: TaskData, subsets: Sequence[Subset], *, ab
     if ablation == "mean":
         ref = reference if reference is not None else (cache if cache is not None else data)
         z_ref = mean_head_outputs(model, ref).to(device)
-    if method == "cached":
+    if method == "fast":
         cache = cache if cache is not None else as_cache(model, data, attention=False)
         if len(cache) != len(data):
             raise InterpError(f"the cache holds {len(cache)} examples but the data {len(data)}; pass the cache of this data")
         return cached_subset_logits(model, cache, masks, z_ref)
     return hooked_subset_logits(model, data, masks, z_ref, budget)
-
-
-def supports_cached(model) -> bool:
-    return supports_query_forward(model)
 
 
 def cached_subset_logits(model, cache: AnswerCache, masks: Float[Tensor, "subset layer head"],

@@ -6,14 +6,14 @@ The head analyses of seed 000 §5.4 all read the model at the position where the
 :func:`cache_answer` collects them once, chunked and on the model's device, so learned accuracy,
 separation accuracy and attention ratios share one forward pass.
 
-Two exact ways to get them:
+Two exact ways to get them (the toolkit's one vocabulary, :func:`interp.query_forward.resolve_method`):
 
 - ``method="hooks"``: ``model.run_with_cache`` (any number of layers), keeping only the answer row;
-- ``method="query"``: for one-layer attention-only models, the answer query's attention row computed
-  directly from the model's own modules (``embed``, ``pos_embed``, ``ln1``, ``W_Q/W_K/W_V``): ``O(T)``
-  instead of TransformerLens' ``O(T^2)`` per head. Tested equal to ``"hooks"``.
+- ``method="fast"``: for one-layer attention-only models, the answer query's attention row computed
+  directly from the model's own modules (:func:`interp.query_forward.query_attention`): ``O(T)`` instead of
+  TransformerLens' ``O(T^2)`` per head. Tested equal to ``"hooks"``.
 
-``method="auto"`` takes ``"query"`` when the model supports it.
+``method="auto"`` takes ``"fast"`` when the model supports it.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ from torch import Tensor
 
 from interp.errors import InterpError, TaskError
 from interp.evaluate import DEFAULT_BUDGET, check_tokens, map_chunks
-from interp.fast import query_attention, supports_query_forward
-from interp.task import TaskData
-
-METHODS = ("auto", "hooks", "query")
+from interp.query_forward import query_attention, resolve_method
+from interp.task import TaskData, check_model_task, check_nonempty
 
 
 @dataclass
@@ -46,6 +44,7 @@ class AnswerCache:
     tokens: Int[Tensor, "batch pos"]
     labels: Int[Tensor, "batch"]
     answer_pos: Int[Tensor, "batch"]
+    vocab: object = None  # the task's Vocab, from the data
 
     def __len__(self) -> int:
         return self.z.shape[0]
@@ -56,24 +55,21 @@ class AnswerCache:
 
 
 def check_model_data(model, data: TaskData, task=None) -> None:
-    """Refuse data of another task than the model's, and tokens the model cannot take."""
+    """Refuse, before any work: something that is not task data, empty data, data of another task than ``task``,
+    a model whose vocabulary does not fit the data's task, and tokens the model cannot take."""
     if not isinstance(data, TaskData):
         raise TaskError(f"expected task data (interp.task.TaskData), got {type(data).__name__}")
-    task = task if task is not None else getattr(model, "interp_task", None)
+    check_nonempty(data)
     if task is not None:
         task.check_data(data)
-    check_tokens(model, data.tokens, getattr(task, "vocab", None))
-
-
-def resolve_method(model, method: str) -> str:
-    """``auto`` -> ``query`` for one-layer attention-only models, else ``hooks``."""
-    if method not in METHODS:
-        raise InterpError(f"unknown method {method!r}; expected one of {METHODS}")
-    if method == "auto":
-        return "query" if supports_query_forward(model) else "hooks"
-    if method == "query" and not supports_query_forward(model):
-        raise InterpError("method='query' needs a one-layer, attention-only, causal model; use method='hooks'")
-    return method
+        check_model_task(model, task)
+    elif data.vocab is not None:
+        cfg = model.cfg
+        if cfg.d_vocab != len(data.vocab) or cfg.d_vocab_out != data.vocab.n_out:
+            raise TaskError(f"the model (d_vocab {cfg.d_vocab}, d_vocab_out {cfg.d_vocab_out}) does not fit the "
+                            f"{data.task!r} data (vocabulary of {len(data.vocab)} tokens, {data.vocab.n_out} outputs): "
+                            "is it a model of another task?")
+    check_tokens(model, data.tokens, task.vocab if task is not None else data.vocab)
 
 
 def cache_answer(model, data: TaskData, *, attention: bool = True, method: str = "auto", task=None,
@@ -83,7 +79,7 @@ def cache_answer(model, data: TaskData, *, attention: bool = True, method: str =
     check_model_data(model, data, task)
     method = resolve_method(model, method)
     n_layers = model.cfg.n_layers
-    one = _query_chunk if method == "query" else _hooks_chunk
+    one = _query_chunk if method == "fast" else _hooks_chunk
 
     def fn(chunk: TaskData) -> dict[str, Tensor]:
         with torch.inference_mode():
@@ -102,7 +98,7 @@ def cache_answer(model, data: TaskData, *, attention: bool = True, method: str =
         log_attn = la.permute(0, 2, 3, 1).contiguous()
         assert log_attn.shape[1] == n_layers
     return AnswerCache(task=data.task, z=out["z"], resid_pre=out["resid_pre"], log_attn=log_attn,
-                       tokens=data.tokens, labels=data.labels, answer_pos=data.answer_pos)
+                       tokens=data.tokens, labels=data.labels, answer_pos=data.answer_pos, vocab=data.vocab)
 
 
 def _hooks_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:

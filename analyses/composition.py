@@ -21,6 +21,7 @@ from torch import Tensor
 from interp.device import model_device
 from interp.errors import InterpError
 from interp.heads import head_label
+from interp.results import Result, jsonable
 
 MODES = ("Q", "K", "V")
 
@@ -41,7 +42,7 @@ def random_baseline(d_model: int, d_head: int, n_samples: int = 1000, seed: int 
 
 
 @dataclass
-class CompositionScores:
+class CompositionScores(Result):
     """Scores ``[layer1, head1, layer2, head2]`` per mode (zero unless layer2 > layer1), and the random
     baseline for this model's shapes."""
 
@@ -91,7 +92,7 @@ class CompositionScores:
         z = torch.tensor([[float(s[a + b]) for b in cols] for a in rows])
         return z, [head_label(*r) for r in rows], [head_label(*c) for c in cols]
 
-    def figure(self, mode: str = "K"):
+    def mode_figure(self, mode: str = "K"):
         """Heatmap of one mode's scores, earlier heads (rows) by later heads (columns)."""
         from interp.visualize import heatmap
 
@@ -102,12 +103,22 @@ class CompositionScores:
                        text_fmt=".2f", x_title="later head", y_title="earlier head",
                        title=f"{mode}-composition scores (random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f})")
 
-    def _repr_html_(self) -> str:
+    def to_dict(self) -> dict:
+        L, H = self.n_layers, self.n_heads
+        return jsonable({"head_labels": [head_label(l, h) for l in range(L) for h in range(H)],
+                         "baseline_mean": self.baseline_mean, "baseline_std": self.baseline_std,
+                         **{m: self.scores(m).reshape(L * H, L * H) for m in MODES},
+                         "top_K": self.top_pairs("K", 5)})
+
+    def figure(self, mode: str = "K"):
+        return None if self.n_layers < 2 else self.mode_figure(mode)
+
+    def table_html(self) -> str:
         from interp.visualize import render_table
 
         rows = [r for m in MODES for r in self.top_pairs(m, 3)]
-        note = f"<p>random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f}</p>"
-        return note + render_table(rows, ["mode", "from", "to", "score", "ratio_to_baseline", "z"], float_format=".3f")
+        return render_table(rows, ["mode", "from", "to", "score", "ratio_to_baseline", "z"], float_format=".3f",
+                            caption=f"random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f}")
 
 
 def composition_scores(model, n_baseline: int = 1000, seed: int = 0) -> CompositionScores:

@@ -27,11 +27,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from transformer_lens import HookedTransformer
+
 from interp.device import model_device
-from interp.errors import HeadError, InterpError, TokenError
+from interp.errors import HeadError, InterpError
 from interp.evaluate import check_tokens
-from interp.heads import head_label, parse_heads
-from interp.visualize import render_table
+from interp.heads import head_label, head_mask, parse_heads
+from interp.results import Result, jsonable
+from interp.visualize import attention_patterns, render_table
 
 SCORES = ("induction", "prev_token", "duplicate", "bos")
 
@@ -53,22 +56,6 @@ def repeated_tokens(n_seqs: int, rep_len: int, n_symbols: int, *, n_repeats: int
     if bos is not None:
         toks = torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), toks], dim=1)
     return toks.to(device) if device is not None else toks
-
-
-def task_repeated_tokens(model, n_seqs: int = 64, rep_len: int | None = None, seed: int = 0, unique: bool = False):
-    """Repeated random tokens suited to ``model``: its task's symbols and [BOS] when it has a
-    ``repeated-tokens`` task, else symbols ``[0, d_vocab_out)`` without BOS; ``rep_len`` defaults to
-    the longest R that fits twice in the context."""
-    task = getattr(model, "interp_task", None)
-    if task is not None and getattr(task, "name", None) == "repeated-tokens":
-        n_symbols, bos = task.n_symbols, task.bos
-    else:
-        n_symbols, bos = min(model.cfg.d_vocab, model.cfg.d_vocab_out), None
-    room = model.cfg.n_ctx - (bos is not None)
-    rep_len = rep_len or room // 2
-    if 2 * rep_len > room:
-        raise TokenError(f"two copies of R with len(R) = {rep_len} do not fit in the context n_ctx={model.cfg.n_ctx}")
-    return repeated_tokens(n_seqs, rep_len, n_symbols, bos=bos, seed=seed, unique=unique, device=model_device(model))
 
 
 def target_masks(tokens: Int[Tensor, "batch pos"]) -> dict[str, Float[Tensor, "batch q k"]]:
@@ -97,15 +84,49 @@ def scores_from_patterns(patterns: Float[Tensor, "batch layer head q k"], masks:
     return out
 
 
+PATHS = ("all", "query", "key", "value")
+PATH_NAMES = {"all": "zero-ablated", "query": "removed from later heads' query input",
+              "key": "removed from later heads' key input (the K-composition path)",
+              "value": "removed from later heads' value input"}
+
+
+def per_sequence_mass(patterns: Float[Tensor, "batch layer head q k"], masks: dict[str, Tensor]
+                      ) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per score: each sequence's summed attention mass on its target keys ``[batch, layer, head]`` over its
+    queries that have a target, and the number of those queries ``[batch]``."""
+    out = {}
+    for name, m in masks.items():
+        valid = (m.sum(-1) > 0).float()  # [b, q]
+        mass = torch.einsum("blhqk,bqk->blhq", patterns, m)
+        out[name] = ((mass * valid[:, None, None, :]).sum(-1), valid.sum(-1))
+    return out
+
+
+def bootstrap_interval(mass: Float[Tensor, "batch layer head"], count: Float[Tensor, "batch"], n_boot: int = 1000,
+                       level: float = 0.95, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Percentile bootstrap over sequences of the ratio ``sum mass / sum count``: ``(low, high)`` per head."""
+    gen = torch.Generator().manual_seed(seed)
+    b = mass.shape[0]
+    idx = torch.randint(0, b, (n_boot, b), generator=gen).to(mass.device)
+    w = torch.zeros(n_boot, b, device=mass.device).scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float))
+    ratios = torch.einsum("rb,blh->rlh", w, mass.float()) / (w @ count.float()).clamp(min=1)[:, None, None]
+    alpha = (1 - level) / 2
+    q = torch.tensor([alpha, 1 - alpha], device=mass.device)
+    lo, hi = torch.quantile(ratios, q, dim=0)
+    return lo, hi
+
+
 @dataclass
-class HeadScores:
-    """Per-head scores ``[n_layers, n_heads]`` on the given tokens, with the tokens kept for reference."""
+class HeadScores(Result):
+    """Per-head scores ``[n_layers, n_heads]`` on the given tokens, each with a 95% bootstrap interval over the
+    sequences (``ci[score] = (low, high)``), with the tokens kept for reference."""
 
     induction: Float[Tensor, "layer head"]
     prev_token: Float[Tensor, "layer head"]
     duplicate: Float[Tensor, "layer head"]
     bos: Float[Tensor, "layer head"]
     tokens: Int[Tensor, "batch pos"] = field(repr=False)
+    ci: dict = field(default_factory=dict, repr=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -113,6 +134,8 @@ class HeadScores:
 
     def best(self, score: str, layer: int | None = None) -> tuple[int, int]:
         """The (layer, head) with the highest ``score``, optionally within one layer."""
+        if score not in SCORES:
+            raise InterpError(f"unknown score {score!r}; expected one of {SCORES}")
         s = getattr(self, score).clone()
         if layer is not None:
             keep = torch.zeros_like(s, dtype=torch.bool)
@@ -123,8 +146,20 @@ class HeadScores:
 
     def rows(self) -> list[dict]:
         n_layers, n_heads = self.shape
-        return [{"head": head_label(l, h), **{f"{s}_score": float(getattr(self, s)[l, h]) for s in SCORES}}
-                for l in range(n_layers) for h in range(n_heads)]
+        rows = []
+        for l in range(n_layers):
+            for h in range(n_heads):
+                row = {"head": head_label(l, h)}
+                for s in SCORES:
+                    row[f"{s}_score"] = float(getattr(self, s)[l, h])
+                    if s in self.ci:
+                        row[f"{s}_ci"] = [float(self.ci[s][0][l, h]), float(self.ci[s][1][l, h])]
+                rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict:
+        return jsonable({"n_seqs": self.tokens.shape[0], "seq_len": self.tokens.shape[1], "ci_level": 0.95,
+                         "heads": self.rows()})
 
     def figure(self):
         """Heatmap: scores (rows) by head (columns)."""
@@ -136,59 +171,56 @@ class HeadScores:
         return heatmap(z, labels, list(SCORES), title="Head scores on repeated random tokens", colorscale="Blues",
                        zmid=None, zmin=0, zmax=1, text_fmt=".2f")
 
-    def _repr_html_(self) -> str:
-        return render_table(self.rows(), ["head", *[f"{s}_score" for s in SCORES]], float_format=".3f")
+    def table_html(self) -> str:
+        rows = [{"head": r["head"], **{s: f"{r[f'{s}_score']:.3f}" + (f" [{r[f'{s}_ci'][0]:.3f}, {r[f'{s}_ci'][1]:.3f}]"
+                                                                    if f"{s}_ci" in r else "") for s in SCORES}}
+                for r in self.rows()]
+        return render_table(rows, ["head", *SCORES], caption="score [95% bootstrap interval over sequences]")
 
 
-def head_scores(model, tokens: Int[Tensor, "batch pos"] | None = None, chunk: int = 256) -> HeadScores:
-    """Induction / previous-token / duplicate / BOS scores of every head, from one cached forward pass
-    per chunk of ``tokens`` (default: 64 repeated-token sequences from :func:`task_repeated_tokens`)."""
-    if tokens is None:
-        tokens = task_repeated_tokens(model)
+def head_scores(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 256, n_boot: int = 1000,
+                seed: int = 0) -> HeadScores:
+    """Induction / previous-token / duplicate / BOS scores of every head, from one cached forward pass per chunk
+    of ``tokens`` (e.g. ``analyses.repeated_tokens.probe_tokens(task)``, or :func:`repeated_tokens` for a model of
+    another task), with percentile-bootstrap 95% intervals over the sequences (``n_boot`` resamples, ``seed``)."""
     tokens = torch.as_tensor(tokens).to(model_device(model))
     check_tokens(model, tokens)
-    totals = None
-    n_valid = None
+    sums: dict[str, list] = {}
     for start in range(0, tokens.shape[0], chunk):
         part = tokens[start:start + chunk]
-        pats = attention_patterns(model, part)
-        masks = target_masks(part)
-        # accumulate sums, not means, so chunks weigh by their number of valid queries
-        valid = {k: (m.sum(-1) > 0).sum() for k, m in masks.items()}
-        sc = scores_from_patterns(pats, masks)
-        sums = {k: sc[k] * valid[k] for k in sc}
-        totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-        n_valid = valid if n_valid is None else {k: n_valid[k] + valid[k] for k in valid}
-    res = {k: totals[k] / n_valid[k].clamp(min=1) for k in totals}
-    return HeadScores(tokens=tokens, **res)
-
-
-def attention_patterns(model, tokens: Int[Tensor, "batch pos"], fwd_hooks=()) -> Float[Tensor, "batch layer head q k"]:
-    """Every layer's attention pattern from one forward pass (optionally with intervention hooks)."""
-    store: dict[int, Tensor] = {}
-
-    def keep(pattern, hook):
-        store[hook.layer()] = pattern
-
-    names = [(f"blocks.{l}.attn.hook_pattern", keep) for l in range(model.cfg.n_layers)]
-    with torch.inference_mode():
-        model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks) + names, return_type=None)
-    return torch.stack([store[l] for l in range(model.cfg.n_layers)], dim=1)
+        for name, (mass, count) in per_sequence_mass(attention_patterns(model, part), target_masks(part)).items():
+            sums.setdefault(name, [[], []])
+            sums[name][0].append(mass)
+            sums[name][1].append(count)
+    res, ci = {}, {}
+    for name, (masses, counts) in sums.items():
+        mass, count = torch.cat(masses), torch.cat(counts)
+        res[name] = mass.sum(0) / count.sum().clamp(min=1)
+        ci[name] = bootstrap_interval(mass, count, n_boot=n_boot, seed=seed)
+    return HeadScores(tokens=tokens, ci=ci, **res)
 
 
 @dataclass
-class AblationTest:
-    """K-composition causal test: induction scores ``[layer, head]`` with nothing ablated (``base``) and with
-    each source head zero-ablated (``ablated[i]`` for ``sources[i]``)."""
+class AblationTest(Result):
+    """The K-composition causal test: induction scores ``[layer, head]`` with nothing removed (``base``) and with
+    each source head's output removed along ``path`` (``ablated[i]`` for ``sources[i]``): ``"all"`` zero-ablates
+    the head (its effect on later queries, keys and values together); ``"query"``/``"key"``/``"value"`` remove its
+    output only from that input of the later layers' heads (``"key"`` is K-composition proper)."""
 
     sources: list[tuple[int, int]]
     base: Float[Tensor, "layer head"]
     ablated: Float[Tensor, "source layer head"]
     layer: int
+    path: str = "all"
 
     @property
     def drop(self) -> Float[Tensor, "source layer head"]:
         return self.base[None] - self.ablated
+
+    @property
+    def removed(self) -> str:
+        """What was removed, in words."""
+        return PATH_NAMES[self.path]
 
     def targets(self) -> list[tuple[int, int]]:
         n_layers, n_heads = self.base.shape
@@ -196,9 +228,13 @@ class AblationTest:
 
     def rows(self) -> list[dict]:
         """One row per (ablated head, later head): the later head's induction score before and after."""
-        return [{"ablated": head_label(*s), "head": head_label(l, h), "induction_score": float(self.base[l, h]),
-                 "ablated_score": float(self.ablated[i, l, h]), "drop": float(self.drop[i, l, h])}
+        return [{"ablated": head_label(*s), "path": self.path, "head": head_label(l, h),
+                 "induction_score": float(self.base[l, h]), "ablated_score": float(self.ablated[i, l, h]),
+                 "drop": float(self.drop[i, l, h])}
                 for i, s in enumerate(self.sources) for l, h in self.targets()]
+
+    def to_dict(self) -> dict:
+        return jsonable({"layer": self.layer, "path": self.path, "removed": self.removed, "rows": self.rows()})
 
     def figure(self):
         """Heatmap: ablated head (rows) by later head (columns), value = later head's induction score."""
@@ -206,66 +242,71 @@ class AblationTest:
 
         tg = self.targets()
         z = torch.stack([torch.stack([self.ablated[i, l, h] for l, h in tg]) for i in range(len(self.sources))]).cpu()
-        base = " / ".join(f"{head_label(l, h)} {float(self.base[l, h]):.2f}" for l, h in tg)
+        base = ", ".join(f"{head_label(l, h)} {float(self.base[l, h]):.2f}" for l, h in tg)
         return heatmap(z, [head_label(*t) for t in tg], [head_label(*s) for s in self.sources],
-                       title=f"Induction score after zero-ablating each head (unablated: {base})", colorscale="Blues",
-                       zmid=None, zmin=0, zmax=1, text_fmt=".2f", x_title="measured head", y_title="ablated head")
+                       title=f"Induction score, source head {self.removed}<br><sup>unablated: {base}</sup>",
+                       colorscale="Blues", zmid=None, zmin=0, zmax=1, text_fmt=".2f", x_title="measured head",
+                       y_title="source head")
 
-    def _repr_html_(self) -> str:
-        return render_table(self.rows(), ["ablated", "head", "induction_score", "ablated_score", "drop"], float_format=".3f")
+    def table_html(self) -> str:
+        return render_table(self.rows(), ["ablated", "path", "head", "induction_score", "ablated_score", "drop"],
+                            float_format=".3f", caption=f"source head {self.removed}")
 
 
-def ablation_induction_test(model, tokens: Int[Tensor, "batch pos"] | None = None, layer: int = 0,
-                            sources=None) -> AblationTest:
-    """Zero-ablate each head of ``layer`` (or the given ``sources``, all in that layer) and measure every
-    later head's induction score, all in one batched forward pass (a mask with a subset axis on ``hook_z``)."""
+def ablation_induction_test(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], layer: int = 0, sources=None,
+                            path: str = "all") -> AblationTest:
+    """Remove each head of ``layer`` (or the given ``sources``, all in that layer) along ``path`` and measure every
+    later head's induction score, all in one batched forward pass (the batch repeated once per source).
+
+    ``path="all"`` zero-ablates the head at ``hook_z``. ``"query"``, ``"key"``, ``"value"`` subtract the head's
+    output ``z W_O`` only from that input of every later layer's heads (TransformerLens' split Q/K/V inputs,
+    ``hook_q_input`` etc., before ``ln1``), leaving its other paths intact."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    if path not in PATHS:
+        raise InterpError(f"unknown path {path!r}; expected one of {PATHS}")
     if not 0 <= layer < n_layers - 1:
         raise HeadError(f"the ablated layer must have a later layer to measure; this model has layers 0..{n_layers - 1}, "
                         f"got layer {layer}")
     heads = [(layer, h) for h in range(n_heads)] if sources is None else parse_heads(sources, n_layers, n_heads)
     if any(l != layer for l, _ in heads):
         raise HeadError(f"all ablated heads must be in layer {layer}, got {[head_label(*h) for h in heads]}")
-    if tokens is None:
-        tokens = task_repeated_tokens(model)
     dev = model_device(model)
     tokens = torch.as_tensor(tokens).to(dev)
     check_tokens(model, tokens)
-    n_sub = len(heads) + 1  # subset 0: nothing ablated
-    keep = torch.ones(n_sub, n_heads, device=dev)
-    for i, (_, h) in enumerate(heads):
-        keep[i + 1, h] = 0.0
+    n_sub = len(heads) + 1  # subset 0: nothing removed
     b = tokens.shape[0]
+    keep = 1 - head_mask([[]] + [[hd] for hd in heads], n_layers, n_heads, dev)[:, layer]  # [n_sub, n_heads]
     row_keep = keep.repeat_interleave(b, 0)  # [n_sub * b, n_heads], subset-major
-
-    def ablate(z, hook):
-        return z * row_keep[:, None, :, None]
-
-    big = tokens.repeat(n_sub, 1)
-    pats = attention_patterns(model, big, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate)])
+    if path == "all":
+        hooks = [(f"blocks.{layer}.attn.hook_z", lambda z, hook: z * row_keep[:, None, :, None].to(z.dtype))]
+        pats = attention_patterns(model, tokens.repeat(n_sub, 1), fwd_hooks=hooks)
+    else:
+        pats = _path_ablated_patterns(model, tokens.repeat(n_sub, 1), layer, 1 - row_keep, path)
     masks = target_masks(tokens)
     scores = torch.stack([scores_from_patterns(pats[i * b:(i + 1) * b], {"induction": masks["induction"]})["induction"]
                           for i in range(n_sub)])
-    return AblationTest(sources=heads, base=scores[0], ablated=scores[1:], layer=layer)
+    return AblationTest(sources=heads, base=scores[0], ablated=scores[1:], layer=layer, path=path)
 
 
-def attention_view(model, tokens: Int[Tensor, "pos"], heads=None, token_strs=None, title: str = ""):
-    """A circuitsvis view (:class:`interp.visualize.AttentionView`) of ``heads`` (default: all) on one sequence;
-    displays inline in Jupyter and ``.save(path)`` writes an offline HTML file."""
-    from interp.visualize import AttentionView
+def _path_ablated_patterns(model, tokens, layer: int, removed: Float[Tensor, "batch head"], path: str):
+    """Attention patterns with the outputs of the ``removed`` heads of ``layer`` (per row) subtracted from the
+    ``path`` input of every later layer's heads. Turns TransformerLens' split Q/K/V inputs on for the call."""
+    store = {}
+    W_O = model.W_O[layer]  # [head, d_head, d_model]
 
-    tokens = torch.as_tensor(tokens)
-    if tokens.ndim == 2 and tokens.shape[0] == 1:
-        tokens = tokens[0]
-    if tokens.ndim != 1:
-        raise TokenError(f"attention_view takes one sequence [pos], got shape {tuple(tokens.shape)}")
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)] if heads is None else parse_heads(heads, n_layers, n_heads)
-    tokens = tokens.to(model_device(model))
-    check_tokens(model, tokens[None])
-    pats = attention_patterns(model, tokens[None])[0]  # [layer, head, q, k]
-    pattern = torch.stack([pats[l, h] for l, h in heads])
-    if token_strs is None:
-        task = getattr(model, "interp_task", None)
-        token_strs = task.vocab.decode(tokens) if task is not None else [str(int(t)) for t in tokens]
-    return AttentionView(token_strs, pattern, [head_label(*h) for h in heads], title=title)
+    def keep_out(z, hook):
+        store["out"] = torch.einsum("bphe,bh,hed->bpd", z, removed.to(z.dtype), W_O)
+        return z
+
+    def subtract(x, hook):  # [batch, pos, head, d_model]
+        return x - store["out"][:, :, None, :]
+
+    letter = path[0]
+    hooks = [(f"blocks.{layer}.attn.hook_z", keep_out)]
+    hooks += [(f"blocks.{l}.hook_{letter}_input", subtract) for l in range(layer + 1, model.cfg.n_layers)]
+    was = model.cfg.use_split_qkv_input
+    model.set_use_split_qkv_input(True)
+    try:
+        return attention_patterns(model, tokens, fwd_hooks=hooks)
+    finally:
+        model.set_use_split_qkv_input(was)

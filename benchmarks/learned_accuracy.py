@@ -61,7 +61,7 @@ def main() -> None:
 
     tl, t_tl = run(lambda: learned_accuracy(model, cache_answer(model, data, attention=False, method="hooks"), subsets))
     print(f"batched, cached (TL run_with_cache): {t_tl:8.2f} s")
-    q, t_q = run(lambda: learned_accuracy(model, cache_answer(model, data, attention=False, method="query"), subsets))
+    q, t_q = run(lambda: learned_accuracy(model, cache_answer(model, data, attention=False, method="fast"), subsets))
     print(f"batched, cached (query forward)    : {t_q:8.2f} s")
     if args.generic:
         g, t_g = run(lambda: learned_accuracy(model, data, subsets, method="hooks"))

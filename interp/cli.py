@@ -35,6 +35,14 @@ _fraction = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 _nonneg_float = _checked(float, lambda v: v >= 0, "a non-negative number")
 
 
+def _add_common(p, threads: bool = True) -> None:
+    p.add_argument("--device", default=None, help="auto (default: cuda if available, else cpu), cpu, cuda, cuda:N")
+    if threads:
+        p.add_argument("--threads", type=_positive_int, default=None,
+                       help="CPU threads for torch (default: torch's own choice); results can differ in the last bits "
+                            "between thread counts, and on a loaded machine fewer threads can be much faster")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="interp", description="Train, evaluate and take apart small transformers on algorithmic tasks.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -58,28 +66,37 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=_nonneg_float, default=None, help="default: the task's (0.01)")
     t.add_argument("--dropout", type=_fraction, default=None, help="default: the task's (0.1)")
     t.add_argument("--patience", type=_positive_int, default=None, help="stop after this many epochs without a better validation accuracy")
-    t.add_argument("--save-every", type=_positive_int, default=5, help="epochs between resume files")
-    t.add_argument("--seed", type=_nonneg_int, default=0)
-    t.add_argument("--device", default=None, help="auto (default: cuda if available, else cpu), cpu, cuda, cuda:N")
+    t.add_argument("--keep", choices=["best", "last"], default=None,
+                   help="the model written: best (default: highest validation accuracy, ties by lower validation loss) "
+                        "or last (the final epoch)")
+    t.add_argument("--save-every", type=_positive_int, default=None, help="epochs between resume files (default 5)")
+    t.add_argument("--seed", type=_nonneg_int, default=None, help="default 0")
     t.add_argument("--out", default=None, help="checkpoint path (default: runs/TASK-seedN.safetensors)")
-    t.add_argument("--resume", action="store_true", help="continue an interrupted run from its resume file")
+    t.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its resume file (its options are read from that file)")
+    t.add_argument("--restart", action="store_true", help="delete an interrupted run's resume file and start over")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_common(t)
 
     e = sub.add_parser("eval", help="accuracy of a checkpoint on every split")
     e.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
+    e.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a task parameter, e.g. --set 'test_lengths=[201,400]' (length generalisation; a model "
+                        "without positional embedding takes sequences longer than its training context)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
-    e.add_argument("--device", default=None)
+    _add_common(e)
 
-    a = sub.add_parser("analyze", help="per-head analysis summary of a checkpoint (the task's analysis suite)")
+    a = sub.add_parser("analyze", help="analysis summary of a checkpoint (the task's analysis suite)")
     a.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
     a.add_argument("--json", action="store_true", help="print one JSON object")
-    a.add_argument("--device", default=None)
+    a.add_argument("--out", default=None, help="also save the JSON to this file")
+    _add_common(a)
 
     r = sub.add_parser("report", help="write one self-contained HTML report of a checkpoint")
     r.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
     r.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
-    r.add_argument("--device", default=None)
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_common(r)
 
     sub.add_parser("list", help="list tasks and shipped checkpoints")
     return p
@@ -101,34 +118,90 @@ def _parse_task_params(items: list[str]) -> dict:
     return params
 
 
-def cmd_train(args) -> int:
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "patience", "keep")
+SPEC_KEYS = ("d_model", "n_heads", "d_head", "n_layers", "positional", "output_matrix")
+
+
+def _set_threads(args) -> None:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def _train_setup(args):
+    """(task, spec, config, out) of a new run from the options given and the task's defaults."""
     from interp.model import ModelSpec
-    from interp.training import TrainConfig, train
+    from interp.training import TrainConfig
     from tasks import get_task
 
     task = get_task(args.task, **_parse_task_params(args.task_params))
+    seed = 0 if args.seed is None else args.seed
     spec_kw = task.default_spec()
-    for opt, key in (("d_model", "d_model"), ("n_heads", "n_heads"), ("d_head", "d_head"), ("n_layers", "n_layers")):
-        if getattr(args, opt) is not None:
-            spec_kw[key] = getattr(args, opt)
-    if args.positional:
-        spec_kw["positional"] = args.positional
-    if args.output_matrix:
-        spec_kw["output_matrix"] = args.output_matrix
-    elif spec_kw.get("output_matrix") == "identity" and spec_kw["n_heads"] * spec_kw["d_head"] != spec_kw["d_model"]:
+    for key in SPEC_KEYS:
+        if getattr(args, key) is not None:
+            spec_kw[key] = getattr(args, key)
+    if args.output_matrix is None and spec_kw.get("output_matrix") == "identity" \
+            and spec_kw["n_heads"] * spec_kw["d_head"] != spec_kw["d_model"]:
         spec_kw["output_matrix"] = "learned"  # the seed's 64-head d=2 model: a trained W_O
-    spec = ModelSpec(**{**spec_kw, "init_seed": args.seed})
-    train_kw = dict(task.default_train()) if hasattr(task, "default_train") else {}
-    for key in ("epochs", "batch_size", "lr", "weight_decay", "dropout", "patience"):
+    spec = ModelSpec(**{**spec_kw, "init_seed": seed})
+    train_kw = dict(task.default_train())
+    for key in TRAIN_KEYS:
         if getattr(args, key) is not None:
             train_kw[key] = getattr(args, key)
-    cfg = TrainConfig(**{**train_kw, "seed": args.seed, "save_every": args.save_every})
-    out = Path(args.out) if args.out else Path("runs") / f"{task.name}-seed{args.seed}.safetensors"
+    cfg = TrainConfig(**{**train_kw, "seed": seed, "save_every": args.save_every or 5})
+    out = Path(args.out) if args.out else Path("runs") / f"{task.name}-seed{seed}.safetensors"
+    return task, spec, cfg, out
+
+
+def _resume_setup(args):
+    """(task, spec, config, out) of an interrupted run, from its resume file; options given on the command line
+    must agree with it, except the run options that may change (epochs, patience, save-every, keep)."""
+    from interp.errors import ConfigError
+    from interp.model import ModelSpec
+    from interp.training import RUN_OPTIONS, TrainConfig, resume_options
+    from tasks import get_task
+
+    if not args.out:
+        raise ConfigError("--resume needs --out: the checkpoint path of the interrupted run")
+    saved = resume_options(args.out)
+    conflicts = []
+    if args.task != saved["task"]["name"]:
+        conflicts.append(f"task {args.task} (the run trains {saved['task']['name']})")
+    for key, value in _parse_task_params(args.task_params).items():
+        if saved["task"]["params"].get(key) != value:
+            conflicts.append(f"--set {key}={json.dumps(value)} (the run has {json.dumps(saved['task']['params'].get(key))})")
+    for key in SPEC_KEYS:
+        given = getattr(args, key)
+        if given is not None and saved["spec"].get(key) != given:
+            conflicts.append(f"--{key.replace('_', '-')} {given} (the run has {saved['spec'].get(key)})")
+    config = dict(saved["config"])
+    for key in TRAIN_KEYS + ("seed", "save_every"):
+        given = getattr(args, key)
+        if given is None:
+            continue
+        if key in RUN_OPTIONS:
+            config[key] = given
+        elif config.get(key) != given:
+            conflicts.append(f"--{key.replace('_', '-')} {given} (the run has {config.get(key)})")
+    if conflicts:
+        raise ConfigError("--resume: options contradict the interrupted run: " + "; ".join(conflicts)
+                          + " (leave them out to continue it, or --restart to start over)")
+    task = get_task(saved["task"]["name"], **saved["task"]["params"])
+    return task, ModelSpec.from_dict(saved["spec"]), TrainConfig(**config), Path(args.out)
+
+
+def cmd_train(args) -> int:
+    from interp.training import train
+
+    _set_threads(args)
+    task, spec, cfg, out = _resume_setup(args) if args.resume else _train_setup(args)
     if not args.out:
         out.parent.mkdir(parents=True, exist_ok=True)
-    prov = train(task, spec, cfg, out, device=args.device, resume=args.resume, progress=not args.quiet)
+    prov = train(task, spec, cfg, out, device=args.device, resume=args.resume, restart=args.restart,
+                 progress=not args.quiet)
     acc = prov["accuracy"]
-    print(f"wrote {out}: best epoch {prov['best_epoch']}/{prov['epochs_run']}, accuracy "
+    print(f"wrote {out}: kept epoch {prov['kept_epoch']}/{prov['epochs_run']} ({prov['kept']}), accuracy "
           + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
     return 0
 
@@ -137,15 +210,17 @@ def cmd_eval(args) -> int:
     from interp.checkpoint import load_checkpoint
     from interp.evaluate import evaluate_splits
 
-    ckpt = load_checkpoint(args.checkpoint, device=args.device)
+    _set_threads(args)
+    params = _parse_task_params(args.task_params)
+    ckpt = load_checkpoint(args.checkpoint, device=args.device, task_params=params or None)
     metrics = evaluate_splits(ckpt.model, ckpt.task)
     if args.json:
         print(json.dumps({
-            "task": ckpt.task.name, "checkpoint": str(ckpt.path),
+            "task": ckpt.task.name, "checkpoint": str(ckpt.path), "task_params": ckpt.task.params(),
             "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
         }))
     else:
-        print(f"{ckpt.path} ({ckpt.task.name})")
+        print(f"{ckpt.path} ({ckpt.task.name})" + (f", task parameters changed: {params}" if params else ""))
         keys = list(next(iter(metrics.values())).keys())
         print(f"{'split':<8}" + "".join(f"{k:>14}" for k in keys))
         for split, m in metrics.items():
@@ -154,19 +229,33 @@ def cmd_eval(args) -> int:
 
 
 def cmd_analyze(args) -> int:
-    from analyses.suites import get_suite
+    from analyses import suite_for
     from interp.checkpoint import load_checkpoint
+    from interp.files import AtomicFile
 
-    ckpt = load_checkpoint(args.checkpoint, device=args.device)
-    suite = get_suite(ckpt.task.name)
-    summary = suite.analyze(ckpt, device=args.device)
-    print(json.dumps(summary) if args.json else suite.format_summary(summary))
+    _set_threads(args)
+    with AtomicFile(args.out, "the analysis JSON") if args.out else _nothing() as output:  # bad paths fail first
+        ckpt = load_checkpoint(args.checkpoint, device=args.device)
+        result = suite_for(ckpt.task).analyze(ckpt)
+        text = result.to_json()
+        if output is not None:
+            output.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+    print(text if args.json else result.text())
     return 0
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
 
 
 def cmd_report(args) -> int:
     from interp.report import write_report
 
+    _set_threads(args)
     path = write_report(args.checkpoint, args.out, device=args.device, progress=not args.quiet)
     print(f"wrote {path}")
     return 0
@@ -179,6 +268,9 @@ def cmd_list(args) -> int:
     print("shipped checkpoints:")
     for name, path in shipped_checkpoints().items():
         print(f"  {name:<24} {path}")
+    from tasks import CHECKPOINT_ALIASES
+
+    print("old names still accepted: " + ", ".join(f"{a} -> {b}" for a, b in CHECKPOINT_ALIASES.items()))
     return 0
 
 
@@ -194,6 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     from interp.errors import InterpError
 
     handler = COMMANDS[args.command]
+    import signal
+
+    def terminated(signum, frame):  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
     try:
         return int(handler(args) or 0)
     except InterpError as e:
@@ -210,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"interp: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -10,18 +10,27 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .errors import TokenError
-from .task import IGNORE, TaskData
+from .query_forward import logits_at, supports_query_forward
+from .task import IGNORE, TaskData, check_model_task, check_nonempty
 
 DEFAULT_BUDGET = 4_000_000  # batch x pos x pos per chunk: bounds the [batch, head, pos, pos] attention memory
 
 
 def check_tokens(model, tokens: Tensor, vocab=None) -> None:
     """Refuse tokens the model cannot take: ids outside its vocabulary or longer than its context."""
+    if not isinstance(tokens, Tensor):
+        raise TokenError(f"tokens must be a tensor of token ids [batch, pos], got {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise TokenError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
     if tokens.ndim != 2:
         raise TokenError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
+    if tokens.shape[0] == 0:
+        raise TokenError("no sequences were given (a batch of 0); expected at least one")
     if tokens.shape[1] > model.cfg.n_ctx:
         raise TokenError(
             f"sequences of {tokens.shape[1]} tokens are longer than the model's context n_ctx={model.cfg.n_ctx}"
+            + (" (a model without positional embedding can take them: interp.model.extend_context(model, n_ctx))"
+               if model.cfg.positional_embedding_type == "standard" and not bool(model.W_pos.detach().abs().max() > 0) else "")
         )
     if vocab is not None:
         vocab.check_ids(tokens)
@@ -46,6 +55,7 @@ def length_chunks(data: TaskData, budget: int = DEFAULT_BUDGET) -> Iterator[Tens
 def map_chunks(model, data: TaskData, fn: Callable[[TaskData], dict[str, Tensor]], budget: int = DEFAULT_BUDGET) -> dict[str, Tensor]:
     """Apply ``fn`` to length-sorted chunks of ``data`` (moved to the model's device) and reassemble
     the per-example outputs (dim 0) in the original order."""
+    check_nonempty(data)
     device = next(model.parameters()).device
     data = data.to(device)
     check_tokens(model, data.tokens)
@@ -93,9 +103,9 @@ def evaluate(model, task, data: TaskData, *, full_forward: bool = False) -> dict
     query-restricted forward of :mod:`interp.fast` (tested equal to ``model(tokens)``, ~50x faster);
     ``full_forward=True`` forces TransformerLens' full forward."""
     task.check_data(data)
+    check_model_task(model, task)
+    check_nonempty(data)
     if not full_forward:
-        from .fast import sparse_predictions_and_loss
-
         out = sparse_predictions_and_loss(model, data)
         if out is not None:
             return task.metrics(out["preds"], out["loss"], data.to(out["preds"].device))
@@ -106,3 +116,38 @@ def evaluate(model, task, data: TaskData, *, full_forward: bool = False) -> dict
 def evaluate_splits(model, task, splits=None, seed: int | None = None, *, full_forward: bool = False) -> dict[str, dict[str, float]]:
     """Metrics per split, e.g. ``{"train": {...}, "val": {...}, "test": {...}}``."""
     return {s: evaluate(model, task, task.dataset(s, seed), full_forward=full_forward) for s in (splits or task.splits)}
+
+
+def target_positions(data) -> Tensor | None:
+    """``[batch, k]`` positions that carry a target when every row has the same few (else None)."""
+    mask = data.targets != IGNORE
+    counts = mask.sum(1)
+    if not len(data) or int(counts.min()) != int(counts.max()) or int(counts.max()) * 4 > data.tokens.shape[1]:
+        return None
+    return mask.nonzero()[:, 1].view(len(data), -1)
+
+
+def sparse_predictions_and_loss(model, data, batch_size: int = 512) -> dict[str, Tensor] | None:
+    """Like :func:`predictions_and_loss` (argmax and loss at target positions; ``preds`` is -1 and ``loss`` 0
+    elsewhere) via the exact query-restricted forward, or None where that forward does not apply."""
+    if not supports_query_forward(model):
+        return None
+    device = next(model.parameters()).device
+    data = data.to(device)
+    check_tokens(model, data.tokens)
+    if target_positions(data.select(slice(0, 1))) is None:
+        return None
+    preds = torch.full_like(data.tokens, -1)
+    loss = torch.zeros(data.tokens.shape, device=device)
+    with torch.inference_mode():
+        for start in range(0, len(data), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(data)), device=device)
+            chunk = data.select(idx)
+            qpos = target_positions(chunk)
+            if qpos is None:
+                return None
+            logits = logits_at(model, chunk.tokens, qpos)
+            rows = idx[:, None]
+            preds[rows, qpos] = logits.argmax(-1)
+            loss[rows, qpos] = F.cross_entropy(logits.transpose(1, 2).float(), chunk.targets.gather(1, qpos), reduction="none")
+    return {"preds": preds, "loss": loss}

@@ -1,7 +1,9 @@
 """Writing output files atomically: a temp file in the target folder, then a rename.
 
 Readers never see a half-written file, and a failure leaves nothing behind. :class:`AtomicFile` reserves
-the temp file when it is created, so an unwritable path fails before any expensive work.
+the temp file when it is created, so an unwritable path fails before any expensive work. Temp files are named
+``.NAME.PID.XXXX.tmp``; one left by a process that was killed (``kill -9``) is removed the next time that output
+is written (only when its process is gone: a concurrent writer's file is left alone).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ class AtomicFile:
             self._fail(f"directory {parent} does not exist")
         if not parent.is_dir():
             self._fail(f"{parent} is not a directory")
+        remove_stale_temps(self.path)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.{os.getpid()}.", suffix=".tmp", dir=parent)
         except OSError as e:
             self._fail(f"{e.strerror or e} in {parent}")
         os.close(fd)
@@ -64,6 +67,31 @@ class AtomicFile:
 
     def __exit__(self, *exc) -> None:
         self.discard()
+
+
+def remove_stale_temps(path) -> list[Path]:
+    """Remove the temp files of ``path`` that dead processes left behind; return them."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    removed = []
+    for tmp in parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def atomic_write(path, write: Callable[[str], None], what: str = "a file") -> Path:

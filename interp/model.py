@@ -76,8 +76,9 @@ class ModelSpec:
             raise ConfigError(f"unknown model spec field(s) {sorted(unknown)}; known fields: {sorted(known)}")
         return cls(**d)
 
-    def tl_config_kwargs(self, device: str) -> dict[str, Any]:
-        """The HookedTransformerConfig keyword arguments for this spec."""
+    def tl_config_kwargs(self, device: str | None) -> dict[str, Any]:
+        """The HookedTransformerConfig keyword arguments for this spec (TransformerLens' own field names; JSON
+        types only apart from ``device``): ``HookedTransformer(HookedTransformerConfig(**kw))`` builds it."""
         return dict(
             n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, d_head=self.d_head,
             d_vocab=self.d_vocab, d_vocab_out=self.d_vocab_out or self.d_vocab, n_ctx=self.n_ctx,
@@ -112,8 +113,41 @@ def build_model(spec: ModelSpec, device: str | None = None):
     finally:
         torch.random.set_rng_state(rng_state)
     apply_frozen(model, spec)
-    model.interp_spec = spec
     return model
+
+
+def frozen_values(spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The parameters the spec fixes, by state-dict name -> their required value (zero W_pos, the identity W_O,
+    zero attention / unembedding biases)."""
+    out = {}
+    if spec.positional == "none" and "pos_embed.W_pos" in shapes:
+        out["pos_embed.W_pos"] = torch.zeros(shapes["pos_embed.W_pos"])
+    for l in range(spec.n_layers):
+        if spec.output_matrix == "identity":
+            out[f"blocks.{l}.attn.W_O"] = torch.eye(spec.d_model).reshape(spec.n_heads, spec.d_head, spec.d_model)
+        if not spec.attn_bias:
+            for b in ("b_Q", "b_K", "b_V", "b_O"):
+                name = f"blocks.{l}.attn.{b}"
+                if name in shapes:
+                    out[name] = torch.zeros(shapes[name])
+    if not spec.unembed_bias and "unembed.b_U" in shapes:
+        out["unembed.b_U"] = torch.zeros(shapes["unembed.b_U"])
+    return out
+
+
+def extend_context(model, n_ctx: int) -> None:
+    """Let a model without positional embedding (``W_pos`` zero) take sequences up to ``n_ctx`` tokens: nothing in
+    it depends on position, so ``W_pos`` is extended with zero rows (in place; the output is unchanged)."""
+    cfg = model.cfg
+    if n_ctx <= cfg.n_ctx:
+        return
+    w_pos = model.pos_embed.W_pos
+    if cfg.positional_embedding_type != "standard" or bool(w_pos.detach().abs().max() > 0):
+        raise ConfigError(f"only a model without positional embedding (W_pos all zero) can take sequences longer than "
+                          f"its context n_ctx={cfg.n_ctx}; this one has a {cfg.positional_embedding_type!r} positional embedding")
+    extra = torch.zeros(n_ctx - cfg.n_ctx, w_pos.shape[1], device=w_pos.device, dtype=w_pos.dtype)
+    model.pos_embed.W_pos = torch.nn.Parameter(torch.cat([w_pos.detach(), extra]), requires_grad=False)
+    cfg.n_ctx = n_ctx
 
 
 def apply_frozen(model, spec: ModelSpec) -> None:

@@ -96,6 +96,17 @@ class Report:
                           config={"displaylogo": False, "responsive": True})
         self._add(f'<div class="figure">{div}</div>' + _caption(caption))
 
+    def result(self, result, caption: str = "") -> None:
+        """An analysis result (:class:`interp.results.Result`): its table and its figure, where it has them."""
+        table = result.table_html()
+        if table:
+            self._add(table)
+        fig = result.figure()
+        if fig is not None:
+            self.figure(fig, caption)
+        elif caption:
+            self._add(_caption(caption))
+
     def attention(self, view, caption: str = "") -> None:
         """An interactive circuitsvis attention view (:class:`interp.visualize.AttentionView`)."""
         from .visualize import AttentionView
@@ -170,8 +181,8 @@ def build_report(ckpt, progress: bool = True) -> Report:
     """The :class:`Report` of a loaded checkpoint: model card, the task suite's sections, attention views."""
     from tqdm import tqdm
 
-    report = Report(title=f"{ckpt.task.name}: {Path(ckpt.path).name}",
-                    subtitle=f"interp report of {ckpt.path}, written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    report = Report(title=f"{ckpt.task.name}: {Path(ckpt.path).name if ckpt.path else 'model'}",
+                    subtitle=f"interp report of {ckpt.name}, written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     bar = tqdm(total=len(STEPS), desc="report", unit="step", disable=not progress, file=sys.stderr, leave=False)
     try:
         for step, fn in zip(STEPS, (add_model_card, add_suite_sections, add_attention_views)):
@@ -248,71 +259,81 @@ def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
     from .errors import TaskError
 
     try:
-        from analyses.suites import get_suite  # only the report and the CLI wire interp to analyses
+        from analyses import suite_for  # only the report and the CLI wire interp to analyses
 
-        suite = get_suite(ckpt.task.name)
-    except (TaskError, ImportError) as e:
+        suite = suite_for(ckpt.task)
+    except TaskError as e:
         report.section("Analyses", "")
         report.text(f"No analysis sections: {e}.")
         return
     suite.add_report_sections(ckpt, report, progress)
 
 
-def pick_examples(task, n: int = 3, target_len: int = EXAMPLE_TOKENS):
-    """A few examples for attention views: those closest to ``target_len`` tokens (long ones make huge,
-    unreadable views), one per label first, held-out splits preferred on ties (test, then val, then
-    train); deterministic. Returns ``[(split, index, TaskData of one example)]``."""
+def pick_examples(task, n: int = 3, target_len: int = EXAMPLE_TOKENS, max_len: int = 64):
+    """A few examples for attention views, deterministic: held-out splits first (test, then val, then train), among
+    examples of at most ``max_len`` tokens (longer views are unreadable), nearest ``target_len`` tokens, one per
+    label first. Returns ``([(split, index, TaskData of one example)], why)``, ``why`` saying which split was used and
+    why (computed from the data: e.g. that the held-out sequences are all longer than ``max_len``)."""
     import torch
 
-    candidates = []
-    for rank, split in enumerate(reversed(task.splits)):
+    held_out_order = list(reversed(task.splits))
+    chosen, labels, why = [], set(), []
+    for split in held_out_order:
         data = task.dataset(split)
-        dist = (data.lengths.cpu() - target_len).abs()
-        for i in torch.argsort(dist, stable=True)[: 20 * n].tolist():
-            candidates.append((int(dist[i]), rank, split, i, data))
-    candidates.sort(key=lambda c: (c[0], c[1], c[3]))
-    chosen, labels = [], set()
-    for pass_ in (0, 1):  # first one example per label, then fill up
-        for dist, rank, split, i, data in candidates:
-            if len(chosen) == n:
-                break
-            label = int(data.labels[i])
-            if (split, i) in {(c[0], c[1]) for c in chosen} or (pass_ == 0 and label in labels):
-                continue
-            chosen.append((split, i, data.select(torch.tensor([i], device=data.device))))
-            labels.add(label)
-    return chosen
+        lengths = data.lengths.cpu()
+        fits = (lengths <= max_len).nonzero().flatten()
+        if not len(fits):
+            why.append(f"the {split} sequences are {int(lengths.min())}-{int(lengths.max())} tokens long")
+            continue
+        order = fits[torch.argsort((lengths[fits] - target_len).abs(), stable=True)].tolist()
+        for pass_ in (0, 1):  # first one example per label, then fill up
+            for i in order:
+                if len(chosen) == n:
+                    break
+                label = int(data.labels[i])
+                if any(c[0] == split and c[1] == i for c in chosen) or (pass_ == 0 and label in labels):
+                    continue
+                chosen.append((split, i, data.select(torch.tensor([i], device=data.device))))
+                labels.add(label)
+        if len(chosen) == n:
+            break
+    if not chosen:  # nothing fits: the shortest test examples, shown truncated
+        data = task.dataset(held_out_order[0])
+        for i in torch.argsort(data.lengths.cpu(), stable=True)[:n].tolist():
+            chosen.append((held_out_order[0], i, data.select(torch.tensor([i], device=data.device))))
+        return chosen, f"every split's sequences are longer than {max_len} tokens; the shortest {held_out_order[0]} ones are shown, cut"
+    used = sorted({c[0] for c in chosen}, key=held_out_order.index)
+    reason = f"{' and '.join(used)} examples" + (f" ({'; '.join(why)}, longer than the {max_len} tokens a readable view shows)"
+                                                  if why else "")
+    return chosen, reason
 
 
 def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples: int = 3, max_len: int = 64) -> None:
     """Attention patterns of every head on a few examples (interactive circuitsvis views)."""
     import torch
 
-    from .heads import head_label
-    from .visualize import AttentionView
+    from .visualize import attention_view
 
     model, task = ckpt.model, ckpt.task
     cfg = model.cfg
+    examples, reason = pick_examples(task, n_examples, max_len=max_len)
     report.section("Attention patterns", f"Every head's attention ({cfg.n_layers * cfg.n_heads} heads) on "
-                   f"{n_examples} examples of the task's data, the ones nearest {EXAMPLE_TOKENS} tokens long (held-out splits first: "
-                   "long sequences make unreadable views). Pick a head to enlarge it; hover a destination token "
+                   f"{len(examples)} examples of the task's data, held-out splits first and the ones nearest "
+                   f"{EXAMPLE_TOKENS} tokens long: here {reason}. Pick a head to enlarge it; hover a destination token "
                    "to see where it attends.")
-    names = [head_label(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     device = next(model.parameters()).device
-    for split, i, ex in pick_examples(task, n_examples):
+    for split, i, ex in examples:
         length = int(ex.lengths[0])
-        tokens = ex.tokens[:, :length].to(device)
+        tokens = ex.tokens[0, :length].to(device)
         with torch.inference_mode():
-            logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
-        pattern = torch.cat([cache["pattern", l][0] for l in range(cfg.n_layers)])  # [layers*heads, dest, src]
+            logits = model(tokens[None])
         pos = int(ex.answer_pos[0])
         pred, label = int(logits[0, pos].argmax()), int(ex.labels[0])
         shown = min(length, max_len)
-        strs = task.vocab.decode(tokens[0, :shown])
         note = "" if shown == length else f" Only the first {shown} of {length} tokens are shown (causal attention: exact)."
         verdict = "correct" if pred == label else "wrong"
         report.attention(
-            AttentionView(strs, pattern[:, :shown, :shown], names, title=f"{split} example {i}"),
+            attention_view(model, tokens, vocab=task.vocab, title=f"{split} example {i}", max_len=max_len),
             caption=f"{split} example {i}: {length} tokens; answer at position {pos}: expected "
                     f"{task.vocab.tokens[label]!r}, the model predicts {task.vocab.tokens[pred]!r} ({verdict}).{note}",
         )

@@ -76,7 +76,8 @@ class TaskData:
     ``targets[b, p]`` is the token the model should predict *at* position ``p`` (i.e. token ``p+1``), or
     ``IGNORE`` where there is no loss. ``answer_pos[b]`` is the position whose prediction is the task's
     answer and ``labels[b]`` that answer. ``lengths[b]`` counts the real (unpadded) tokens. ``fields``
-    holds the task's own per-example tensors (counts, categories, ...).
+    holds the task's own per-example tensors (counts, categories, ...), e.g. ``data.fields["n0"]``.
+    ``vocab`` is the task's vocabulary, so analyses can check that a model and the data fit each other.
     """
 
     task: str
@@ -86,6 +87,7 @@ class TaskData:
     labels: Int[Tensor, "batch"]
     lengths: Int[Tensor, "batch"]
     fields: dict[str, Tensor] = field(default_factory=dict)
+    vocab: Vocab | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -98,6 +100,7 @@ class TaskData:
         return TaskData(
             self.task, self.tokens.to(device), self.targets.to(device), self.answer_pos.to(device),
             self.labels.to(device), self.lengths.to(device), {k: v.to(device) for k, v in self.fields.items()},
+            self.vocab,
         )
 
     def select(self, index) -> "TaskData":
@@ -113,17 +116,19 @@ class TaskData:
         t = max(t, 1)
         return TaskData(
             self.task, self.tokens[idx, :t], self.targets[idx, :t], self.answer_pos[idx], self.labels[idx],
-            lengths, {k: v[idx] for k, v in self.fields.items()},
+            lengths, {k: v[idx] for k, v in self.fields.items()}, self.vocab,
         )
 
 
 @runtime_checkable
 class Task(Protocol):
-    """What a task provides. See ``tasks/noisy_majority.py`` for an implementation."""
+    """What a task provides: everything the trainer, the CLI and the analyses use (nothing else is asked of a
+    task, and nothing is looked up with ``hasattr``). See ``tasks/noisy_majority.py`` for an implementation."""
 
     name: str
     vocab: Vocab
     splits: tuple[str, ...]
+    n_ctx: int  # the context a model needs for this task's data (with its current parameters)
 
     def dataset(self, split: str, seed: int | None = None) -> TaskData:
         """Deterministic examples of a split; the same seed gives the same data."""
@@ -134,8 +139,29 @@ class Task(Protocol):
     def default_spec(self) -> dict[str, Any]:
         """Keyword arguments for ``interp.model.ModelSpec`` suited to this task."""
 
+    def default_train(self) -> dict[str, Any]:
+        """Keyword arguments for ``interp.training.TrainConfig`` suited to this task."""
+
     def params(self) -> dict[str, Any]:
         """JSON-serialisable parameters that rebuild this task via ``tasks.get_task(name, **params)``."""
 
     def check_data(self, data: TaskData) -> None:
         """Raise a TaskError if ``data`` does not belong to this task."""
+
+
+def check_model_task(model, task) -> None:
+    """Refuse a model whose vocabulary sizes do not fit the task's: a model of another task, caught before any
+    work (a TaskError naming both)."""
+    cfg = model.cfg
+    n_in, n_out = len(task.vocab), task.vocab.n_out
+    if cfg.d_vocab != n_in or cfg.d_vocab_out != n_out:
+        raise TaskError(
+            f"the model (d_vocab {cfg.d_vocab}, d_vocab_out {cfg.d_vocab_out}) does not fit task {task.name!r} "
+            f"(vocabulary of {n_in} tokens, {n_out} outputs): is it a model of another task?"
+        )
+
+
+def check_nonempty(data: TaskData, what: str = "the data") -> None:
+    """Refuse empty task data with one clear line (instead of an error deep inside torch)."""
+    if len(data) == 0:
+        raise TaskError(f"{what} holds no examples; expected at least one")

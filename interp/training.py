@@ -3,13 +3,19 @@
 Defaults follow seed 000 §5.2: batch 128, lr 1e-3, weight decay 0.01, dropout 0.1, warmup over
 ``2 / (1 - beta2)`` steps (Ma & Yarats' untuned linear warmup, then constant), loss on the task's
 answer positions only. One-layer attention-only models train through the exact query-restricted
-forward of :mod:`interp.fast` (tested equal to the HookedTransformer forward). HookedTransformer has no dropout, so during training only it is added by
+forward of :mod:`interp.query_forward` (tested equal to the HookedTransformer forward). HookedTransformer has no
+dropout, so during training only it is added by
 forward hooks after the embedding (``blocks.0.hook_resid_pre``) and after every attention / MLP output
 (``blocks.L.hook_attn_out``, ``blocks.L.hook_mlp_out``); evaluation never uses them.
 
+Which model is kept (``keep``): ``"best"`` (default) is the epoch with the highest validation accuracy, ties broken
+by the lower validation loss (then the earlier epoch), so an epoch that only ties the majority-class accuracy never
+beats a later, better-trained one; ``"last"`` is the final epoch.
+
 A resume file ``<out>.resume.safetensors`` is written every ``save_every`` epochs (weights, optimizer
-moments, RNG states, best model so far, history; no pickle). ``resume=True`` continues from it and
-ends with exactly the weights an uninterrupted run gives (on CPU; CUDA kernels may be nondeterministic).
+moments, RNG states, best model so far, history, and every option of the run; no pickle). ``resume=True``
+continues from it and ends with exactly the weights an uninterrupted run gives (on CPU; CUDA kernels may be
+nondeterministic). A new run never deletes another run's resume file unless told to (``restart=True``).
 """
 
 from __future__ import annotations
@@ -26,13 +32,17 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .checkpoint import save_checkpoint
-from .files import atomic_write
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
-from .evaluate import evaluate, evaluate_splits
-from .fast import logits_at, supports_query_forward, target_positions
+from .evaluate import evaluate, evaluate_splits, target_positions
+from .files import AtomicFile, atomic_write
 from .model import ModelSpec, build_model, trainable_parameters
+from .query_forward import logits_at, supports_query_forward
 from .task import IGNORE
+
+
+KEEP = ("best", "last")
+RUN_OPTIONS = ("epochs", "save_every", "patience", "keep")  # may change when a run is resumed
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,7 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 5  # epochs between resume files
     patience: int | None = None  # stop after this many epochs without a better validation accuracy
+    keep: str = "best"  # "best": best validation accuracy, ties by lower validation loss; "last": the final epoch
 
     def __post_init__(self):
         checks = {
@@ -55,7 +66,7 @@ class TrainConfig:
             "weight_decay": self.weight_decay >= 0, "beta1": 0 <= self.beta1 < 1, "beta2": 0 <= self.beta2 < 1,
             "dropout": 0 <= self.dropout < 1, "save_every": self.save_every >= 1,
             "warmup_steps": self.warmup_steps is None or self.warmup_steps >= 0,
-            "patience": self.patience is None or self.patience >= 1,
+            "patience": self.patience is None or self.patience >= 1, "keep": self.keep in KEEP,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -110,11 +121,16 @@ class _State:
         self.epoch = 0  # epochs completed
         self.step = 0
         self.best_val = -1.0
+        self.best_loss = float("inf")
         self.best_epoch = -1
         self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.history: list[dict[str, float]] = []
 
-    def save(self, path: Path, identity: dict[str, Any]) -> None:
+    def better(self, accuracy: float, loss: float) -> bool:
+        """Whether a validation result beats the best so far: higher accuracy, or equal accuracy and lower loss."""
+        return accuracy > self.best_val or (accuracy == self.best_val and loss < self.best_loss)
+
+    def save(self, path: Path, identity: dict[str, Any], options: dict[str, Any]) -> None:
         from safetensors.torch import save_file
 
         tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
@@ -129,8 +145,10 @@ class _State:
             tensors["rng.cuda"] = torch.cuda.get_rng_state()
         meta = {
             "identity": json.dumps(identity, sort_keys=True),
+            "options": json.dumps(options, sort_keys=True),
             "progress": json.dumps({"epoch": self.epoch, "step": self.step, "best_val": self.best_val,
-                                    "best_epoch": self.best_epoch, "history": self.history}),
+                                    "best_loss": self.best_loss, "best_epoch": self.best_epoch,
+                                    "history": self.history}),
             "param_groups": json.dumps(opt_sd["param_groups"]),
         }
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta), "the resume file")
@@ -168,11 +186,35 @@ class _State:
         prog = json.loads(meta["progress"])
         self.epoch, self.step = prog["epoch"], prog["step"]
         self.best_val, self.best_epoch, self.history = prog["best_val"], prog["best_epoch"], prog["history"]
+        self.best_loss = prog.get("best_loss", float("inf"))
+
+
+def resume_options(out) -> dict[str, Any]:
+    """The options of the interrupted run whose resume file belongs to ``out``: ``{"task": {"name", "params"},
+    "spec": {...}, "config": {...}}`` (so that ``--resume`` needs none of them retyped)."""
+    from safetensors import safe_open
+
+    rpath = resume_path(Path(out))
+    if not rpath.is_file():
+        raise CheckpointError(f"--resume: no resume file {rpath} (one is written every few epochs; see --save-every)")
+    try:
+        with safe_open(str(rpath), "pt") as f:
+            meta = f.metadata() or {}
+        identity = json.loads(meta["identity"])
+        options = json.loads(meta["options"]) if "options" in meta else {}
+    except Exception as e:
+        raise CheckpointError(f"resume file {rpath} is corrupt or from an older version ({e}); start over with --restart") from None
+    config = {**{k: v for k, v in identity.items() if k not in ("task", "spec")}, **options}
+    return {"task": identity["task"], "spec": identity["spec"], "config": config}
 
 
 def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = None, resume: bool = False,
-          progress: bool = True, on_epoch_end: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
-    """Train a model for ``task``; write the best-by-validation model to ``out``; return its provenance.
+          restart: bool = False, progress: bool = True,
+          on_epoch_end: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Train a model for ``task``; write the kept model (``cfg.keep``) to ``out``; return its provenance.
+
+    ``out`` is checked before any training. An existing resume file of ``out`` is continued with ``resume=True``,
+    deleted to start over with ``restart=True``, and otherwise refused (a ConfigError saying how to do either).
 
     ``on_epoch_end(epoch, record)`` is called after each epoch (after the resume file is written), e.g. to
     log metrics; an exception it raises stops training like an interruption would.
@@ -183,19 +225,27 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        return _train(task, spec, cfg, out, device=device, resume=resume, progress=progress, on_epoch_end=on_epoch_end)
+        return _train(task, spec, cfg, out, device=device, resume=resume, restart=restart, progress=progress,
+                      on_epoch_end=on_epoch_end)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
-def _train(task, spec, cfg, out, *, device, resume, progress, on_epoch_end) -> dict[str, Any]:
+def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_end) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
-    if not out.parent.is_dir():
-        raise ConfigError(f"output directory {out.parent} does not exist")
+    with AtomicFile(out, "the checkpoint"):  # a directory, a missing folder or an unwritable path fails now
+        pass
     rpath = resume_path(out)
+    if resume and restart:
+        raise ConfigError("--resume continues the interrupted run and --restart deletes it: give one of them")
     if resume and not rpath.is_file():
         raise CheckpointError(f"--resume: no resume file {rpath} (it is written every {cfg.save_every} epochs)")
+    if not resume and rpath.is_file():
+        if not restart:
+            raise ConfigError(f"{rpath} holds an interrupted run of {out}: continue it with --resume, or start over "
+                              "with --restart (which deletes it)")
+        rpath.unlink()
 
     torch.manual_seed(cfg.seed)
     model = build_model(spec, device=device)
@@ -205,7 +255,8 @@ def _train(task, spec, cfg, out, *, device, resume, progress, on_epoch_end) -> d
     gen = torch.Generator().manual_seed(cfg.seed)
     state = _State(model, opt, gen)
     identity = {"task": {"name": task.name, "params": task.params()}, "spec": spec.to_dict(),
-                **{k: v for k, v in asdict(cfg).items() if k not in ("epochs", "save_every", "patience")}}
+                **{k: v for k, v in asdict(cfg).items() if k not in RUN_OPTIONS}}
+    options = {k: getattr(cfg, k) for k in RUN_OPTIONS}
     if resume:
         state.load(rpath, identity)
 
@@ -235,31 +286,34 @@ def _train(task, spec, cfg, out, *, device, resume, progress, on_epoch_end) -> d
         model.eval()
         val = evaluate(model, task, val_data)
         state.epoch += 1
-        state.history.append({"epoch": state.epoch, "train_loss": total / count, "val_accuracy": val["accuracy"]})
-        if val["accuracy"] > state.best_val:
-            state.best_val, state.best_epoch = val["accuracy"], state.epoch
+        state.history.append({"epoch": state.epoch, "train_loss": total / count, "val_accuracy": val["accuracy"],
+                              "val_loss": val["loss"]})
+        if state.better(val["accuracy"], val["loss"]):
+            state.best_val, state.best_loss, state.best_epoch = val["accuracy"], val["loss"], state.epoch
             state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         bar.update(1)
         bar.set_postfix(loss=f"{total / count:.4f}", val=f"{val['accuracy']:.4f}", best=f"{state.best_val:.4f}@{state.best_epoch}")
         if state.epoch % cfg.save_every == 0 and state.epoch < cfg.epochs:
-            state.save(rpath, identity)
+            state.save(rpath, identity, options)
         if on_epoch_end is not None:
             on_epoch_end(state.epoch, state.history[-1])
         if cfg.patience is not None and state.epoch - state.best_epoch >= cfg.patience:
             break
     bar.close()
 
-    model.load_state_dict(state.best_state)
+    if cfg.keep == "best":
+        model.load_state_dict(state.best_state)
     model.eval()
     metrics = evaluate_splits(model, task)
     provenance = {
         "seed": cfg.seed, "epochs": cfg.epochs, "epochs_run": state.epoch, "steps": state.step,
-        "best_epoch": state.best_epoch, "config": asdict(cfg),
+        "best_epoch": state.best_epoch, "kept": cfg.keep, "kept_epoch": state.best_epoch if cfg.keep == "best" else state.epoch,
+        "config": asdict(cfg),
         "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
         "history": state.history, "device": device, "wall_seconds_this_run": round(time.time() - started, 1),
         "torch": torch.__version__, "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
         "machine": platform.machine(),
     }
-    save_checkpoint(out, model, task, provenance)
+    save_checkpoint(out, model, spec, task, provenance)
     rpath.unlink(missing_ok=True)
     return provenance

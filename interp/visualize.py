@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from .errors import InterpError
@@ -125,6 +125,47 @@ class AttentionView:
 
     def _repr_html_(self) -> str:
         return notebook_script("circuitsvis") + self.body_html()
+
+
+def attention_patterns(model, tokens: Int[Tensor, "batch pos"], fwd_hooks=()) -> Float[Tensor, "batch layer head q k"]:
+    """Every layer's attention pattern ``[batch, layer, head, query, key]`` from one forward pass (optionally with
+    intervention hooks): the one attention-pattern function of analyses and reports."""
+    store: dict[int, Tensor] = {}
+
+    def keep(pattern, hook):
+        store[hook.layer()] = pattern
+
+    names = [(f"blocks.{l}.attn.hook_pattern", keep) for l in range(model.cfg.n_layers)]
+    with torch.inference_mode():
+        model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks) + names, return_type=None)
+    return torch.stack([store[l] for l in range(model.cfg.n_layers)], dim=1)
+
+
+def attention_view(model, tokens: Int[Tensor, "pos"], heads=None, vocab=None, token_strs=None, title: str = "",
+                   max_len: int | None = None) -> "AttentionView":
+    """A circuitsvis view of ``heads`` (default: all) on one sequence, its tokens named by ``vocab`` (the task's) or
+    ``token_strs`` (else their ids); only the first ``max_len`` tokens are shown if given (causal attention: the
+    shown rows are exact). Displays inline in Jupyter; ``.save(path)`` writes an offline HTML file."""
+    from .device import model_device
+    from .errors import TokenError
+    from .evaluate import check_tokens
+    from .heads import head_label, parse_heads
+
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim == 2 and tokens.shape[0] == 1:
+        tokens = tokens[0]
+    if tokens.ndim != 1:
+        raise TokenError(f"attention_view takes one sequence [pos], got shape {tuple(tokens.shape)}")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)] if heads is None else parse_heads(heads, n_layers, n_heads)
+    tokens = tokens.to(model_device(model))
+    check_tokens(model, tokens[None])
+    shown = len(tokens) if max_len is None else min(len(tokens), max_len)
+    pats = attention_patterns(model, tokens[None])[0]  # [layer, head, q, k]
+    pattern = torch.stack([pats[l, h, :shown, :shown] for l, h in heads])
+    if token_strs is None:
+        token_strs = vocab.decode(tokens[:shown]) if vocab is not None else [str(int(t)) for t in tokens[:shown]]
+    return AttentionView(list(token_strs)[:shown], pattern, [head_label(*h) for h in heads], title=title)
 
 
 def heatmap(matrix: Float[Tensor, "rows cols"], x_labels: Sequence[str], y_labels: Sequence[str], title: str = "",

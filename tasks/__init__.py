@@ -10,17 +10,23 @@ from interp.errors import TaskError
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 
 
-def _registry() -> dict[str, Any]:
-    from .noisy_majority import NoisyMajority
+# A new task: its module here (one class implementing interp.task.Task) and one line in this table.
+TASKS = {
+    "noisy-majority": "tasks.noisy_majority:NoisyMajority",
+    "repeated-tokens": "tasks.repeated_tokens:RepeatedTokens",
+}
+# Old names of shipped checkpoints, still accepted.
+CHECKPOINT_ALIASES = {"induction": "repeated-tokens", "induction-1layer": "repeated-tokens-1layer"}
 
-    tasks = {NoisyMajority.name: NoisyMajority}
-    try:
-        from .induction import RepeatedTokens
-    except ImportError:  # pragma: no cover - the induction task is optional until it lands
-        pass
-    else:
-        tasks[RepeatedTokens.name] = RepeatedTokens
-    return tasks
+
+def _registry() -> dict[str, Any]:
+    import importlib
+
+    out = {}
+    for name, target in TASKS.items():
+        module, cls = target.split(":")
+        out[name] = getattr(importlib.import_module(module), cls)
+    return out
 
 
 def task_names() -> list[str]:
@@ -38,7 +44,10 @@ def get_task(name: str, **params):
         raise TaskError(f"bad parameters for task {name!r}: {e}") from None
 
 
-def shipped_checkpoints() -> dict[str, Path]:
-    """Names of the checkpoints that ship with the project -> their files."""
+def shipped_checkpoints(aliases: bool = False) -> dict[str, Path]:
+    """Names of the checkpoints that ship with the project -> their files (with ``aliases``: old names too)."""
     files = sorted(p for p in CHECKPOINT_DIR.glob("*.safetensors") if not p.name.endswith(".resume.safetensors"))
-    return {p.name.removesuffix(".safetensors"): p for p in files}
+    out = {p.name.removesuffix(".safetensors"): p for p in files}
+    if aliases:
+        out.update({old: out[new] for old, new in CHECKPOINT_ALIASES.items() if new in out})
+    return out

@@ -106,6 +106,9 @@ class NoisyMajority:
     def check_data(self, data: TaskData) -> None:
         if data.task != self.name:
             raise TaskError(f"data of task {data.task!r} was given where {self.name!r} data is expected")
+        missing = {"n0", "n1", "n2"} - set(data.fields)
+        if missing:
+            raise TaskError(f"noisy-majority data needs the fields {sorted(missing)} (build it with make_sentences)")
 
 
 def make_sentences(digit_seqs: list[Tensor] | list[list[int]]) -> TaskData:
@@ -135,5 +138,5 @@ def make_sentences(digit_seqs: list[Tensor] | list[list[int]]) -> TaskData:
     targets[rows, eq + 1] = EOS
     return TaskData(
         task=NoisyMajority.name, tokens=tokens, targets=targets, answer_pos=eq, labels=labels, lengths=n + 4,
-        fields={"n0": counts[:, 0], "n1": counts[:, 1], "n2": counts[:, 2], "n_digits": n},
+        fields={"n0": counts[:, 0], "n1": counts[:, 1], "n2": counts[:, 2], "n_digits": n}, vocab=VOCAB,
     )

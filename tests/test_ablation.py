@@ -27,7 +27,7 @@ def small_test(nm_ckpt):
 
 
 def test_minimal_transformer_head_is_perfect_alone(nm_task):
-    from interp.handbuilt import minimal_majority_transformer
+    from analyses.noisy_majority.handbuilt import minimal_majority_transformer
 
     model = minimal_majority_transformer(nm_task)
     data = nm_task.dataset("test").select(slice(0, 200))
@@ -57,7 +57,7 @@ def test_no_heads_equal_direct_path(nm_ckpt):
     with torch.no_grad():
         logits = (model.W_E[tok] + model.W_pos[data.answer_pos] + model.b_O[0]) @ model.W_U + model.b_U
     expected = (logits.argmax(-1) == data.labels).float().mean().item()
-    for method in ("cached", "hooks"):
+    for method in ("fast", "hooks"):
         got = learned_accuracy(model, data, [[]], method=method).accuracy.item()
         assert got == pytest.approx(expected, abs=1e-7)
 
@@ -67,11 +67,11 @@ def test_batched_paths_equal_slow_loop(nm_ckpt, small_test, ablation):
     model = nm_ckpt.model
     subsets = SUBSETS if ablation == "zero" else SUBSETS[1:4]
     kw = dict(ablation=ablation, reference=small_test)
-    cached = subset_answer_logits(model, small_test, [tuple((0, int(h[3:])) for h in s) for s in subsets], method="cached", **kw)
+    cached = subset_answer_logits(model, small_test, [tuple((0, int(h[3:])) for h in s) for s in subsets], method="fast", **kw)
     hooked = subset_answer_logits(model, small_test, [tuple((0, int(h[3:])) for h in s) for s in subsets], method="hooks", **kw)
     assert torch.allclose(cached, hooked, atol=1e-4)
     slow = learned_accuracy_loop(model, small_test, subsets, **kw)
-    for method in ("cached", "hooks"):
+    for method in ("fast", "hooks"):
         assert torch.equal(learned_accuracy(model, small_test, subsets, method=method, **kw).accuracy, slow.accuracy)
 
 
@@ -94,7 +94,7 @@ def test_hook_path_on_two_layer_model_equals_per_subset_runs(nm_task):
             ref = model.run_with_hooks(data.tokens, fwd_hooks=hooks)[rows, data.answer_pos]
         assert torch.allclose(got[s], ref, atol=1e-4)
     with pytest.raises(InterpError, match="one-layer"):
-        learned_accuracy(model, data, [[]], method="cached")
+        learned_accuracy(model, data, [[]], method="fast")
     z_mean = mean_head_outputs(model, data)
     assert z_mean.shape == (2, 4, 4)
 
@@ -117,8 +117,15 @@ def test_bad_input(nm_ckpt, small_test):
         learned_accuracy(model, small_test, [["L0H1", "L0H1"]])
     with pytest.raises(InterpError, match="no head subsets"):
         learned_accuracy(model, small_test, [])
-    with pytest.raises(TaskError, match="repeated-tokens"):
-        learned_accuracy(model, dataclasses.replace(small_test, task="repeated-tokens"), [["L0H1"]])
+    with pytest.raises(TaskError, match="repeated-tokens"):  # the task travels explicitly: data of another task
+        learned_accuracy(model, dataclasses.replace(small_test, task="repeated-tokens"), [["L0H1"]], task=nm_ckpt.task)
+    from tasks import get_task
+
+    other = get_task("repeated-tokens", train_size=4, val_size=4, test_size=4).dataset("test")
+    with pytest.raises(TaskError, match="does not fit the 'repeated-tokens' data"):  # without the task: by vocabulary
+        learned_accuracy(model, other, [["L0H1"]])
+    with pytest.raises(TaskError, match="holds no examples"):
+        learned_accuracy(model, small_test.select(slice(0, 0)), [["L0H1"]])
     bad = dataclasses.replace(small_test, tokens=small_test.tokens.clone())
     bad.tokens[0, 1] = 42
     with pytest.raises(TokenError, match="outside the vocabulary"):
@@ -132,7 +139,7 @@ def test_bad_input(nm_ckpt, small_test):
 def test_pair_matrix_and_one_subset(nm_ckpt, small_test):
     """Figure 5's matrix: singles on the diagonal, pairs off it, heads sorted by the diagonal in the figure."""
     from analyses.ablation import learned_accuracy_of
-    from analyses.head_summary import pair_matrix
+    from analyses.noisy_majority.head_summary import pair_matrix
 
     model = nm_ckpt.model
     res = learned_accuracy(model, small_test, head_subsets(1, 16, 1) + head_subsets(1, 16, 2))

@@ -1,4 +1,4 @@
-"""w01 / w02 (analyses.attention_ratios): analytic values of the minimal transformer, measured == exact on the
+"""w01 / w02 (analyses.noisy_majority.attention_ratios): analytic values of the minimal transformer, measured == exact on the
 shipped model, exact == TransformerLens' FactoredMatrix QK circuit, measured == a plain average of the cached
 attention pattern, and refusals where the exact formula does not hold."""
 
@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from analyses.attention_ratios import (attention_ratios, exact_attention_ratios, measured_attention_ratios,
+from analyses.noisy_majority.attention_ratios import (attention_ratios, exact_attention_ratios, measured_attention_ratios,
                                        query_key_scores, task_token_ids)
-from analyses.handbuilt_heads import attention_preference_model
+from analyses.noisy_majority.handbuilt import attention_preference_model
 from interp.errors import ConfigError, TaskError
 from interp.task import Vocab
 
@@ -21,7 +21,7 @@ from interp.task import Vocab
 def test_minimal_transformer_ratios(nm_task, N):
     """Scores of the '=' query are N, N+1, 0 for 0, 1, 2: w01 = e^-1 and w02 = e^N. Tolerance: relative 1e-5
     exact (float32 scores, exp in float64); 1e-4 measured (float32 log-softmax)."""
-    from interp.handbuilt import minimal_majority_transformer
+    from analyses.noisy_majority.handbuilt import minimal_majority_transformer
 
     model = minimal_majority_transformer(nm_task, N=N)
     w01, w02 = exact_attention_ratios(model)

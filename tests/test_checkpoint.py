@@ -27,19 +27,19 @@ def saved(tmp_path_factory, small_task):
     with torch.no_grad():
         model.unembed.b_U.add_(torch.arange(8.0))  # make sure non-initial values survive
     path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
-    save_checkpoint(path, model, small_task, {"seed": 7, "epochs": 3, "accuracy": {"test": 0.5}})
-    return model, path
+    save_checkpoint(path, model, spec, small_task, {"seed": 7, "epochs": 3, "accuracy": {"test": 0.5}})
+    return model, path, spec
 
 
 def test_round_trip_gives_bit_identical_outputs(saved, small_task):
-    model, path = saved
+    model, path, spec = saved
     ckpt = load_checkpoint(path, device="cpu")
     data = small_task.dataset("test")
     with torch.no_grad():
         assert torch.equal(ckpt.model(data.tokens), model(data.tokens))
     for (k, a), (k2, b) in zip(sorted(model.state_dict().items()), sorted(ckpt.model.state_dict().items())):
         assert k == k2 and torch.equal(a, b)
-    assert ckpt.task == small_task and ckpt.model.interp_spec == model.interp_spec
+    assert ckpt.task == small_task and ckpt.spec == spec
     assert ckpt.training["seed"] == 7
     # frozen parts stay frozen after loading
     assert not ckpt.model.W_pos.requires_grad and not ckpt.model.blocks[0].attn.W_O.requires_grad
@@ -53,11 +53,11 @@ def test_metadata_is_json_and_versioned(saved):
 
 
 def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, saved, small_task):
-    model, _ = saved
-    save_checkpoint(tmp_path / "a.safetensors", model, small_task)
+    model, _, spec = saved
+    save_checkpoint(tmp_path / "a.safetensors", model, spec, small_task)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors"]
     with pytest.raises(interp.errors.InterpError, match="does not exist"):
-        save_checkpoint(tmp_path / "missing-dir" / "b.safetensors", model, small_task)
+        save_checkpoint(tmp_path / "missing-dir" / "b.safetensors", model, spec, small_task)
 
 
 def test_shipped_checkpoint_loads_by_name():
@@ -154,3 +154,109 @@ def test_huge_header_length_is_reported_as_corrupt(tmp_path):
     bad.write_bytes(struct.pack("<Q", 10**12) + b"{}")
     with pytest.raises(CheckpointError, match="not a valid .safetensors"):
         load_checkpoint(bad)
+
+
+# -- issue 9 item 3: corrupted weights never load silently ---------------------------------------------------------
+def _tensor_span(path, name):
+    """(start, end) byte offsets of tensor ``name``'s data in a safetensors file."""
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    a, b = header[name]["data_offsets"]
+    return 8 + n + a, 8 + n + b
+
+
+def test_flipped_bytes_in_the_weights_fail_the_checksum(tmp_path, saved, capsys):
+    path = saved[1]
+    start, end = _tensor_span(path, "pos_embed.W_pos")
+    raw = bytearray(path.read_bytes())
+    for i in range(start, min(end, start + 100)):
+        raw[i] ^= 0xFF
+    bad = tmp_path / "flipped.safetensors"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="do not match the checksum"):
+        load_checkpoint(bad)
+    from interp.cli import main
+
+    assert main(["eval", str(bad)]) == 1  # was: accuracy 0.0000, loss nan, exit 0
+    err = capsys.readouterr().err
+    assert err.startswith("interp: error: ") and err.count("\n") == 1 and "checksum" in err
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("pos_embed.W_pos", 0.5, "pos_embed.W_pos is fixed by the model spec \\(zero: no positional embedding\\)"),
+    ("blocks.0.attn.W_O", 0.0, "blocks.0.attn.W_O is fixed by the model spec \\(the identity"),
+    ("blocks.0.attn.b_Q", 1.0, "blocks.0.attn.b_Q is fixed by the model spec \\(zero: no bias\\)"),
+    ("embed.W_E", float("nan"), "tensor embed.W_E holds NaN or infinite values"),
+])
+def test_fixed_and_non_finite_weights_are_named(tmp_path, saved, name, value, expected):
+    """Without a checksum (older files, or one rewritten along with the weights) the spec's fixed parameters and
+    finiteness are still checked, each failure naming the tensor."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(saved[1]))
+    tensors[name] = torch.full_like(tensors[name], value)
+    bad = tmp_path / "bad.safetensors"
+    _rewrite(saved[1], bad, tensors=tensors)  # keeps the old checksum: the checksum catches it first
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_checkpoint(bad)
+    from interp.checkpoint import tensor_checksum
+
+    _rewrite(saved[1], bad, tensors=tensors, checksum=tensor_checksum(tensors))  # a consistent, edited file
+    with pytest.raises(CheckpointError, match=expected):
+        load_checkpoint(bad)
+
+
+def test_files_without_checksum_or_tl_config_still_load(tmp_path, saved):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(saved[1]), "pt") as f:
+        meta = {k: v for k, v in f.metadata().items() if k not in ("checksum", "tl_config")}
+    old = tmp_path / "old.safetensors"
+    save_file(load_file(str(saved[1])), str(old), metadata=meta)
+    ckpt = load_checkpoint(old, device="cpu")
+    assert ckpt.spec == saved[2] and read_metadata(old)["checksum"] is None
+
+
+# -- issue 8: checkpoints open in plain TransformerLens -----------------------------------------------------------
+PLAIN_TL = r"""
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+path, tokens_path, out = sys.argv[1:4]
+with safe_open(path, "pt") as f:
+    cfg = json.loads(f.metadata()["tl_config"])
+model = HookedTransformer(HookedTransformerConfig(**cfg, device="cpu"))
+model.load_state_dict(load_file(path))
+tokens = torch.tensor(json.load(open(tokens_path)))
+with torch.no_grad():
+    torch.save(model(tokens), out)
+print("imported:", sorted(m for m in sys.modules if m.split(".")[0] in ("interp", "tasks", "analyses")))
+"""
+
+
+@pytest.mark.parametrize("name", ["noisy-majority", "repeated-tokens"])
+def test_shipped_checkpoints_open_in_plain_transformer_lens(name, tmp_path):
+    """A subprocess that never imports our packages rebuilds the model from the metadata's tl_config and the
+    safetensors weights; its logits equal ours exactly (same weights, same code path)."""
+    import os
+    import subprocess
+    import sys
+
+    ckpt = load_checkpoint(name, device="cpu")
+    tokens = ckpt.task.dataset("test").select(slice(0, 8)).tokens
+    (tmp_path / "t.json").write_text(json.dumps(tokens.tolist()))
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_TL)
+    proc = subprocess.run([sys.executable, str(script), str(ckpt.path), str(tmp_path / "t.json"), str(tmp_path / "l.pt")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "imported: []" in proc.stdout
+    with torch.no_grad():
+        ours = ckpt.model(tokens)
+    assert torch.equal(torch.load(tmp_path / "l.pt"), ours)

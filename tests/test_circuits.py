@@ -8,7 +8,7 @@ import torch
 
 from analyses.circuits import (bigram_table, full_ov_circuit, full_qk_circuit, k_composition_circuit,
                                logit_decomposition, ov_copying, positional_qk_circuit)
-from analyses.handbuilt_induction import induction_circuit_model
+from analyses.repeated_tokens.handbuilt import induction_circuit_model
 from interp.errors import ConfigError, HeadError, InterpError
 from interp.model import ModelSpec, build_model
 

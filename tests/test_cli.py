@@ -52,7 +52,7 @@ def test_train_options_reach_the_model_spec(tmp_path):
 
     model = load_checkpoint(out).model
     assert model.cfg.positional_embedding_type == "shortformer" and model.cfg.n_layers == 2
-    assert model.interp_spec.positional == "shortformer" and model.W_pos.requires_grad
+    assert load_checkpoint(out).spec.positional == "shortformer" and model.W_pos.requires_grad
 
 
 def test_eval_of_the_shipped_checkpoint(capsys):

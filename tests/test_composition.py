@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from analyses.composition import composition_scores, random_baseline
-from analyses.handbuilt_induction import induction_circuit_model
+from analyses.repeated_tokens.handbuilt import induction_circuit_model
 from interp.errors import InterpError
 from interp.model import ModelSpec, build_model
 
@@ -103,4 +103,5 @@ def test_figure_and_errors(model):
     one = composition_scores(random_model(n_layers=1), n_baseline=50)
     assert one.top_pairs("K") == []
     with pytest.raises(InterpError, match="one-layer"):
-        one.figure()
+        one.mode_figure()
+    assert one.figure() is None and "<table" in one._repr_html_()  # no picture for one layer, still a display

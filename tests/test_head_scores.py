@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.handbuilt_induction import induction_circuit_model
-from analyses.head_scores import (ablation_induction_test, attention_patterns, attention_view, head_scores,
+from analyses.repeated_tokens.handbuilt import induction_circuit_model
+from interp.visualize import attention_patterns, attention_view
+from analyses.head_scores import (ablation_induction_test, head_scores,
                                   repeated_tokens, target_masks)
-from interp.errors import HeadError, TokenError
+from interp.errors import HeadError, InterpError, TokenError
 
 V = 12  # symbols of the hand-built model; [BOS] = V
 
@@ -139,10 +140,13 @@ def test_batched_ablation_equals_one_run_per_head(dup_tokens):
 
 
 def test_bad_input(circuit):
+    toks = repeated_tokens(2, 5, V, bos=V)
     with pytest.raises(HeadError, match="later layer"):
-        ablation_induction_test(circuit, layer=1)
+        ablation_induction_test(circuit, toks, layer=1)
     with pytest.raises(HeadError, match="out of range"):
-        ablation_induction_test(circuit, sources=["L0H5"])
+        ablation_induction_test(circuit, toks, sources=["L0H5"])
+    with pytest.raises(InterpError, match="unknown path"):
+        ablation_induction_test(circuit, toks, path="keys")
     with pytest.raises(TokenError, match="n_ctx"):
         head_scores(circuit, repeated_tokens(2, 20, V, bos=V))
 
@@ -159,16 +163,16 @@ def test_attention_view_offline_html(circuit, unique_tokens, tmp_path):
 
 
 def test_default_probe_for_a_foreign_model():
-    """A model without the repeated-tokens task gets [R R] over its output symbols, no BOS, filling the context."""
-    from analyses.head_scores import task_repeated_tokens
+    """A model of another task gets [R R] over its output symbols, no BOS, filling the context."""
+    from analyses.head_scores import repeated_tokens
     from interp.model import ModelSpec, build_model
 
     m = build_model(ModelSpec(d_vocab=10, d_vocab_out=7, n_ctx=21, n_layers=1, d_model=8, n_heads=2, d_head=4,
                               output_matrix="learned"), device="cpu")
-    toks = task_repeated_tokens(m, n_seqs=5, seed=0)
+    toks = repeated_tokens(5, 10, 7, seed=0)
     assert toks.shape == (5, 20) and int(toks.max()) < 7
     assert torch.equal(toks[:, :10], toks[:, 10:])
-    s = head_scores(m)
+    s = head_scores(m, repeated_tokens(64, 10, 7, seed=0))
     assert s.induction.shape == (1, 2) and s.tokens.shape == (64, 20)
-    with pytest.raises(TokenError, match="do not fit"):
-        task_repeated_tokens(m, rep_len=11)
+    with pytest.raises(TokenError, match="longer than the model's context"):
+        head_scores(m, repeated_tokens(5, 11, 7))

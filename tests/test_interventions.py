@@ -1,4 +1,4 @@
-"""Attention interventions (analyses.interventions, Figure 8): the hand-set rows have the asked-for ratios, the
+"""Attention interventions (analyses.noisy_majority.interventions, Figure 8): the hand-set rows have the asked-for ratios, the
 cached path equals the hook on hook_pattern, head outputs equal the closed form from the value vectors, and
 with 2s ignored every head separates tie-free data."""
 
@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from analyses.head_outputs import head_outputs, value_vectors
-from analyses.interventions import attention_intervention_sweep, intervened_head_outputs, intervention_rows
+from analyses.noisy_majority.head_outputs import head_outputs, value_vectors
+from analyses.noisy_majority.interventions import attention_intervention_sweep, intervened_head_outputs, intervention_rows
 from interp.errors import InterpError
 from tasks.noisy_majority import BOS, ONE, TWO, ZERO, make_sentences
 
@@ -40,7 +40,7 @@ def test_rows_have_the_requested_ratios():
 
 def test_cached_equals_hook_on_pattern(nm_ckpt, short_data):
     """Tolerance 1e-5: the same sum over positions, in another order."""
-    cached = intervened_head_outputs(nm_ckpt.model, short_data, SETTINGS, method="cached")
+    cached = intervened_head_outputs(nm_ckpt.model, short_data, SETTINGS, method="fast")
     hooked = intervened_head_outputs(nm_ckpt.model, short_data, SETTINGS, method="hooks")
     assert cached.shape == (4, 24, 16, 2)
     assert torch.allclose(cached, hooked, atol=1e-5)

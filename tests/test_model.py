@@ -7,8 +7,8 @@ import torch
 
 from interp.errors import ConfigError
 from interp.evaluate import evaluate
-from interp.fast import logits_at, supports_query_forward
-from interp.handbuilt import minimal_majority_transformer
+from interp.query_forward import logits_at, supports_query_forward
+from analyses.noisy_majority.handbuilt import minimal_majority_transformer
 from interp.model import ModelSpec, build_model
 from tasks.noisy_majority import make_sentences
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from analyses.answer_cache import cache_answer
-from analyses.handbuilt_heads import attention_preference_model
+from analyses.noisy_majority.handbuilt import attention_preference_model
 from analyses.probes import fit_separator, head_features, separation_accuracy
 from interp.errors import HeadError, InterpError, TaskError
 
@@ -42,7 +42,7 @@ def test_equals_plain_sklearn_on_run_with_cache_features(nm_ckpt, shipped_split)
     model = nm_ckpt.model
     train, test = shipped_split
     subsets = [["L0H1"], ["L0H0"], ["L0H3", "L0H5"]]
-    res = separation_accuracy(model, train, test, subsets)
+    res = separation_accuracy(model, train, test, subsets, center=False)  # scikit-learn's raw number
 
     def feats(data):
         out = []
@@ -83,7 +83,7 @@ def test_handbuilt_heads(small_task):
 def test_answer_cache_paths_agree(nm_ckpt, shipped_split):
     """The query-restricted path of cache_answer equals run_with_cache (features to 1e-5)."""
     test = shipped_split[1].select(slice(0, 40))
-    a = cache_answer(nm_ckpt.model, test, method="query")
+    a = cache_answer(nm_ckpt.model, test, method="fast")
     b = cache_answer(nm_ckpt.model, test, method="hooks")
     assert torch.allclose(a.z, b.z, atol=1e-5) and torch.allclose(a.resid_pre, b.resid_pre, atol=1e-6)
     finite = torch.isfinite(b.log_attn)
@@ -108,7 +108,7 @@ def test_bad_input(nm_ckpt, shipped_split):
     with pytest.raises(HeadError, match="out of range"):
         separation_accuracy(model, train, test, [["L1H0"]])
     with pytest.raises(TaskError, match="repeated-tokens"):
-        separation_accuracy(model, dataclasses.replace(train, task="repeated-tokens"), test)
+        separation_accuracy(model, dataclasses.replace(train, task="repeated-tokens"), test, task=nm_ckpt.task)
     with pytest.raises(InterpError, match="C must be"):
         separation_accuracy(model, train, test, [["L0H1"]], C=0)
     x = np.zeros((4, 2))

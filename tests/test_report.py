@@ -164,8 +164,11 @@ def test_missing_suite_gives_a_note_not_an_error():
 def test_pick_examples_prefers_short_sequences_with_distinct_labels(nm_task):
     from interp.report import pick_examples
 
-    chosen = pick_examples(nm_task, n=3, target_len=28)
+    chosen, why = pick_examples(nm_task, n=3, target_len=28)
     assert len(chosen) == 3
+    # held-out splits come first, but noisy-majority's are all longer than a readable view: the reason says so
+    assert all(split == "train" for split, _, _ in chosen)
+    assert "the test sequences are 155-204 tokens long" in why and "the val sequences are 105-154 tokens long" in why
     labels = {int(ex.labels[0]) for _, _, ex in chosen}
     assert labels == {5, 6}  # both answers ('4' and '5') are shown
     for split, i, ex in chosen:
@@ -176,7 +179,7 @@ def test_pick_examples_prefers_short_sequences_with_distinct_labels(nm_task):
 
 
 # -- the reports of the shipped checkpoints (built once per session, shared with test_browser.py) ----------
-SHIPPED = {"noisy-majority": "noisy-majority", "induction": "repeated-tokens"}  # checkpoint -> task
+SHIPPED = {"noisy-majority": "noisy-majority", "repeated-tokens": "repeated-tokens"}  # checkpoint -> task
 
 
 @pytest.fixture(scope="module", params=list(SHIPPED))
@@ -203,9 +206,9 @@ def test_report_sections(shipped_page):
     name, text, page, _ = shipped_page
     assert page.h2[0] == "Model card" and page.h2[-1] == "Attention patterns"
     try:
-        from analyses.suites import get_suite
+        from analyses import suite_for
 
-        get_suite(SHIPPED[name])
+        suite_for(SHIPPED[name])
     except TaskError as e:
         assert page.h2[1:-1] == ["Analyses"] and str(e) in html.unescape(text)
     else:  # the suite's own sections sit between the model card and the attention views
@@ -216,7 +219,7 @@ def test_report_sections(shipped_page):
 
 def test_model_card_accuracy_matches_a_plain_forward(nm_page, nm_ckpt):
     """Recompute the test accuracy with TransformerLens' full forward and the argmax at the "=" position
-    (the report evaluates with the exact query-restricted forward of interp.fast)."""
+    (the report evaluates with the exact query-restricted forward of interp.query_forward)."""
     _, page, _ = nm_page
     model, task = nm_ckpt.model, nm_ckpt.task
     data = task.dataset("test")
@@ -304,7 +307,7 @@ def small_checkpoint(tmp_path_factory):
     task = get_task("noisy-majority")
     spec = ModelSpec(**{**task.default_spec(), "n_heads": 2, "d_model": 4})
     path = tmp_path_factory.mktemp("ckpt") / "small.safetensors"
-    return save_checkpoint(path, build_model(spec, device="cpu"), task, {"seed": 0})
+    return save_checkpoint(path, build_model(spec, device="cpu"), spec, task, {"seed": 0})
 
 
 @pytest.mark.parametrize("case, expected", [

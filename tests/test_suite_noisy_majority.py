@@ -27,7 +27,7 @@ def summary(nm_ckpt):
 
 
 def test_analyze_json(summary, nm_ckpt):
-    from analyses.attention_ratios import exact_attention_ratios
+    from analyses.noisy_majority.attention_ratios import exact_attention_ratios
     from interp.evaluate import evaluate
 
     assert summary["task"] == "noisy-majority" and summary["n_train"] == 7500 and summary["n_test"] == 1000
@@ -36,9 +36,9 @@ def test_analyze_json(summary, nm_ckpt):
     for h in heads:
         assert {"learned_accuracy", "separation_accuracy", "roc_auc", "w01", "w02", "verdict"} <= set(h)
         assert 0 <= h["learned_accuracy"] <= 1 and 0 <= h["separation_accuracy"] <= 1
-        assert h["verdict"].split(":")[0] in ("good", "partial", "bad")
+        assert h["verdict"].split(" ")[0] in ("good", "partial", "bad")
         grade = "good" if h["separation_accuracy"] >= 0.95 else "partial" if h["separation_accuracy"] >= 0.70 else "bad"
-        assert h["verdict"].startswith(grade)
+        assert h["verdict"].startswith(grade) and h["grade"] == grade
     # the whole model: the task's accuracy on the test split
     acc = evaluate(nm_ckpt.model, nm_ckpt.task, nm_ckpt.task.dataset("test"))["accuracy"]
     assert summary["accuracy"] == pytest.approx(acc, abs=1e-6)
@@ -57,17 +57,20 @@ def test_analyze_json(summary, nm_ckpt):
         assert torch.allclose(m.diagonal(), torch.tensor([h[col] for h in heads]))
 
 
-def test_format_summary(summary):
-    from analyses.suites import get_suite
+def test_format_summary(nm_ckpt):
+    from analyses import suite_for
+    from interp.checkpoint import Checkpoint
+    from tasks import get_task
 
-    text = get_suite("noisy-majority").format_summary(summary)
+    small = Checkpoint(nm_ckpt.model, get_task("noisy-majority", train_size=300, val_size=10, test_size=100))
+    text = suite_for("noisy-majority").analyze(small).text()
     assert all(f"L0H{i} " in text for i in range(16))
     assert "best pairs by learned accuracy" in text and "verdict" in text
 
 
 def test_report_sections(nm_ckpt):
     """The suite's sections on a small copy of the task (400 train, 150 test sequences) with the real builder."""
-    from analyses.suites import get_suite
+    from analyses import suite_for
     from interp.checkpoint import Checkpoint
     from interp.report import Report
     from tasks import get_task
@@ -75,7 +78,7 @@ def test_report_sections(nm_ckpt):
     task = get_task("noisy-majority", train_size=400, val_size=10, test_size=150)
     ckpt = Checkpoint(model=nm_ckpt.model, task=task, path=nm_ckpt.path, metadata=nm_ckpt.metadata)
     report = Report()
-    get_suite("noisy-majority").add_report_sections(ckpt, report, progress=False)
+    suite_for("noisy-majority").add_report_sections(ckpt, report, progress=False)
     titles = [s.title for s in report.sections]
     assert titles == ["Heads: learned and separation accuracy", "Head pairs", "Attention ratios", "Head outputs",
                       "Attention interventions"]

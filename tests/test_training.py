@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from interp.checkpoint import load_checkpoint
-from interp.errors import CheckpointError, ConfigError
+from interp.errors import InterpError, CheckpointError, ConfigError
 from interp.model import ModelSpec
 from interp.training import TrainConfig, dropout_hooks, resume_path, train
 from tasks import get_task
@@ -120,7 +120,7 @@ def test_bad_training_options(kw):
 
 
 def test_missing_output_directory_is_refused_before_training(tmp_path, tiny_task, tiny_spec):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(InterpError, match="does not exist"):
         train(tiny_task, tiny_spec, _cfg(), tmp_path / "no" / "x.safetensors", device="cpu", progress=False)
 
 

@@ -16,29 +16,30 @@ from torch import Tensor
 
 from interp.errors import ConfigError, InterpError
 from interp.heads import head_label, parse_head
+from interp.query_forward import token_inputs
+from interp.results import Result, jsonable
+from tasks.noisy_majority import VOCAB
 
-from .answer_cache import as_cache
-from .attention_ratios import DIGITS, _vocab_of, task_token_ids
+from ..answer_cache import as_cache
+from . import require_task_data
+from .attention_ratios import DIGITS, task_token_ids
 
 
-def value_vectors(model, head, tokens=DIGITS) -> Float[Tensor, "token d_head"]:
+def value_vectors(model, head, tokens=DIGITS, vocab=None) -> Float[Tensor, "token d_head"]:
     """``v_t = ln1(W_E[t]) W_V + b_V`` of layer-0 ``head`` for each token (exact for one-layer models without
     positional embedding, where a token's value does not depend on its position; refused otherwise)."""
     cfg = model.cfg
     layer, h = parse_head(head, cfg.n_layers, cfg.n_heads)
     if layer != 0:
         raise ConfigError(f"value vectors per token exist only for layer-0 heads; got {head_label(layer, h)}")
-    if cfg.positional_embedding_type != "standard" or bool(model.pos_embed.W_pos.detach().abs().max() > 0):
-        raise ConfigError("value vectors per token need a model without positional embedding (values would depend on position)")
-    ids = task_token_ids(_vocab_of(model), tuple(tokens))
+    ids = task_token_ids(vocab or VOCAB, tuple(tokens))
     attn = model.blocks[0].attn
     with torch.inference_mode():
-        x = model.blocks[0].ln1(model.W_E[ids][None])[0]
-        return x @ attn.W_V[h] + attn.b_V[h]
+        return token_inputs(model, ids) @ attn.W_V[h] + attn.b_V[h]
 
 
 @dataclass
-class HeadOutputs:
+class HeadOutputs(Result):
     """One head's outputs at the answer position on data, its value vectors and the right answers."""
 
     head: str
@@ -71,18 +72,21 @@ class HeadOutputs:
                           xaxis_title="z[0]", yaxis_title="z[1]", template="plotly_white", width=560, height=480)
         return fig
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return self.figure()._repr_mimebundle_(include, exclude)
+    def to_dict(self) -> dict:
+        return jsonable({"head": self.head, "outputs": self.outputs, "labels": self.labels, "values": self.values,
+                         "value_tokens": self.value_tokens,
+                         "label_names": {str(k): v for k, v in self.label_names.items()}})
 
 
 def head_outputs(model, data, head) -> HeadOutputs:
     """The outputs ``z`` of ``head`` (``'L0H3'`` or ``(0, 3)``) at the answer position of every example."""
     cfg = model.cfg
     layer, h = parse_head(head, cfg.n_layers, cfg.n_heads)
+    require_task_data(data)
     cache = as_cache(model, data, attention=False)
-    vocab = _vocab_of(model, cache.task)
+    vocab = cache.vocab or VOCAB
     try:
-        values = value_vectors(model, (layer, h))
+        values = value_vectors(model, (layer, h), vocab=vocab)
     except ConfigError:
         values = None
     names = {i: t for i, t in enumerate(vocab.tokens)}

@@ -28,8 +28,12 @@ from torch import Tensor
 
 from interp.errors import ConfigError, TaskError
 from interp.heads import all_heads, head_label
+from interp.query_forward import token_inputs
+from interp.results import Result, jsonable
+from tasks.noisy_majority import VOCAB
 
-from .answer_cache import AnswerCache, as_cache
+from ..answer_cache import AnswerCache, as_cache
+from . import require_task_data
 
 DIGITS = ("0", "1", "2")
 QUERY = "="
@@ -44,17 +48,8 @@ def task_token_ids(vocab, tokens=DIGITS + (QUERY,)) -> list[int]:
     return [vocab.index[t] for t in tokens]
 
 
-def _vocab_of(model, data_task: str | None = None):
-    task = getattr(model, "interp_task", None)
-    if task is None or (data_task is not None and task.name != data_task):
-        from tasks import get_task
-
-        task = get_task(data_task or "noisy-majority")
-    return task.vocab
-
-
 @dataclass
-class AttentionRatios:
+class AttentionRatios(Result):
     """``w01[l, h]``, ``w02[l, h]`` measured on data (geometric means) and, where it exists, exactly from QK.
     ``log_w01``/``log_w02`` are the per-sequence natural logs (NaN where undefined)."""
 
@@ -71,18 +66,25 @@ class AttentionRatios:
         return [head_label(l, h) for l, h in all_heads(L, H)]
 
     def to_dict(self) -> dict:
-        d = {"heads": self.heads, "w01": self.w01.flatten().tolist(), "w02": self.w02.flatten().tolist()}
+        d = {"heads": self.heads, "w01": self.w01.flatten(), "w02": self.w02.flatten(), "exact": self.exact_w01 is not None}
         if self.exact_w01 is not None:
-            d.update(exact_w01=self.exact_w01.flatten().tolist(), exact_w02=self.exact_w02.flatten().tolist())
-        return d
+            d.update(exact_w01=self.exact_w01.flatten(), exact_w02=self.exact_w02.flatten(),
+                     max_relative_difference=self.max_relative_difference())
+        return jsonable(d)
+
+    def max_relative_difference(self) -> float | None:
+        """Largest ``|measured / exact - 1|`` over heads and both ratios (None without exact values)."""
+        if self.exact_w01 is None:
+            return None
+        rel = torch.cat([(self.w01.double() / self.exact_w01.double() - 1).abs().flatten(),
+                         (self.w02.double() / self.exact_w02.double() - 1).abs().flatten()])
+        rel = rel[torch.isfinite(rel)]
+        return float(rel.max()) if len(rel) else None
 
     def figure(self, separation: Float[Tensor, "layer head"] | None = None, title: str = ""):
         """The seed's Figure 7: ``w01`` against ``w02`` per head on log axes, coloured by separation accuracy."""
         return ratio_figure(self.w01.flatten(), self.w02.flatten(), self.heads,
                             None if separation is None else torch.as_tensor(separation).flatten(), title)
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return self.figure()._repr_mimebundle_(include, exclude)
 
 
 def ratio_figure(w01, w02, names, color=None, title: str = ""):
@@ -98,9 +100,18 @@ def ratio_figure(w01, w02, names, color=None, title: str = ""):
     if color is not None:
         marker.update(color=torch.as_tensor(color).float().tolist(), colorscale="Viridis", cmin=0.5, cmax=1.0,
                       colorbar=dict(title="separation<br>accuracy"))
-    fig = go.Figure(go.Scatter(x=clip(w01).tolist(), y=clip(w02).tolist(), mode="markers+text", text=list(names),
-                               textposition="top center", hovertext=hover, hoverinfo="text", marker=marker))
-    fig.update_layout(title=title or "Attention ratios of the '=' query per head (Figure 7)",
+    # many heads crowd each other's labels: beyond 8, name only the best (by ``color``) and leave the rest to hover
+    labelled = set(range(len(names)))
+    if len(names) > 8:
+        rank = sorted(range(len(names)), key=lambda i: -float(color[i])) if color is not None else range(8)
+        labelled = set(list(rank)[:8])
+    text = [n if i in labelled else "" for i, n in enumerate(names)]
+    positions = ["top center", "bottom center", "middle right", "middle left"]
+    fig = go.Figure(go.Scatter(x=clip(w01).tolist(), y=clip(w02).tolist(), mode="markers+text", text=text,
+                               textposition=[positions[i % 4] for i in range(len(names))], hovertext=hover,
+                               hoverinfo="text", marker=marker))
+    fig.update_layout(title=title or ("Attention ratios of the '=' query per head (Figure 7)"
+                                      + ("<br><sup>labels: the 8 best heads; hover for the rest</sup>" if len(names) > 8 else "")),
                       xaxis_title="w01 = A(=→0) / A(=→1)", yaxis_title="w02 = A(=→0) / A(=→2)",
                       template="plotly_white", width=640, height=520)
     fig.update_xaxes(type="log")
@@ -128,8 +139,9 @@ def class_log_attention(cache: AnswerCache, token_ids: list[int]) -> tuple[Tenso
 
 def measured_attention_ratios(model, data) -> AttentionRatios:
     """``w01``, ``w02`` per head measured from the answer query's attention on ``data`` (see module doc)."""
+    require_task_data(data)
     cache = as_cache(model, data, attention=True)
-    ids = task_token_ids(_vocab_of(model, cache.task))
+    ids = task_token_ids(cache.vocab or VOCAB)
     la, n = class_log_attention(cache, ids[:3])
     nan = torch.tensor(float("nan"), device=la.device, dtype=la.dtype)
     ok01 = ((n[:, 0] > 0) & (n[:, 1] > 0))[:, None, None]
@@ -153,11 +165,11 @@ def query_key_scores(model, vocab=None) -> Float[Tensor, "head vocab"]:
     if has_pos:
         raise ConfigError(f"exact attention ratios need a model without positional embedding (scores would depend "
                           f"on positions); this model has a {pos_type!r} positional embedding: use measured_attention_ratios")
-    vocab = vocab or _vocab_of(model)
+    vocab = vocab or VOCAB
     eq = task_token_ids(vocab)[3]
     attn = model.blocks[0].attn
     with torch.inference_mode():
-        x = model.blocks[0].ln1(model.W_E[None])[0]  # [vocab, d]
+        x = token_inputs(model, list(range(model.cfg.d_vocab)))  # [vocab, d]
         q = torch.einsum("d,hde->he", x[eq], attn.W_Q) + attn.b_Q  # [h, e]
         k = torch.einsum("vd,hde->hve", x, attn.W_K) + attn.b_K[:, None]  # [h, vocab, e]
         return torch.einsum("he,hve->hv", q, k) / attn.attn_scale
@@ -165,7 +177,7 @@ def query_key_scores(model, vocab=None) -> Float[Tensor, "head vocab"]:
 
 def exact_attention_ratios(model, vocab=None) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
     """``(w01, w02)`` per head from the QK circuit of a one-layer model without positional embedding."""
-    vocab = vocab or _vocab_of(model)
+    vocab = vocab or VOCAB
     z, o, t = task_token_ids(vocab)[:3]
     s = query_key_scores(model, vocab).double()
     return (s[:, z] - s[:, o]).exp()[None], (s[:, z] - s[:, t]).exp()[None]

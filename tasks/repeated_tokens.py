@@ -130,7 +130,7 @@ class RepeatedTokens:
         return TaskData(
             task=self.name, tokens=tokens, targets=targets, answer_pos=torch.full((b,), last, dtype=torch.long),
             labels=tokens[:, -1].clone(), lengths=torch.full((b,), self.seq_len + 1, dtype=torch.long),
-            fields={"repeat_len": n},
+            fields={"repeat_len": n}, vocab=self.vocab,
         )
 
     def repeat_mask(self, data: TaskData) -> Tensor:

@@ -5,8 +5,13 @@ query ``p``. Tasks whose loss sits on a few positions (noisy majority: the ``=``
 can therefore compute just those rows: ``O(batch x heads x k x T)`` instead of TransformerLens'
 ``O(batch x heads x T x T)`` with several materialised copies. It uses the model's own parameters and
 modules (gradients flow into the HookedTransformer) and is tested equal to ``model(tokens)``.
-Training and :func:`interp.evaluate.evaluate` use it when :func:`supports_query_forward` says so;
-analyses use the HookedTransformer forward and its hooks.
+Training and :func:`interp.evaluate.evaluate` use it when :func:`supports_query_forward` says so.
+
+This module is also the one home of the layer-0 prelude (embedding, positions, ``ln1``: :func:`layer0_inputs`,
+:func:`token_inputs`) and of the one vocabulary for choosing between the two exact ways analyses compute
+(:func:`resolve_method`): ``"fast"`` (the shortcuts a one-layer attention-only model allows: this forward, or
+recombining cached per-head outputs), ``"hooks"`` (TransformerLens' forward with hooks, any model) and
+``"auto"`` (fast where it applies).
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from .errors import ConfigError
+
+METHODS = ("auto", "fast", "hooks")
 
 
 def supports_query_forward(model) -> bool:
@@ -27,19 +36,48 @@ def supports_query_forward(model) -> bool:
     )
 
 
+def resolve_method(model, method: str) -> str:
+    """``"auto"`` -> ``"fast"`` for one-layer attention-only models, else ``"hooks"``; ``"fast"`` is refused where
+    it does not apply."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; expected one of {METHODS}")
+    if method == "auto":
+        return "fast" if supports_query_forward(model) else "hooks"
+    if method == "fast" and not supports_query_forward(model):
+        raise ConfigError("method='fast' needs a one-layer, attention-only, causal model; use method='hooks'")
+    return method
+
+
+def layer0_inputs(model, tokens: Int[Tensor, "batch pos"], dropout: float = 0.0
+                  ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
+    """The residual stream entering layer 0 (``hook_resid_pre``: embedding plus positions, with ``dropout`` if
+    > 0) and its ``ln1``-normalised form that layer 0's heads read."""
+    x = model.embed(tokens) + model.pos_embed(tokens)
+    if dropout:
+        x = F.dropout(x, p=dropout, training=True)
+    return x, model.blocks[0].ln1(x)
+
+
+def token_inputs(model, token_ids) -> Float[Tensor, "token d_model"]:
+    """``ln1(W_E[t])`` for each token: what layer 0's heads read from a token in a model without positional
+    embedding, whatever its position (refused for models with one)."""
+    cfg = model.cfg
+    if cfg.positional_embedding_type not in ("standard", "shortformer") or bool(model.pos_embed.W_pos.detach().abs().max() > 0):
+        raise ConfigError("per-token layer-0 inputs need a model without positional embedding (W_pos zero): with "
+                          f"a {cfg.positional_embedding_type!r} positional embedding they depend on the position")
+    return model.blocks[0].ln1(model.W_E[torch.as_tensor(token_ids, device=model.W_E.device)][None])[0]
+
+
 def query_attention(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"], dropout: float = 0.0
                     ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head k pos"], Float[Tensor, "batch head pos d_head"]]:
     """The layer-0 attention inputs of the queries at ``query_pos`` only: the residual input ``x``
     (embedding, with ``dropout`` if > 0), the scaled attention scores (``-inf`` on future keys) and the
     value vectors of every position."""
     if not supports_query_forward(model):
-        raise ValueError("the query-restricted forward needs a one-layer, attention-only, causal model with standard/no positional embedding")
+        raise ConfigError("the query-restricted forward needs a one-layer, attention-only, causal model with standard/no positional embedding")
     attn = model.blocks[0].attn
     b, t = tokens.shape
-    x = model.embed(tokens) + model.pos_embed(tokens)  # [b, t, d]
-    if dropout:
-        x = F.dropout(x, p=dropout, training=True)
-    h = model.blocks[0].ln1(x)
+    x, h = layer0_inputs(model, tokens, dropout)  # [b, t, d]
     rows = torch.arange(b, device=tokens.device)[:, None]
     q = torch.einsum("bkd,hde->bhke", h[rows, query_pos], attn.W_Q) + attn.b_Q[None, :, None, :]
     keys = torch.einsum("btd,hde->bhte", h, attn.W_K) + attn.b_K[None, :, None, :]
@@ -64,40 +102,3 @@ def logits_at(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "b
     return model.unembed(model.ln_final(resid) if hasattr(model, "ln_final") else resid)
 
 
-def target_positions(data) -> Tensor | None:
-    """``[batch, k]`` positions that carry a target when every row has the same few (else None)."""
-    from .task import IGNORE
-
-    mask = data.targets != IGNORE
-    counts = mask.sum(1)
-    if not len(data) or int(counts.min()) != int(counts.max()) or int(counts.max()) * 4 > data.tokens.shape[1]:
-        return None
-    return mask.nonzero()[:, 1].view(len(data), -1)
-
-
-def sparse_predictions_and_loss(model, data, batch_size: int = 512) -> dict[str, Tensor] | None:
-    """Like :func:`interp.evaluate.predictions_and_loss` (argmax and loss at target positions; ``preds``
-    is -1 and ``loss`` 0 elsewhere) via :func:`logits_at`, or None where that forward does not apply."""
-    from .evaluate import check_tokens
-
-    if not supports_query_forward(model):
-        return None
-    device = next(model.parameters()).device
-    data = data.to(device)
-    check_tokens(model, data.tokens)
-    if target_positions(data.select(slice(0, 1))) is None:
-        return None
-    preds = torch.full_like(data.tokens, -1)
-    loss = torch.zeros(data.tokens.shape, device=device)
-    with torch.inference_mode():
-        for start in range(0, len(data), batch_size):
-            idx = torch.arange(start, min(start + batch_size, len(data)), device=device)
-            chunk = data.select(idx)
-            qpos = target_positions(chunk)
-            if qpos is None:
-                return None
-            logits = logits_at(model, chunk.tokens, qpos)
-            rows = idx[:, None]
-            preds[rows, qpos] = logits.argmax(-1)
-            loss[rows, qpos] = F.cross_entropy(logits.transpose(1, 2).float(), chunk.targets.gather(1, qpos), reduction="none")
-    return {"preds": preds, "loss": loss}

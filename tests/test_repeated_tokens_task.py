@@ -8,7 +8,7 @@ import torch
 from interp.errors import TaskError
 from interp.task import IGNORE, Task
 from tasks import get_task
-from tasks.induction import RepeatedTokens
+from tasks.repeated_tokens import RepeatedTokens
 
 
 @pytest.fixture(scope="module")

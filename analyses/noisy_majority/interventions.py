@@ -8,7 +8,7 @@ The intervened attention row gives every token ``c`` in {0, 1, 2} the weight ``c
 
 - ``method="hooks"``: a ``hook_pattern`` hook replaces the answer row of the layer's pattern for a batch
   repeated once per setting, and ``hook_z`` is read at the answer position (any number of layers);
-- ``method="cached"`` (exact, default): the answer row only mixes the layer's values ``v``, which the
+- ``method="fast"`` (exact; ``"auto"`` takes it): the answer row only mixes the layer's values ``v``, which the
   intervention does not change, so ``z' = A' v`` from one pass (``v`` straight from the model's modules
   for one-layer attention-only models, else ``run_with_cache``). Tested equal to ``"hooks"``.
 """
@@ -25,13 +25,16 @@ from torch import Tensor
 
 from interp.errors import InterpError
 from interp.evaluate import map_chunks
-from interp.fast import supports_query_forward
 from interp.heads import head_label
+from interp.query_forward import layer0_inputs, supports_query_forward
+from interp.results import Result, jsonable
 from interp.task import TaskData
+from tasks.noisy_majority import VOCAB
 
-from .answer_cache import check_model_data
-from .attention_ratios import _vocab_of, task_token_ids
-from .probes import fit_separator
+from ..answer_cache import check_model_data
+from ..probes import fit_separator
+from . import require_task_data
+from .attention_ratios import task_token_ids
 
 W01_VALUES = (1 / 16, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 16.0)
 W02_VALUES = (1 / 4, 1.0, 4.0, 16.0, 64.0, 256.0, math.inf)
@@ -70,17 +73,18 @@ def intervention_rows(tokens: Int[Tensor, "batch pos"], answer_pos: Int[Tensor, 
     return torch.stack(rows)
 
 
-def intervened_head_outputs(model, data: TaskData, settings, *, layer: int = 0, method: str = "cached",
+def intervened_head_outputs(model, data: TaskData, settings, *, layer: int = 0, method: str = "auto",
                             task=None) -> Float[Tensor, "setting batch head d_head"]:
     """Every head's output ``z`` at the answer position of layer ``layer`` under each intervention setting."""
+    require_task_data(data)
     check_model_data(model, data, task)
     settings = _check_settings(settings)
     if not (isinstance(layer, int) and 0 <= layer < model.cfg.n_layers):
         raise InterpError(f"layer must be in [0, {model.cfg.n_layers - 1}], got {layer!r}")
-    if method not in ("cached", "hooks"):
-        raise InterpError(f"unknown method {method!r}; expected 'cached' or 'hooks'")
-    ids = task_token_ids(_vocab_of(model, data.task))
-    fn = _cached_chunk if method == "cached" else _hooks_chunk
+    if method not in ("auto", "fast", "hooks"):
+        raise InterpError(f"unknown method {method!r}; expected 'auto', 'fast' or 'hooks'")
+    ids = task_token_ids(data.vocab or VOCAB)
+    fn = _hooks_chunk if method == "hooks" else _fast_chunk
 
     def one(chunk: TaskData) -> dict[str, Tensor]:
         rows = intervention_rows(chunk.tokens, chunk.answer_pos, settings, ids)
@@ -90,10 +94,10 @@ def intervened_head_outputs(model, data: TaskData, settings, *, layer: int = 0, 
     return map_chunks(model, data, one)["z"].transpose(0, 1)
 
 
-def _cached_chunk(model, chunk: TaskData, rows, layer: int):
+def _fast_chunk(model, chunk: TaskData, rows, layer: int):
     if layer == 0 and supports_query_forward(model):
         attn = model.blocks[0].attn
-        h = model.blocks[0].ln1(model.embed(chunk.tokens) + model.pos_embed(chunk.tokens))
+        _, h = layer0_inputs(model, chunk.tokens)
         v = torch.einsum("btd,hde->bthe", h, attn.W_V) + attn.b_V
     else:
         name = f"blocks.{layer}.attn.hook_v"
@@ -123,7 +127,7 @@ def _hooks_chunk(model, chunk: TaskData, rows, layer: int):
 
 
 @dataclass
-class InterventionSweep:
+class InterventionSweep(Result):
     """Separation accuracy of every head of ``layer`` under hand-set attention: ``w01_accuracy[k, h]`` with
     ``w02 = inf`` and ``w01 = w01_values[k]``; ``w02_accuracy[k, h]`` with ``w01 = 1`` and ``w02 = w02_values[k]``."""
 
@@ -145,11 +149,11 @@ class InterventionSweep:
 
     def to_dict(self) -> dict:
         H = self.w01_accuracy.shape[1]
-        return {"heads": [head_label(self.layer, h) for h in range(H)], "n_train": self.n_train, "n_test": self.n_test,
+        return jsonable({"heads": [head_label(self.layer, h) for h in range(H)], "n_train": self.n_train, "n_test": self.n_test,
                 "w02_inf": {"w01": self.w01_values, "mean_accuracy": self.w01_mean.tolist(),
                             "accuracy": self.w01_accuracy.tolist()},
                 "w01_one": {"w02": [None if math.isinf(w) else w for w in self.w02_values],
-                            "mean_accuracy": self.w02_mean.tolist(), "accuracy": self.w02_accuracy.tolist()}}
+                            "mean_accuracy": self.w02_mean.tolist(), "accuracy": self.w02_accuracy.tolist()}})
 
     def figure(self):
         """The seed's Figure 8: mean separation accuracy over heads against w01 (w02 = inf) and against w02 (w01 = 1)."""
@@ -170,12 +174,10 @@ class InterventionSweep:
                           template="plotly_white", showlegend=False, width=900, height=420)
         return fig
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return self.figure()._repr_mimebundle_(include, exclude)
-
 
 def attention_intervention_sweep(model, train: TaskData, test: TaskData, *, w01_values=W01_VALUES, w02_values=W02_VALUES,
-                                 layer: int = 0, C: float = 1000.0, standardize: bool = False, task=None) -> InterventionSweep:
+                                 layer: int = 0, C: float = 1000.0, standardize: bool = False, center: bool = True,
+                                 task=None) -> InterventionSweep:
     """Figure 8: the separation accuracy of each head of ``layer`` under each hand-set attention."""
     w01_values, w02_values = [float(w) for w in w01_values], [float(w) for w in w02_values]
     settings = [(w, math.inf) for w in w01_values] + [(1.0, w) for w in w02_values]
@@ -184,6 +186,6 @@ def attention_intervention_sweep(model, train: TaskData, test: TaskData, *, w01_
     y_tr, y_te = train.labels.cpu().numpy(), test.labels.cpu().numpy()
     H = z_tr.shape[2]
     acc = torch.tensor([[fit_separator(z_tr[k, :, h].numpy(), y_tr, z_te[k, :, h].numpy(), y_te, C=C,
-                                       standardize=standardize)["accuracy"] for h in range(H)] for k in range(len(settings))])
+                                       standardize=standardize, center=center)["accuracy"] for h in range(H)] for k in range(len(settings))])
     n1 = len(w01_values)
     return InterventionSweep(w01_values, w02_values, acc[:n1], acc[n1:], len(train), len(test), layer)

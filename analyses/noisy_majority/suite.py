@@ -1,0 +1,109 @@
+"""The noisy-majority suite (seed 000 §5.4): what ``interp analyze`` prints and ``interp report`` draws.
+
+``analyze`` uses the task's full train split (separators are fitted there) and test split (everything is
+scored there). The report sections subsample where the work is repeated per setting (Figure 8) and say so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from interp.checkpoint import Checkpoint
+
+from ..answer_cache import cache_answer
+from .head_outputs import head_outputs
+from .head_summary import HeadSummary, head_summary
+from .interventions import attention_intervention_sweep
+
+REPORT_TRAIN, REPORT_TEST = 2000, 500  # Figure 8 in the report: subsample sizes
+
+
+def _summary(ckpt: Checkpoint, train_size: int | None = None, test_size: int | None = None):
+    model, task = ckpt.model, ckpt.task
+    train, test = task.dataset("train"), task.dataset("test")
+    if train_size is not None and train_size < len(train):
+        train = train.select(slice(0, train_size))
+    if test_size is not None and test_size < len(test):
+        test = test.select(slice(0, test_size))
+    tr = cache_answer(model, train, attention=False, task=task)
+    te = cache_answer(model, test, attention=True, task=task)
+    summary = head_summary(model, tr, te, test_data=test)
+    summary.checkpoint = ckpt.name
+    return summary, train, test, tr, te
+
+
+def analyze(ckpt: Checkpoint) -> HeadSummary:
+    """The head table and the pair tables (``to_dict()`` is ``interp analyze --json``, ``text()`` its table)."""
+    summary, *_ = _summary(ckpt)
+    return summary
+
+
+def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> None:
+    """Head table and Figures 4, 5, 7, 6 and 8 (the report itself adds every head's attention view)."""
+    model = ckpt.model
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    t0 = time.perf_counter()
+    s, train, test, tr, te = _summary(ckpt)
+    secs = time.perf_counter() - t0
+    report.section("Heads: learned and separation accuracy",
+                   "Seed 000 §5.4. Learned accuracy: the model's test accuracy when every other head is zeroed "
+                   "(Definition 5.1). Separation accuracy: test accuracy of a linear SVC (C=1000, features centred at "
+                   "the train mean) fitted on the train split to the head's output at '=' (Definition 5.2), with its ROC "
+                   "AUC. w01 and w02: how much more the '=' query attends to a 0 than to a 1 or a 2 (geometric mean over "
+                   "test sequences of the per-token attention ratio). The grade is based on separation accuracy alone: "
+                   f"good if >= {s.thresholds['good']}, partial if >= {s.thresholds['partial']}, else bad; ratios within a "
+                   f"factor {s.thresholds['band']:g} of 1 read as 'alike'.")
+    report.text(f"All heads: test accuracy {s.model_accuracy:.4f}. No heads (direct path only): {s.direct_accuracy:.4f}. "
+                f"Chance (commonest answer): {s.chance:.3f}. Computed on {s.n_train} train and {s.n_test} test sequences "
+                f"in {secs:.1f} s.")
+    if s.warning:
+        report.text("Warning: " + s.warning + ".")
+    limited = [r["head"] for r in s.rows if r["threshold_limited"]]
+    if limited:
+        report.text(f"ROC AUC 1 with accuracy below 1 ({', '.join(limited)}): the head's output ranks every test "
+                    "sequence correctly, but the SVC's threshold, fitted on the shorter train sequences, misplaces some.")
+    report.table(s.rows, columns=["head", "learned_accuracy", "separation_accuracy", "roc_auc", "w01", "w02", "verdict"],
+                 caption="Per-head summary", formats={"learned_accuracy": ".3f", "separation_accuracy": ".3f",
+                                                      "roc_auc": ".3f", "w01": ".3g", "w02": ".3g"})
+    if s.learned_pairs is not None and L * H >= 2:
+        report.section("Head pairs", "Figure 4: separation accuracy of a linear SVC on the outputs of each pair of heads "
+                       "(singles on the diagonal; heads sorted by it). Figure 5: learned accuracy of each pair (all other "
+                       "heads zeroed). Two heads that are bad alone can be good together.")
+        report.figure(s.separation_pairs.figure(), caption="Separation accuracy of every pair of heads (Figure 4).")
+        report.figure(s.learned_pairs.figure(), caption="Learned accuracy of every pair of heads (Figure 5).")
+    else:
+        report.section("Head pairs", f"Not drawn: this model has {L * H} head, so there are no pairs.")
+
+    report.section("Attention ratios", "Figure 7: w01 against w02 per head (log axes), coloured by separation accuracy. "
+                   "The seed finds good heads near w01 = 1 with w02 >> 1: they weigh 0s and 1s alike and ignore 2s.")
+    report.figure(s.figure(), caption=s.ratio_note())
+
+    order = sorted(range(len(s.rows)), key=lambda i: s.rows[i]["separation_accuracy"], reverse=True)
+    names = [r["head"] for r in s.rows]
+    shown = [names[order[0]]] + ([names[order[-1]]] if len(order) > 1 else [])
+    which = f"the best head ({shown[0]})" + (f" and the worst ({shown[1]})" if len(shown) > 1 else "")
+    report.section("Head outputs", f"Figure 6: the outputs at '=' of {which} by separation accuracy, coloured by the "
+                   "right answer, with their value vectors for 0, 1 and 2 where a token's value does not depend on its "
+                   "position (layer 0 of a model without positional embedding).")
+    if model.cfg.d_head == 2:
+        for name in shown:
+            out = head_outputs(model, te, name)
+            note = "" if out.values is not None else " No value vectors: they depend on position or layer here."
+            report.figure(out.figure(max_points=600), caption=f"Head {name}: 600 test sequences.{note}")
+    else:
+        report.text(f"Not drawn: the scatter needs d_head = 2 and this model has d_head = {model.cfg.d_head}.")
+
+    n_tr, n_te = min(REPORT_TRAIN, len(train)), min(REPORT_TEST, len(test))
+    layer_words = f"every head ({H})" if L == 1 else f"every head of layer 0 ({H} of its {L * H} heads)"
+    report.section("Attention interventions",
+                   f"Figure 8: the '=' query's attention of {layer_words} set by hand, then the separation accuracy of "
+                   "each head's output, averaged over heads. Left: 2s ignored (w02 = inf), w01 varied. Right: w01 = 1, "
+                   f"w02 varied. Subsampled to keep the report fast: the first {n_tr} train and {n_te} test sequences.")
+    sweep = attention_intervention_sweep(model, train.select(slice(0, n_tr)), test.select(slice(0, n_te)))
+    report.figure(sweep.figure(), caption=f"Mean separation accuracy over the {H} heads of layer 0 under hand-set attention.")
+    report.table([{"w01": w, "mean separation accuracy": a} for w, a in zip(sweep.w01_values, sweep.w01_mean.tolist())],
+                 caption="w02 = inf", formats={"w01": ".3g", "mean separation accuracy": ".3f"})
+    report.table([{"w02": ("inf" if math.isinf(w) else f"{w:g}"), "mean separation accuracy": a}
+                  for w, a in zip(sweep.w02_values, sweep.w02_mean.tolist())],
+                 caption="w01 = 1", formats={"mean separation accuracy": ".3f"})

@@ -1,0 +1,167 @@
+"""Analysis suite of the ``repeated-tokens`` task: head scores, composition, the K-composition causal test,
+OV copying and circuit heatmaps (``interp analyze`` / ``interp report``).
+
+Works for 1-layer checkpoints too: composition and the causal test then say there is no later layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from interp.checkpoint import Checkpoint
+from interp.evaluate import evaluate
+from interp.heads import head_label
+from interp.results import Result, jsonable
+from interp.visualize import attention_view
+
+from ..circuits import OVCopying, full_ov_circuit, k_composition_circuit, ov_copying, positional_qk_circuit
+from ..composition import MODES, CompositionScores, composition_scores
+from ..head_scores import PATHS, AblationTest, HeadScores, ablation_induction_test, head_scores
+from .probe import probe_tokens
+
+N_SEQS = 64  # repeated-token sequences scored per analysis
+
+
+@dataclass
+class InductionAnalysis(Result):
+    """What ``interp analyze`` gives for a repeated-tokens model: head scores (with intervals), OV copying,
+    composition scores, the causal tests (one per path: all, query, key, value) and the task metrics."""
+
+    checkpoint: str
+    n_layers: int
+    n_heads: int
+    scores: HeadScores
+    copying: OVCopying
+    composition: CompositionScores
+    causal: dict = field(default_factory=dict)  # path -> AblationTest (empty for one-layer models)
+    metrics: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        heads = [{**row, "copying_score": cop["copying_score"], "ov_top1": cop["top1"]}
+                 for row, cop in zip(self.scores.rows(), self.copying.rows())]
+        return jsonable({
+            "task": "repeated-tokens", "checkpoint": self.checkpoint, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            "probe": {"n_seqs": self.scores.tokens.shape[0], "seq_len": self.scores.tokens.shape[1],
+                      "repeat_len": self.scores.tokens.shape[1] // 2},
+            "heads": heads, "composition": self.composition.to_dict(),
+            "ablation": {path: t.to_dict() for path, t in self.causal.items()} or None, "metrics": self.metrics,
+        })
+
+    def figure(self):
+        return self.scores.figure()
+
+    def table_html(self) -> str:
+        return self.scores.table_html()
+
+    def text(self) -> str:
+        """Per-head table, the top K-composition pairs and the strongest effects of the causal tests."""
+        L = self.n_layers
+        m = self.metrics
+        lines = [f"{self.checkpoint} (repeated-tokens, {L} layer{'s' * (L != 1)} x {self.n_heads} heads per layer)",
+                 f"test: repeat accuracy {m['accuracy']:.3f} (loss {m['loss']:.3f}); first-occurrence accuracy "
+                 f"{m['first_accuracy']:.3f} (loss {m['first_loss']:.3f})"]
+        toks = self.scores.tokens
+        lines.append(f"\nhead scores on {toks.shape[0]} sequences [BOS] R R, len(R) = {toks.shape[1] // 2} "
+                     "(induction with its 95% bootstrap interval):")
+        cols = [("induction_score", "induction"), ("prev_token_score", "prev-token"), ("duplicate_score", "duplicate"),
+                ("bos_score", "BOS")]
+        lines.append(f"{'head':<6}" + "".join(f"{name:>12}" for _, name in cols) + f"{'OV copying':>12}  induction 95% CI")
+        for row, cop in zip(self.scores.rows(), self.copying.rows()):
+            lo, hi = row["induction_ci"]
+            lines.append(f"{row['head']:<6}" + "".join(f"{row[k]:>12.3f}" for k, _ in cols)
+                         + f"{cop['copying_score']:>12.3f}  [{lo:.3f}, {hi:.3f}]")
+        top = self.composition.top_pairs("K", 5) if L > 1 else []
+        if top:
+            lines.append(f"\ntop K-composition pairs (random baseline {self.composition.baseline_mean:.3f} ± "
+                         f"{self.composition.baseline_std:.3f}):")
+            for r in top:
+                lines.append(f"  {r['from']} -> {r['to']}: {r['score']:.3f} ({r['ratio_to_baseline']:.1f}x baseline, z = {r['z']:.1f})")
+        else:
+            lines.append("\nno head composition (one layer)")
+        for path, test in self.causal.items():
+            rows = sorted(test.rows(), key=lambda r: -r["drop"])[:4]
+            lines.append(f"\ncausal test, source head {test.removed}; induction score of a later head:")
+            for r in rows:
+                lines.append(f"  {r['ablated']}: {r['head']} {r['induction_score']:.3f} -> {r['ablated_score']:.3f}")
+        return "\n".join(lines)
+
+
+def analyze(ckpt: Checkpoint) -> InductionAnalysis:
+    """Head scores, OV copying, composition, the causal tests on every path, and the test-split metrics."""
+    model, task = ckpt.model, ckpt.task
+    toks = probe_tokens(task, N_SEQS, device=next(model.parameters()).device)
+    causal = {}
+    if model.cfg.n_layers > 1:
+        causal = {path: ablation_induction_test(model, toks, layer=0, path=path) for path in PATHS}
+    return InductionAnalysis(checkpoint=ckpt.name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
+                             scores=head_scores(model, toks), copying=ov_copying(model),
+                             composition=composition_scores(model), causal=causal,
+                             metrics=evaluate(model, task, task.dataset("test")))
+
+
+def add_report_sections(ckpt, report, progress: bool = False) -> None:
+    """Head scores, composition, causal test, OV copying, circuits of the key heads and one attention view."""
+    model, task = ckpt.model, ckpt.task
+    L = model.cfg.n_layers
+    toks = probe_tokens(task, N_SEQS, device=next(model.parameters()).device)
+    scores = head_scores(model, toks)
+    report.section("Induction and previous-token heads",
+                   f"Attention scores of every head on {toks.shape[0]} sequences [BOS] R R with len(R) = "
+                   f"{toks.shape[1] // 2} (R uniform over the task's symbols, repeats inside R allowed). Induction: "
+                   "attention to the token after an earlier occurrence of the current token. Previous-token: attention "
+                   "to the position before. Duplicate: attention to earlier copies of the current token. BOS: "
+                   "attention to position 0. Each is the mean attention mass over the queries that have such a target.")
+    report._add(scores.table_html())
+    report.figure(scores.figure(), caption="The same scores as a heatmap.")
+
+    copying = ov_copying(model)
+    report.section("OV circuits: copying",
+                   "Copying score of each head's full OV circuit W_E W_OV W_U: sum of the real parts of its eigenvalues "
+                   "over the sum of their absolute values (+1: attending to a token raises that token's logit). Top-1 / "
+                   "top-5: fraction of tokens whose own logit is the highest / among the five highest in their row.")
+    report.table(copying.rows(), formats={"copying_score": ".3f", "top1": ".3f", "top5": ".3f"})
+
+    if L < 2:
+        report.section("Composition", "This is a one-layer model: no head reads another head's output, so there is "
+                       "no Q-, K- or V-composition and no induction head can form.")
+        return
+    comp = composition_scores(model)
+    report.section("Head composition",
+                   f"Q-, K- and V-composition scores (TransformerLens all_composition_scores) between each earlier and "
+                   f"each later head. Random matrices of this model's shapes score {comp.baseline_mean:.3f} ± "
+                   f"{comp.baseline_std:.3f}; only scores well above that mean composition.")
+    for mode in MODES:
+        report.figure(comp.mode_figure(mode), caption=f"{mode}-composition.")
+    report.table(comp.top_pairs("K", 5), columns=["from", "to", "score", "ratio_to_baseline", "z"],
+                 formats={"score": ".3f", "ratio_to_baseline": ".1f", "z": ".1f"}, caption="Top K-composition pairs.")
+
+    report.section("K-composition causal test",
+                   "Each layer-0 head's output is removed in turn and every later head's induction score is measured "
+                   "again on the same sequences: first from everything (zero-ablation: its effect on later queries, keys "
+                   "and values together), then only from the later heads' key input (K-composition proper), query input "
+                   "and value input. A previous-token head that feeds an induction head through K-composition collapses "
+                   "that head's score when removed from the key input.")
+    for path in PATHS:
+        test = ablation_induction_test(model, toks, layer=0, path=path)
+        report.figure(test.figure())
+        report.table(sorted(test.rows(), key=lambda r: -r["drop"])[:4],
+                     formats={"induction_score": ".3f", "ablated_score": ".3f", "drop": ".3f"},
+                     caption=f"Source head {test.removed}: the largest drops.")
+
+    prev = scores.best("prev_token", layer=0)
+    ind = scores.best("induction", layer=L - 1)
+    report.section("Circuits of the key heads",
+                   f"{head_label(*prev)} has the highest previous-token score in layer 0 and {head_label(*ind)} the highest "
+                   f"induction score in layer {L - 1}. Shown: the positional QK circuit of the previous-token head (query "
+                   f"position by key position; a previous-token head peaks just below the diagonal), the full OV circuit "
+                   f"of the induction head (a copying head has a bright diagonal), and the K-composition circuit "
+                   f"W_E W_QK W_OV^T W_E^T through the pair (a diagonal means: attend where the previous token equals the "
+                   f"current token).")
+    report.figure(positional_qk_circuit(model, prev).figure(),
+                  caption="Entries above the diagonal (key after query) are never used (causal mask) and are left blank.")
+    report.figure(full_ov_circuit(model, ind, vocab=task.vocab).figure())
+    report.figure(k_composition_circuit(model, prev, ind, vocab=task.vocab).figure())
+    view = attention_view(model, toks[0], heads=[prev, ind], vocab=task.vocab,
+                          title=f"{head_label(*prev)} and {head_label(*ind)} on [BOS] R R")
+    report.attention(view, caption="The previous-token head attends one position back; the induction head attends to "
+                     "the token after the current token's previous occurrence (an offset diagonal in the second half).")
