@@ -24,7 +24,7 @@ _NAMES = {
                           "positional_qk_circuit", "k_composition_circuit", "ov_copying", "bigram_table",
                           "logit_decomposition"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
-    "analyses.head_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
+    "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
     # noisy majority (seed 000 §5)
     "analyses.noisy_majority.attention_ratios": ["AttentionRatios", "attention_ratios", "measured_attention_ratios",
                                                  "exact_attention_ratios"],

@@ -16,7 +16,7 @@ from interp.visualize import attention_view
 
 from ..circuits import OVCopying, full_ov_circuit, k_composition_circuit, ov_copying, positional_qk_circuit
 from ..composition import MODES, CompositionScores, composition_scores
-from ..head_scores import PATHS, AblationTest, HeadScores, ablation_induction_test, head_scores
+from ..pattern_scores import PATHS, AblationTest, HeadScores, ablation_induction_test, head_scores
 from .probe import probe_tokens
 
 N_SEQS = 64  # repeated-token sequences scored per analysis

@@ -8,7 +8,7 @@ import torch
 
 from analyses.repeated_tokens.handbuilt import induction_circuit_model
 from interp.visualize import attention_patterns, attention_view
-from analyses.head_scores import (ablation_induction_test, head_scores,
+from analyses.pattern_scores import (ablation_induction_test, head_scores,
                                   repeated_tokens, target_masks)
 from interp.errors import HeadError, InterpError, TokenError
 
@@ -164,7 +164,7 @@ def test_attention_view_offline_html(circuit, unique_tokens, tmp_path):
 
 def test_default_probe_for_a_foreign_model():
     """A model of another task gets [R R] over its output symbols, no BOS, filling the context."""
-    from analyses.head_scores import repeated_tokens
+    from analyses.pattern_scores import repeated_tokens
     from interp.model import ModelSpec, build_model
 
     m = build_model(ModelSpec(d_vocab=10, d_vocab_out=7, n_ctx=21, n_layers=1, d_model=8, n_heads=2, d_head=4,
