@@ -244,7 +244,8 @@ class AblationTest(Result):
         z = torch.stack([torch.stack([self.ablated[i, l, h] for l, h in tg]) for i in range(len(self.sources))]).cpu()
         base = ", ".join(f"{head_label(l, h)} {float(self.base[l, h]):.2f}" for l, h in tg)
         return heatmap(z, [head_label(*t) for t in tg], [head_label(*s) for s in self.sources],
-                       title=f"Induction score, source head {self.removed}<br><sup>unablated: {base}</sup>",
+                       title=f"Induction score, source head ablated ({self.path} path)<br><sup>source head {self.removed};"
+                             f" unablated: {base}</sup>",
                        colorscale="Blues", zmid=None, zmin=0, zmax=1, text_fmt=".2f", x_title="measured head",
                        y_title="source head")
 

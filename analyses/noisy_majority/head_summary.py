@@ -69,8 +69,10 @@ def attention_words(w01: float, w02: float) -> list[str]:
 
 
 def verdict(separation: float, w01: float, w02: float) -> str:
-    """The grade (by separation accuracy) and the attention in words, e.g. ``good separator: 0s and 1s ...``."""
-    return f"{grade(separation)} separator: " + ", ".join(attention_words(w01, w02))
+    """The grade, the separation accuracy it is based on, and the attention in words, e.g.
+    ``good separator (separation accuracy 0.990): favours 0s over 1s, 2s ignored``."""
+    return (f"{grade(separation)} separator (separation accuracy {separation:.3f}): "
+            + ", ".join(attention_words(w01, w02)))
 
 
 @dataclass
