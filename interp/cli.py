@@ -44,11 +44,13 @@ def _add_common(p, threads: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tasks import TASKS  # the table only: no task module (and no torch) is imported
+
     p = _Parser(prog="interp", description="Train, evaluate and take apart small transformers on algorithmic tasks.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a model on a task and write a .safetensors checkpoint")
-    t.add_argument("task", help="task name, e.g. noisy-majority")
+    t.add_argument("task", help="task name: " + ", ".join(sorted(TASKS)))
     t.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
                    help="task parameter, e.g. --set train_size=2000 --set 'test_lengths=[151,300]' (repeatable)")
     t.add_argument("--d-model", type=_positive_int)
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "shortformer (into queries and keys only); default: the task's")
     t.add_argument("--output-matrix", choices=["identity", "learned"],
                    help="default: the task's (identity when n_heads*d_head == d_model, else learned)")
-    t.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's (900 for noisy-majority)")
+    t.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's")
     t.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's (128)")
     t.add_argument("--lr", type=_positive_float, default=None, help="default: the task's (1e-3)")
     t.add_argument("--weight-decay", type=_nonneg_float, default=None, help="default: the task's (0.01)")

@@ -1,0 +1,123 @@
+"""One result protocol (issue 8): every result type subclasses interp.results.Result, and each one, computed here on
+a small model, has a ``to_dict()`` that survives a strict JSON round trip, a ``figure()`` (plotly or None), and a
+rich notebook display (``_repr_html_``) that is real HTML. The list below must name every Result subclass in
+``analyses``: a new result type without an entry here fails ``test_every_result_type_is_covered``."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import pkgutil
+
+import pytest
+import torch
+
+import analyses
+from interp.checkpoint import Checkpoint, load_checkpoint
+from interp.model import ModelSpec, build_model
+from interp.results import Result
+from tasks import get_task
+
+
+@pytest.fixture(scope="module")
+def nm():
+    task = get_task("noisy-majority", train_size=200, val_size=20, test_size=80, train_lengths=[0, 20],
+                    val_lengths=[21, 25], test_lengths=[26, 30])
+    spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
+    return Checkpoint(build_model(spec, device="cpu"), task)
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return load_checkpoint("repeated-tokens", device="cpu")
+
+
+def _nm_results(ck):
+    from analyses.ablation import learned_accuracy
+    from analyses.noisy_majority.attention_ratios import attention_ratios
+    from analyses.noisy_majority.head_outputs import head_outputs
+    from analyses.noisy_majority.head_summary import head_summary
+    from analyses.noisy_majority.interventions import attention_intervention_sweep
+    from analyses.probes import separation_accuracy
+
+    m, t = ck.model, ck.task
+    tr, te = t.dataset("train"), t.dataset("test")
+    summary = head_summary(m, tr, te)
+    return {
+        "LearnedAccuracy": learned_accuracy(m, te, [["L0H0"], ["L0H1", "L0H2"]]),
+        "SeparationAccuracy": separation_accuracy(m, tr, te, [["L0H0"]]),
+        "AttentionRatios": attention_ratios(m, te),
+        "HeadOutputs": head_outputs(m, te, "L0H1"),
+        "InterventionSweep": attention_intervention_sweep(m, tr, te, w01_values=[1.0, 4.0], w02_values=[1.0]),
+        "HeadSummary": summary,
+        "PairMatrix": summary.learned_pairs,
+    }
+
+
+def _rt_results(ck):
+    from analyses.circuits import full_qk_circuit, logit_decomposition, ov_copying
+    from analyses.composition import composition_scores
+    from analyses.pattern_scores import ablation_induction_test, head_scores
+    from analyses.repeated_tokens import probe_tokens
+    from analyses.repeated_tokens.suite import analyze
+
+    toks = probe_tokens(ck.task, n_seqs=8)
+    return {
+        "HeadScores": head_scores(ck.model, toks),
+        "AblationTest": ablation_induction_test(ck.model, toks, path="key"),
+        "Circuit": full_qk_circuit(ck.model, "L1H0", vocab=ck.task.vocab),
+        "OVCopying": ov_copying(ck.model),
+        "LogitDecomposition": logit_decomposition(ck.model, ck.task.dataset("test").select(slice(0, 4))),
+        "CompositionScores": composition_scores(ck.model, n_baseline=50),
+        "InductionAnalysis": analyze(ck),
+    }
+
+
+def _result_classes() -> set[str]:
+    names = set()
+    for info in pkgutil.walk_packages(analyses.__path__, "analyses."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, Result) and obj is not Result and obj.__module__ == info.name:
+                names.add(name)
+    return names
+
+
+@pytest.fixture(scope="module")
+def results(nm, rt):
+    return {**_nm_results(nm), **_rt_results(rt)}
+
+
+def test_every_result_type_is_covered(results):
+    assert _result_classes() <= set(results), "add the new result type to this test"
+
+
+def test_to_dict_round_trips_through_strict_json(results):
+    for name, res in results.items():
+        assert type(res).__name__ == name and isinstance(res, Result)
+        d = res.to_dict()
+        text = json.dumps(d, allow_nan=False)  # strict JSON: NaN and inf must have become null
+        assert json.loads(text) == d, name
+        assert json.loads(res.to_json()) == d, name
+
+
+def test_rich_display_and_figures(results):
+    import plotly.graph_objects as go
+
+    from interp.visualize import forget_notebook_scripts
+
+    forget_notebook_scripts()
+    pages = []
+    for name, res in results.items():
+        fig = res.figure()
+        assert fig is None or isinstance(fig, go.Figure), name
+        html = res._repr_html_()
+        assert isinstance(html, str) and html.lstrip().startswith("<") and len(html) > 50, name
+        if fig is not None:
+            assert "Plotly.newPlot" in html or "plotly" in html.lower(), name
+        pages.append(html)
+    # the plotly bundle is inlined once per kernel, not once per result
+    from plotly.offline import get_plotlyjs
+
+    assert "".join(pages).count(get_plotlyjs()[:300]) == 1
