@@ -52,5 +52,13 @@ def test_notebook_executes(path):
     assert code and all(c.execution_count is not None for c in code)
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.name}: error outputs {errors}"
+    # notebook weight (issue 8): each bundle goes on the page once, however many views and figures follow
+    from plotly.offline import get_plotlyjs
+
+    from interp.visualize import circuitsvis_bundle
+
+    html = "".join(str(o.get("data", {}).get("text/html", "")) for c in code for o in c.outputs)
+    for name, bundle in (("circuitsvis", circuitsvis_bundle()), ("plotly", get_plotlyjs())):
+        assert html.count(bundle[:300]) <= 1, f"{path.name}: the {name} bundle is inlined more than once"
     written = sorted(str(p.relative_to(EXAMPLES)) for p in set(EXAMPLES.rglob("*")) - before)
     assert not written, f"{path.name} wrote {written} into examples/; write to a temporary directory instead"
