@@ -25,6 +25,33 @@ def nm_ckpt():
     return load_checkpoint("noisy-majority", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def tiny_task():
+    """A small noisy-majority task for training tests (512 train sentences of up to 20 digits)."""
+    from tasks import get_task
+
+    return get_task("noisy-majority", train_size=512, val_size=128, test_size=128, train_lengths=[0, 20],
+                    val_lengths=[21, 30], test_lengths=[31, 40])
+
+
+@pytest.fixture(scope="session")
+def tiny_spec(tiny_task):
+    from interp.model import ModelSpec
+
+    return ModelSpec(**{**tiny_task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    """``tiny_cfg(**overrides)``: a TrainConfig for a few fast epochs on ``tiny_task``."""
+    from interp.training import TrainConfig
+
+    def make(**kw):
+        return TrainConfig(**{"epochs": 12, "batch_size": 64, "lr": 1e-2, "warmup_steps": 10, "seed": 0, **kw})
+
+    return make
+
+
 @pytest.fixture
 def cpu_generator():
     return torch.Generator().manual_seed(0)

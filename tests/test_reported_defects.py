@@ -7,7 +7,6 @@ bootstrap intervals)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -24,36 +23,18 @@ from interp.training import TrainConfig, resume_path, train
 from tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(train_size=512, val_size=128, test_size=128, train_lengths=[0, 20], val_lengths=[21, 30],
-            test_lengths=[31, 40])
-
-
-@pytest.fixture(scope="module")
-def tiny_task():
-    return get_task("noisy-majority", **TINY)
-
-
-@pytest.fixture(scope="module")
-def tiny_spec(tiny_task):
-    return ModelSpec(**{**tiny_task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
-
-
-def _cfg(**kw):
-    return TrainConfig(**{"epochs": 12, "batch_size": 64, "lr": 1e-2, "warmup_steps": 10, "seed": 0, **kw})
-
-
 class Stop(Exception):
     pass
 
 
 # -- 2. the kept "best" model: ties on validation accuracy go to the lower validation loss; --keep last -------------
 
-def test_best_epoch_breaks_accuracy_ties_by_validation_loss(tmp_path):
+def test_best_epoch_breaks_accuracy_ties_by_validation_loss(tmp_path, tiny_cfg, tiny_task):
     """The issue's case in small: validation accuracy sits at the majority class (0.594 of 32 sequences) for
     epochs 4-8 while the loss keeps falling; the first epoch of the plateau was kept before the fix."""
-    task = get_task("noisy-majority", **{**TINY, "val_size": 32})
+    task = get_task("noisy-majority", **{**tiny_task.params(), "val_size": 32})
     spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
-    prov = train(task, spec, _cfg(epochs=8), tmp_path / "best.safetensors", device="cpu", progress=False)
+    prov = train(task, spec, tiny_cfg(epochs=8), tmp_path / "best.safetensors", device="cpu", progress=False)
     hist = prov["history"]
     top = max(r["val_accuracy"] for r in hist)
     tied = [r for r in hist if r["val_accuracy"] == top]
@@ -63,7 +44,7 @@ def test_best_epoch_breaks_accuracy_ties_by_validation_loss(tmp_path):
     assert expected != tied[0]["epoch"]  # the old rule (first epoch reaching the top) would differ
 
 
-def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec):
+def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     from interp.checkpoint import load_checkpoint
 
     out = tmp_path / "last.safetensors"
@@ -72,7 +53,7 @@ def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec):
     def remember(epoch, record):
         stops[epoch] = record
 
-    prov = train(tiny_task, tiny_spec, _cfg(epochs=5, keep="last"), out, device="cpu", progress=False,
+    prov = train(tiny_task, tiny_spec, tiny_cfg(epochs=5, keep="last"), out, device="cpu", progress=False,
                  on_epoch_end=remember)
     assert prov["kept"] == "last" and prov["kept_epoch"] == 5
     ckpt = load_checkpoint(out, device="cpu")
@@ -207,12 +188,16 @@ def _cli(*args):
     return main(list(args))
 
 
-TINY_SET = [a for k, v in TINY.items() for a in ("--set", f"{k}={json.dumps(v).replace(' ', '')}")]
-TINY_ARGS = ["noisy-majority", *TINY_SET, "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--batch-size", "64",
-             "--lr", "0.01", "--quiet", "--threads", "1"]
+@pytest.fixture(scope="module")
+def tiny_args(tiny_task):
+    """`interp train` arguments for tiny_task and tiny_spec."""
+    sets = [a for k in ("train_size", "val_size", "test_size", "train_lengths", "val_lengths", "test_lengths")
+            for a in ("--set", f"{k}={json.dumps(tiny_task.params()[k]).replace(' ', '')}")]
+    return ["noisy-majority", *sets, "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--batch-size", "64",
+            "--lr", "0.01", "--quiet", "--threads", "1"]
 
 
-def test_resume_file_protection_and_resume_without_retyping(tmp_path, capsys, tiny_task, tiny_spec):
+def test_resume_file_protection_and_resume_without_retyping(tmp_path, capsys, tiny_task, tiny_spec, tiny_cfg, tiny_args):
     out = tmp_path / "run.safetensors"
 
     def stop(epoch, record):
@@ -220,13 +205,13 @@ def test_resume_file_protection_and_resume_without_retyping(tmp_path, capsys, ti
             raise Stop
 
     with pytest.raises(Stop):
-        train(tiny_task, tiny_spec, _cfg(epochs=4, save_every=1, lr=0.01, batch_size=64, warmup_steps=None),
+        train(tiny_task, tiny_spec, tiny_cfg(epochs=4, save_every=1, lr=0.01, batch_size=64, warmup_steps=None),
               out, device="cpu", progress=False, on_epoch_end=stop)
     rfile = resume_path(out)
     assert rfile.exists()
     before = rfile.read_bytes()
     # a new run with the same --out is refused and the resume file kept
-    assert _cli("train", *TINY_ARGS, "--epochs", "4", "--out", str(out)) == 1
+    assert _cli("train", *tiny_args, "--epochs", "4", "--out", str(out)) == 1
     err = capsys.readouterr().err
     assert "--resume" in err and "--restart" in err and rfile.read_bytes() == before
     # contradicting options are named
@@ -241,21 +226,21 @@ def test_resume_file_protection_and_resume_without_retyping(tmp_path, capsys, ti
     assert not rfile.exists()
 
 
-def test_restart_deletes_the_resume_file_and_starts_over(tmp_path, capsys, tiny_task, tiny_spec):
+def test_restart_deletes_the_resume_file_and_starts_over(tmp_path, capsys, tiny_task, tiny_spec, tiny_cfg, tiny_args):
     out = tmp_path / "run.safetensors"
     with pytest.raises(Stop):
-        train(tiny_task, tiny_spec, _cfg(epochs=3, save_every=1), out, device="cpu", progress=False,
+        train(tiny_task, tiny_spec, tiny_cfg(epochs=3, save_every=1), out, device="cpu", progress=False,
               on_epoch_end=lambda e, r: (_ for _ in ()).throw(Stop()))
     assert resume_path(out).exists()
-    assert _cli("train", *TINY_ARGS, "--epochs", "1", "--out", str(out), "--restart") == 0
+    assert _cli("train", *tiny_args, "--epochs", "1", "--out", str(out), "--restart") == 0
     assert not resume_path(out).exists() and out.exists()
 
 
 @pytest.mark.parametrize("case", ["directory", "missing folder"])
-def test_train_out_is_checked_before_training(tmp_path, capsys, case):
+def test_train_out_is_checked_before_training(tmp_path, capsys, case, tiny_args):
     out = tmp_path if case == "directory" else tmp_path / "no" / "m.safetensors"
     t0 = time.perf_counter()
-    assert _cli("train", *TINY_ARGS, "--epochs", "50", "--out", str(out)) == 1
+    assert _cli("train", *tiny_args, "--epochs", "50", "--out", str(out)) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(out) in err[0] and "Traceback" not in err[0]
     assert time.perf_counter() - t0 < 20  # 50 epochs would take far longer: nothing was trained
@@ -326,7 +311,7 @@ def test_sigterm_during_report_leaves_no_temp_file(tmp_path):
 
 # -- 14. length generalisation: eval --set on NoPE models; positional models refuse clearly ------------------------
 
-def test_eval_on_longer_inputs_than_n_ctx(tmp_path, capsys):
+def test_eval_on_longer_inputs_than_n_ctx(tmp_path, capsys, tiny_task):
     assert _cli("eval", "noisy-majority", "--set", "test_lengths=[201,260]", "--set", "test_size=40", "--json",
                 "--threads", "1") == 0
     res = json.loads(capsys.readouterr().out)
@@ -335,7 +320,7 @@ def test_eval_on_longer_inputs_than_n_ctx(tmp_path, capsys):
                         "positional": "standard", "output_matrix": "learned"})
     from interp.checkpoint import save_checkpoint
 
-    task = get_task("noisy-majority", **TINY)
+    task = tiny_task
     path = save_checkpoint(tmp_path / "pos.safetensors", build_model(spec, device="cpu"), spec, task)
     assert _cli("eval", str(path), "--set", "test_lengths=[201,260]", "--threads", "1") == 1
     err = capsys.readouterr().err.strip()
@@ -373,13 +358,13 @@ def test_positional_qk_of_a_nope_model_is_refused(nm_ckpt):
 
 # -- 18. --threads is honoured and recorded --------------------------------------------------------------------------
 
-def test_threads_are_recorded_in_the_checkpoint(tmp_path):
+def test_threads_are_recorded_in_the_checkpoint(tmp_path, tiny_args):
     from interp.checkpoint import read_metadata
 
     out = tmp_path / "t.safetensors"
     before = torch.get_num_threads()
     try:
-        assert _cli("train", *TINY_ARGS[:-2], "--threads", "1", "--epochs", "1", "--out", str(out)) == 0
+        assert _cli("train", *tiny_args[:-2], "--threads", "1", "--epochs", "1", "--out", str(out)) == 0
     finally:
         torch.set_num_threads(before)
     assert read_metadata(out)["training"]["cpu_threads"] == 1

@@ -10,26 +10,11 @@ from interp.model import ModelSpec
 from interp.training import TrainConfig, dropout_hooks, resume_path, train
 from tasks import get_task
 
-TINY = dict(train_size=512, val_size=128, test_size=128, train_lengths=[0, 20], val_lengths=[21, 30], test_lengths=[31, 40])
 
 
-@pytest.fixture(scope="module")
-def tiny_task():
-    return get_task("noisy-majority", **TINY)
-
-
-@pytest.fixture(scope="module")
-def tiny_spec(tiny_task):
-    return ModelSpec(**{**tiny_task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
-
-
-def _cfg(**kw):
-    return TrainConfig(**{"epochs": 12, "batch_size": 64, "lr": 1e-2, "warmup_steps": 10, "seed": 0, **kw})
-
-
-def test_a_tiny_run_learns_and_generalises_to_longer_inputs(tmp_path, tiny_task, tiny_spec):
+def test_a_tiny_run_learns_and_generalises_to_longer_inputs(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     out = tmp_path / "tiny.safetensors"
-    prov = train(tiny_task, tiny_spec, _cfg(), out, device="cpu", progress=False)
+    prov = train(tiny_task, tiny_spec, tiny_cfg(), out, device="cpu", progress=False)
     # train lengths 0-20, test lengths 31-40 (never seen); chance is ~0.5
     assert prov["accuracy"]["val"] >= 0.95 and prov["accuracy"]["test"] >= 0.95
     assert prov["history"][0]["val_accuracy"] < prov["accuracy"]["val"]
@@ -42,18 +27,18 @@ def test_a_tiny_run_learns_and_generalises_to_longer_inputs(tmp_path, tiny_task,
     assert not resume_path(out).exists()
 
 
-def test_training_is_deterministic_for_a_seed(tmp_path, tiny_task, tiny_spec):
+def test_training_is_deterministic_for_a_seed(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     assert not torch.are_deterministic_algorithms_enabled()  # training switches it on, then restores it
-    a = train(tiny_task, tiny_spec, _cfg(epochs=2), tmp_path / "a.safetensors", device="cpu", progress=False)
-    b = train(tiny_task, tiny_spec, _cfg(epochs=2), tmp_path / "b.safetensors", device="cpu", progress=False)
+    a = train(tiny_task, tiny_spec, tiny_cfg(epochs=2), tmp_path / "a.safetensors", device="cpu", progress=False)
+    b = train(tiny_task, tiny_spec, tiny_cfg(epochs=2), tmp_path / "b.safetensors", device="cpu", progress=False)
     wa, wb = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa) and a["history"] == b["history"]
     assert not torch.are_deterministic_algorithms_enabled()
-    c = train(tiny_task, tiny_spec, _cfg(epochs=2, seed=1), tmp_path / "c.safetensors", device="cpu", progress=False)
+    c = train(tiny_task, tiny_spec, tiny_cfg(epochs=2, seed=1), tmp_path / "c.safetensors", device="cpu", progress=False)
     assert c["history"] != a["history"]
 
 
-def test_multithreaded_training_of_the_seed_model_is_deterministic(tmp_path):
+def test_multithreaded_training_of_the_seed_model_is_deterministic(tmp_path, tiny_cfg):
     """The 16-head model on its real data with two threads: without deterministic algorithms on, the
     backward's scatter-adds made two such runs differ after a few hundred steps."""
     task = get_task("noisy-majority", train_size=2048, val_size=64, test_size=64)
@@ -62,7 +47,7 @@ def test_multithreaded_training_of_the_seed_model_is_deterministic(tmp_path):
     torch.set_num_threads(2)
     try:
         for name in ("a", "b"):
-            train(task, spec, _cfg(epochs=6, batch_size=128, lr=1e-3), tmp_path / f"{name}.safetensors", device="cpu", progress=False)
+            train(task, spec, tiny_cfg(epochs=6, batch_size=128, lr=1e-3), tmp_path / f"{name}.safetensors", device="cpu", progress=False)
     finally:
         torch.set_num_threads(threads)
     wa, wb = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
@@ -73,8 +58,8 @@ class Interrupted(Exception):
     pass
 
 
-def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, tiny_task, tiny_spec):
-    cfg = _cfg(epochs=6, save_every=2)
+def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    cfg = tiny_cfg(epochs=6, save_every=2)
     full = train(tiny_task, tiny_spec, cfg, tmp_path / "full.safetensors", device="cpu", progress=False)
 
     out = tmp_path / "killed.safetensors"
@@ -95,9 +80,9 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, tiny_task, ti
     assert not resume_path(out).exists()
 
 
-def test_resume_refuses_missing_or_foreign_state(tmp_path, tiny_task, tiny_spec):
+def test_resume_refuses_missing_or_foreign_state(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     with pytest.raises(CheckpointError, match="no resume file"):
-        train(tiny_task, tiny_spec, _cfg(), tmp_path / "none.safetensors", device="cpu", progress=False, resume=True)
+        train(tiny_task, tiny_spec, tiny_cfg(), tmp_path / "none.safetensors", device="cpu", progress=False, resume=True)
 
     out = tmp_path / "run.safetensors"
 
@@ -105,23 +90,23 @@ def test_resume_refuses_missing_or_foreign_state(tmp_path, tiny_task, tiny_spec)
         raise Interrupted
 
     with pytest.raises(Interrupted):
-        train(tiny_task, tiny_spec, _cfg(save_every=1), out, device="cpu", progress=False, on_epoch_end=stop)
+        train(tiny_task, tiny_spec, tiny_cfg(save_every=1), out, device="cpu", progress=False, on_epoch_end=stop)
     with pytest.raises(CheckpointError, match="different run \\(differs in: lr\\)"):
-        train(tiny_task, tiny_spec, _cfg(lr=5e-3), out, device="cpu", progress=False, resume=True)
+        train(tiny_task, tiny_spec, tiny_cfg(lr=5e-3), out, device="cpu", progress=False, resume=True)
     resume_path(out).write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="corrupt"):
-        train(tiny_task, tiny_spec, _cfg(), out, device="cpu", progress=False, resume=True)
+        train(tiny_task, tiny_spec, tiny_cfg(), out, device="cpu", progress=False, resume=True)
 
 
 @pytest.mark.parametrize("kw", [{"epochs": 0}, {"lr": -1.0}, {"dropout": 1.0}, {"batch_size": 0}, {"beta2": 1.0}])
-def test_bad_training_options(kw):
+def test_bad_training_options(kw, tiny_cfg):
     with pytest.raises(ConfigError, match="invalid training option"):
-        _cfg(**kw)
+        tiny_cfg(**kw)
 
 
-def test_missing_output_directory_is_refused_before_training(tmp_path, tiny_task, tiny_spec):
+def test_missing_output_directory_is_refused_before_training(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     with pytest.raises(InterpError, match="does not exist"):
-        train(tiny_task, tiny_spec, _cfg(), tmp_path / "no" / "x.safetensors", device="cpu", progress=False)
+        train(tiny_task, tiny_spec, tiny_cfg(), tmp_path / "no" / "x.safetensors", device="cpu", progress=False)
 
 
 def test_default_warmup_is_ma_and_yarats_untuned():
