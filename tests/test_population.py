@@ -1,0 +1,106 @@
+"""Batched training of many models (interp.population): each model of a population equals the same seed trained
+alone by interp.training.train, to float tolerance, in weights and in history; checkpoints are ordinary files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from interp.checkpoint import load_checkpoint
+from interp.errors import ConfigError
+from interp.model import ModelSpec
+from interp.population import seed_population, train_population
+from interp.training import train
+
+# Tolerances: the batched forward sums in another order than the solo one (einsum with a model axis), so weights
+# agree to float32 rounding accumulated over the run, not bit for bit. Measured: 2.4e-7 after 6 epochs.
+WEIGHT_ATOL = 2e-5
+LOSS_ATOL = 1e-5
+
+
+def _compare(pop_path, solo_path, pop, solo):
+    a, b = load_file(pop_path), load_file(solo_path)
+    assert a.keys() == b.keys()
+    for name in a:
+        if a[name].is_floating_point():
+            torch.testing.assert_close(a[name], b[name], atol=WEIGHT_ATOL, rtol=0, equal_nan=True, msg=name)
+        else:
+            assert torch.equal(a[name], b[name]), name
+    assert len(pop["history"]) == len(solo["history"])
+    for hp, hs in zip(pop["history"], solo["history"]):
+        assert hp["epoch"] == hs["epoch"] and hp["val_accuracy"] == hs["val_accuracy"]
+        assert hp["train_loss"] == pytest.approx(hs["train_loss"], abs=LOSS_ATOL)
+        assert hp["val_loss"] == pytest.approx(hs["val_loss"], abs=LOSS_ATOL)
+    for key in ("best_epoch", "kept_epoch", "epochs_run", "steps", "accuracy"):
+        assert pop[key] == solo[key], key
+
+
+@pytest.mark.parametrize("seeds", [[5], [0, 1, 2], list(range(8))], ids=["K=1", "K=3", "K=8"])
+def test_each_batched_model_equals_its_seed_trained_alone(tmp_path, tiny_task, tiny_spec, tiny_cfg, seeds):
+    cfg = tiny_cfg(epochs=4 if len(seeds) < 8 else 3)
+    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, seeds)
+    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
+    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
+    for s, spec, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
+        solo_out = tmp_path / f"solo{s}.safetensors"
+        solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False)
+        _compare(out, solo_out, pop, solo)
+        assert pop["population"] == {"size": len(seeds), "index": seeds.index(s)}
+
+
+def test_learning_rates_patience_and_keep_last_per_model(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    from dataclasses import replace
+
+    cfgs = [tiny_cfg(epochs=5, lr=lr, patience=2, keep=keep) for lr, keep in ((1e-2, "best"), (3e-3, "best"))]
+    specs = [replace(tiny_spec, init_seed=c.seed) for c in cfgs]
+    outs = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
+    for spec, c, out, pop in zip(specs, cfgs, outs, pops):
+        solo_out = tmp_path / f"solo-{out.name}"
+        _compare(out, solo_out, pop, train(tiny_task, spec, c, solo_out, device="cpu", progress=False))
+    last = [tiny_cfg(epochs=3, keep="last")]
+    p = train_population(tiny_task, [tiny_spec], last, [tmp_path / "l.safetensors"], device="cpu", progress=False)
+    _compare(tmp_path / "l.safetensors", tmp_path / "sl.safetensors", p[0],
+             train(tiny_task, tiny_spec, last[0], tmp_path / "sl.safetensors", device="cpu", progress=False))
+
+
+def test_population_checkpoints_are_ordinary(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    import subprocess
+    import sys
+
+    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=1), [0, 1])
+    outs = [tmp_path / "m0.safetensors", tmp_path / "m1.safetensors"]
+    train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
+    ckpt = load_checkpoint(outs[1], device="cpu")
+    assert ckpt.training["population"]["size"] == 2 and ckpt.spec.init_seed == 1
+    tokens = tiny_task.dataset("test").tokens[:3]
+    code = ("import json,sys,torch; from safetensors import safe_open; from safetensors.torch import load_file; "
+            "from transformer_lens import HookedTransformer, HookedTransformerConfig; p=sys.argv[1]; "
+            "cfg=json.loads(safe_open(p,'pt').metadata()['tl_config']); m=HookedTransformer(HookedTransformerConfig(**cfg)); "
+            "m.load_state_dict(load_file(p)); t=torch.tensor(json.loads(sys.argv[2])); "
+            "print(json.dumps(m(t).tolist()))")
+    res = subprocess.run([sys.executable, "-c", code, str(outs[1]), json.dumps(tokens.tolist())], capture_output=True,
+                         text=True, cwd=tmp_path, check=True)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(json.loads(res.stdout)), ckpt.model(tokens), atol=1e-6, rtol=0)
+
+
+def test_mixed_populations_are_refused(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    from dataclasses import replace
+
+    with pytest.raises(ConfigError, match="d_model"):
+        train_population(tiny_task, [tiny_spec, replace(tiny_spec, d_model=16, init_seed=1)], [tiny_cfg(), tiny_cfg()],
+                         [tmp_path / "a.safetensors", tmp_path / "b.safetensors"], device="cpu", progress=False)
+    with pytest.raises(ConfigError, match="batch_size"):
+        train_population(tiny_task, [tiny_spec, tiny_spec], [tiny_cfg(), tiny_cfg(batch_size=32)],
+                         [tmp_path / "a.safetensors", tmp_path / "b.safetensors"], device="cpu", progress=False)
+    with pytest.raises(ConfigError, match="one-layer"):
+        two = replace(tiny_spec, n_layers=2)
+        train_population(tiny_task, [two], [tiny_cfg()], [tmp_path / "a.safetensors"], device="cpu", progress=False)
+    with pytest.raises(ConfigError, match="distinct"):
+        train_population(tiny_task, [tiny_spec, tiny_spec], [tiny_cfg(), tiny_cfg(seed=1)],
+                         [tmp_path / "a.safetensors"] * 2, device="cpu", progress=False)
+    assert not list(tmp_path.iterdir())  # nothing written
