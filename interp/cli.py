@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=_positive_float, default=None, help="default: the task's (1e-3)")
     t.add_argument("--weight-decay", type=_nonneg_float, default=None, help="default: the task's (0.01)")
     t.add_argument("--dropout", type=_fraction, default=None, help="default: the task's (0.1)")
+    t.add_argument("--dropout-at", choices=["embedding+attention", "attention"], default=None,
+                   help="where dropout goes (default embedding+attention; 'attention' allows the O(vocab) batched "
+                        "forward of interp.population)")
     t.add_argument("--patience", type=_positive_int, default=None, help="stop after this many epochs without a better validation accuracy")
     t.add_argument("--keep", choices=["best", "last"], default=None,
                    help="the model written: best (default: highest validation accuracy, ties by lower validation loss) "
@@ -120,7 +123,7 @@ def _parse_task_params(items: list[str]) -> dict:
     return params
 
 
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "patience", "keep")
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "dropout_at", "patience", "keep")
 SPEC_KEYS = ("d_model", "n_heads", "d_head", "n_layers", "positional", "output_matrix")
 
 

@@ -102,6 +102,40 @@ def stacked_logits_at(P: dict[str, Tensor], tokens: Int[Tensor, "K batch pos"], 
     return torch.einsum("Kbkd,Kdv->Kbkv", resid, P["unembed.W_U"]) + P["unembed.b_U"][:, None, None]
 
 
+def token_counts(data, d_vocab: int) -> tuple[Int[Tensor, "batch k"], Float[Tensor, "batch k vocab"]]:
+    """For every target position of ``data``: the token there (the query) and how often each token occurs at or
+    before it (the keys it sees). A one-layer attention-only model without positions, with no dropout before its
+    attention, computes its logits there from these alone."""
+    qpos = target_positions(data)
+    if qpos is None:
+        raise ConfigError("batched training needs tasks whose targets sit at the same few positions per row")
+    cum = F.one_hot(data.tokens, d_vocab).cumsum(1)  # [batch, pos, vocab]
+    rows = torch.arange(len(data), device=data.tokens.device)[:, None]
+    return data.tokens.gather(1, qpos), cum[rows, qpos].float()
+
+
+def stacked_count_logits(P: dict[str, Tensor], query_tok: Int[Tensor, "K batch k"],
+                         counts: Float[Tensor, "K batch k vocab"], attn_scale: float,
+                         out_mask: Float[Tensor, "K batch k d_model"] | None = None) -> Float[Tensor, "K batch k vocab_out"]:
+    """The same logits as :func:`stacked_logits_at` for models without positional embedding and without dropout
+    before attention, from token counts: attention to a token is shared by all its occurrences, so the softmax
+    over positions is a softmax over the vocabulary with ``log(count)`` added to the scores. Cost per query
+    ``O(vocab x heads x d_head)`` instead of ``O(pos x heads x d_head)``; equal up to float rounding."""
+    K = query_tok.shape[0]
+    E = P["embed.W_E"]
+    ks = torch.arange(K, device=query_tok.device)[:, None, None]
+    xq = P["embed.W_E"][ks, query_tok]  # [K, b, k, d]
+    q = torch.einsum("Kbkd,Khde->Kbkhe", xq, P["blocks.0.attn.W_Q"]) + P["blocks.0.attn.b_Q"][:, None, None]
+    keys = torch.einsum("Kvd,Khde->Khve", E, P["blocks.0.attn.W_K"]) + P["blocks.0.attn.b_K"][:, :, None]
+    vals = torch.einsum("Kvd,Khde->Khve", E, P["blocks.0.attn.W_V"]) + P["blocks.0.attn.b_V"][:, :, None]
+    scores = torch.einsum("Kbkhe,Khve->Kbkhv", q, keys) / attn_scale + counts.log()[:, :, :, None]
+    z = torch.einsum("Kbkhv,Khve->Kbkhe", scores.softmax(-1), vals)
+    out = torch.einsum("Kbkhe,Khed->Kbkd", z, P["blocks.0.attn.W_O"]) + P["blocks.0.attn.b_O"][:, None, None]
+    if out_mask is not None:
+        out = out * out_mask
+    return torch.einsum("Kbkd,Kdv->Kbkv", xq + out, P["unembed.W_U"]) + P["unembed.b_U"][:, None, None]
+
+
 def _dropout_mask(shape, p: float, gen: torch.Generator, device) -> Tensor:
     """What ``F.dropout(x, p)`` multiplies ``x`` by on the CPU: ``bernoulli(1 - p) / (1 - p)``."""
     noise = torch.empty(shape).bernoulli_(1 - p, generator=gen)
@@ -133,9 +167,24 @@ class _AdamW:
             p.grad = None
 
 
-def _val_metrics(task, P, data, attn_scale: float, budget: int = 1 << 24) -> list[dict[str, float]]:
-    """The task's validation metrics of each model, as :func:`interp.evaluate.evaluate` computes them."""
+def _val_metrics(task, P, data, attn_scale: float, counted=None, budget: int = 1 << 24) -> list[dict[str, float]]:
+    """The task's validation metrics of each model, as :func:`interp.evaluate.evaluate` computes them (from token
+    counts when ``counted`` = :func:`token_counts` of ``data`` is given)."""
     K = next(iter(P.values())).shape[0]
+    if counted is not None:
+        qtok, counts = counted
+        qpos = target_positions(data)
+        with torch.no_grad():
+            logits = stacked_count_logits(P, qtok.expand(K, -1, -1), counts.expand(K, -1, -1, -1), attn_scale)
+        preds = torch.full((K, *data.tokens.shape), -1, device=data.device, dtype=torch.long)
+        loss = torch.zeros((K, *data.tokens.shape), device=data.device)
+        r = torch.arange(len(data), device=data.device)[None, :, None]
+        kk = torch.arange(K, device=data.device)[:, None, None]
+        tgt = data.targets.gather(1, qpos)
+        preds[kk, r, qpos[None]] = logits.argmax(-1)
+        loss[kk, r, qpos[None]] = F.cross_entropy(logits.flatten(0, 2).float(), tgt.expand(K, -1, -1).flatten(),
+                                                  reduction="none").view(K, *tgt.shape)
+        return [task.metrics(preds[k], loss[k], data) for k in range(K)]
     d = P["embed.W_E"].shape[-1]
     preds = torch.full((K, *data.tokens.shape), -1, device=data.device, dtype=torch.long)
     loss = torch.zeros((K, *data.tokens.shape), device=data.device)
@@ -189,6 +238,11 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
     data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
     train_data, val_data = task.dataset("train").to(device), task.dataset("val").to(device)
     n, p_drop = len(train_data), cfg0.dropout
+    # the O(vocab) forward where nothing position-dependent comes before attention
+    use_counts = specs[0].positional == "none" and (p_drop == 0 or cfg0.dropout_at == "attention")
+    d_vocab = models[0].cfg.d_vocab
+    train_counted = token_counts(train_data, d_vocab) if use_counts else None
+    val_counted = token_counts(val_data, d_vocab) if use_counts else None
     history: list[list[dict]] = [[] for _ in range(K)]
     best = [(-1.0, math.inf, -1)] * K  # (val accuracy, val loss, epoch)
     best_state = {n_: P[n_].detach().clone() for n_ in PARAMS}
@@ -203,29 +257,42 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
         perms = [torch.randperm(n, generator=g).to(device) for g in data_gens]
         totals = torch.zeros(K, dtype=torch.float64)
         count = 0
+        d = P["embed.W_E"].shape[-1]
         for start in range(0, n, cfg0.batch_size):
-            batches = [train_data.select(perm[start:start + cfg0.batch_size]) for perm in perms]
-            t = max(b.tokens.shape[1] for b in batches)
-            tokens = torch.stack([F.pad(b.tokens, (0, t - b.tokens.shape[1])) for b in batches])
-            qpos = torch.stack([target_positions(b) for b in batches])
-            targets = torch.stack([b.targets.gather(1, q) for b, q in zip(batches, qpos)])
-            d = P["embed.W_E"].shape[-1]
-            emb_mask = out_mask = None
-            if p_drop:  # per model, in the solo order: embedding [b, t_k, d], then attention output [b, k, d]
-                emb_mask = torch.zeros(K, len(batches[0]), t, d, device=device)
-                out_mask = torch.empty(K, *qpos.shape[1:], d, device=device)
-                for k, (b, g) in enumerate(zip(batches, drop_gens)):
-                    emb_mask[k, :, :b.tokens.shape[1]] = _dropout_mask((len(b), b.tokens.shape[1], d), p_drop, g, device)
-                    out_mask[k] = _dropout_mask((*qpos.shape[1:], d), p_drop, g, device)
-            logits = stacked_logits_at(P, tokens, qpos, attn_scale, emb_mask, out_mask)
+            idx = torch.stack([perm[start:start + cfg0.batch_size] for perm in perms])  # [K, b]
+            bsz = idx.shape[1]
+            if use_counts:
+                qtok, counts = train_counted[0][idx], train_counted[1][idx]
+                targets = train_data.targets.gather(1, target_positions(train_data))[idx]
+                out_mask = None
+                if p_drop:  # per model, as the solo run draws it: the attention output [b, k, d]
+                    out_mask = torch.stack([_dropout_mask((bsz, qtok.shape[-1], d), p_drop, g, device)
+                                            for g in drop_gens])
+                logits = stacked_count_logits(P, qtok, counts, attn_scale, out_mask)
+            else:
+                batches = [train_data.select(i) for i in idx]
+                t = max(b.tokens.shape[1] for b in batches)
+                tokens = torch.stack([F.pad(b.tokens, (0, t - b.tokens.shape[1])) for b in batches])
+                qpos = torch.stack([target_positions(b) for b in batches])
+                targets = torch.stack([b.targets.gather(1, q) for b, q in zip(batches, qpos)])
+                emb_mask = out_mask = None
+                if p_drop:  # per model, in the solo order: embedding [b, t_k, d] (unless "attention"), then output
+                    emb_mask = torch.zeros(K, bsz, t, d, device=device) if cfg0.dropout_at != "attention" else None
+                    out_mask = torch.empty(K, *qpos.shape[1:], d, device=device)
+                    for k, (b, g) in enumerate(zip(batches, drop_gens)):
+                        if emb_mask is not None:
+                            emb_mask[k, :, :b.tokens.shape[1]] = _dropout_mask((bsz, b.tokens.shape[1], d), p_drop, g,
+                                                                                device)
+                        out_mask[k] = _dropout_mask((*qpos.shape[1:], d), p_drop, g, device)
+                logits = stacked_logits_at(P, tokens, qpos, attn_scale, emb_mask, out_mask)
             losses = F.cross_entropy(logits.flatten(0, 2).float(), targets.flatten(), reduction="none")
             losses = losses.view(K, -1).mean(1)  # each model's own mean loss
             losses.sum().backward()
             opt.step(min(1.0, (step + 1) / max(cfg0.warmup, 1)))
             step += 1
-            totals += losses.detach().double().cpu() * len(batches[0])
-            count += len(batches[0])
-        val = _val_metrics(task, {k_: v.detach() for k_, v in P.items()}, val_data, attn_scale)
+            totals += losses.detach().double().cpu() * bsz
+            count += bsz
+        val = _val_metrics(task, {k_: v.detach() for k_, v in P.items()}, val_data, attn_scale, val_counted)
         for k in range(K):
             if not active[k]:
                 continue
@@ -263,7 +330,8 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
             "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics, "history": history[k],
             "device": device, "wall_seconds_this_run": wall, "torch": torch.__version__,
             "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "machine": platform.machine(), "population": {"size": K, "index": k},
+            "machine": platform.machine(),
+            "population": {"size": K, "index": k, "forward": "token counts" if use_counts else "positions"},
         }
         save_checkpoint(out, model, spec, task, prov)
         results.append(prov)

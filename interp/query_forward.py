@@ -88,11 +88,12 @@ def query_attention(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tens
 
 
 def logits_at(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"],
-              dropout: float = 0.0) -> Float[Tensor, "batch k vocab_out"]:
+              dropout: float = 0.0, embed_dropout: bool = True) -> Float[Tensor, "batch k vocab_out"]:
     """Logits at ``query_pos`` of a one-layer attention-only model, exactly as ``model(tokens)`` gives them
-    (with ``dropout`` > 0: dropout after the embedding and after the attention output, as in training)."""
+    (with ``dropout`` > 0: dropout after the embedding, unless ``embed_dropout`` is False, and after the attention
+    output, as in training)."""
     attn = model.blocks[0].attn
-    x, scores, vals = query_attention(model, tokens, query_pos, dropout)
+    x, scores, vals = query_attention(model, tokens, query_pos, dropout if embed_dropout else 0.0)
     z = torch.einsum("bhkt,bhte->bkhe", scores.softmax(-1), vals)
     out = torch.einsum("bkhe,hed->bkd", z, attn.W_O) + attn.b_O
     if dropout:

@@ -42,6 +42,11 @@ from .task import IGNORE
 
 
 KEEP = ("best", "last")
+# Where dropout goes (the seed does not say): "embedding+attention" (after the embedding, per position, and after
+# the attention output: the default, as trained so far) or "attention" (after the attention output only). With
+# "attention" a one-layer attention-only model without positions depends, at a query, only on the query token and
+# the counts of the tokens before it, which interp.population exploits for an O(vocab) forward per sequence.
+DROPOUT_AT = ("embedding+attention", "attention")
 RUN_OPTIONS = ("epochs", "save_every", "patience", "keep")  # may change when a run is resumed
 
 
@@ -59,6 +64,7 @@ class TrainConfig:
     save_every: int = 5  # epochs between resume files
     patience: int | None = None  # stop after this many epochs without a better validation accuracy
     keep: str = "best"  # "best": best validation accuracy, ties by lower validation loss; "last": the final epoch
+    dropout_at: str = "embedding+attention"  # see DROPOUT_AT
 
     def __post_init__(self):
         checks = {
@@ -67,6 +73,7 @@ class TrainConfig:
             "dropout": 0 <= self.dropout < 1, "save_every": self.save_every >= 1,
             "warmup_steps": self.warmup_steps is None or self.warmup_steps >= 0,
             "patience": self.patience is None or self.patience >= 1, "keep": self.keep in KEEP,
+            "dropout_at": self.dropout_at in DROPOUT_AT,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -77,15 +84,16 @@ class TrainConfig:
         return round(2 / (1 - self.beta2)) if self.warmup_steps is None else self.warmup_steps
 
 
-def dropout_hooks(model, p: float) -> list:
-    """Forward hooks that apply dropout where the seed's transformer has it."""
+def dropout_hooks(model, p: float, at: str = "embedding+attention") -> list:
+    """Forward hooks that apply dropout after the embedding (unless ``at == "attention"``) and after each attention
+    (and MLP) output."""
     if p == 0:
         return []
 
     def drop(x, hook):
         return F.dropout(x, p=p, training=True)
 
-    names = ["blocks.0.hook_resid_pre"]
+    names = [] if at == "attention" else ["blocks.0.hook_resid_pre"]
     for layer in range(model.cfg.n_layers):
         names.append(f"blocks.{layer}.hook_attn_out")
         if not model.cfg.attn_only:
@@ -98,11 +106,11 @@ def task_loss(logits, targets) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
 
 
-def batch_loss(model, batch, hooks, dropout: float) -> torch.Tensor:
+def batch_loss(model, batch, hooks, dropout: float, dropout_at: str = "embedding+attention") -> torch.Tensor:
     """Training loss of one batch: the exact query-restricted forward where it applies, else TL's."""
     qpos = target_positions(batch) if supports_query_forward(model) else None
     if qpos is not None:
-        logits = logits_at(model, batch.tokens, qpos, dropout=dropout)
+        logits = logits_at(model, batch.tokens, qpos, dropout=dropout, embed_dropout=dropout_at != "attention")
         return task_loss(logits, batch.targets.gather(1, qpos))
     with model.hooks(fwd_hooks=hooks):
         return task_loss(model(batch.tokens), batch.targets)
@@ -262,7 +270,7 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
 
     train_data = task.dataset("train").to(device)
     val_data = task.dataset("val").to(device)
-    hooks = dropout_hooks(model, cfg.dropout)
+    hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
     n = len(train_data)
     started = time.time()
     if state.epoch >= cfg.epochs:
@@ -276,7 +284,7 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
             batch = train_data.select(perm[start : start + cfg.batch_size])
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(cfg.warmup, 1))
-            loss = batch_loss(model, batch, hooks, cfg.dropout)
+            loss = batch_loss(model, batch, hooks, cfg.dropout, cfg.dropout_at)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

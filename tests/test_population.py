@@ -48,7 +48,46 @@ def test_each_batched_model_equals_its_seed_trained_alone(tmp_path, tiny_task, t
         solo_out = tmp_path / f"solo{s}.safetensors"
         solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False)
         _compare(out, solo_out, pop, solo)
-        assert pop["population"] == {"size": len(seeds), "index": seeds.index(s)}
+        assert pop["population"] == {"size": len(seeds), "index": seeds.index(s), "forward": "positions"}
+
+
+def test_the_token_count_forward_equals_the_positional_one(tiny_task, tiny_spec):
+    """Where dropout does not touch the embedding, attention at a query depends on the query token and the counts
+    of the tokens before it: the O(vocab) forward equals the O(pos) one (float32 rounding: atol 1e-5)."""
+    from interp.model import build_model
+    from interp.population import PARAMS, stacked_count_logits, stacked_logits_at, token_counts
+    from interp.query_forward import logits_at
+    from interp.evaluate import target_positions
+
+    models = [build_model(tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1)]
+    for m in models:  # random, larger weights than the initialisation, so attention is far from uniform
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if p.requires_grad:
+                    p.normal_(0, 1.0, generator=torch.Generator().manual_seed(len(n)))
+    P = {n: torch.stack([m.state_dict()[n] for m in models]) for n in PARAMS}
+    data = tiny_task.dataset("val").select(slice(0, 50))
+    qpos = target_positions(data)
+    qtok, counts = token_counts(data, models[0].cfg.d_vocab)
+    scale = float(models[0].blocks[0].attn.attn_scale)
+    with torch.no_grad():
+        by_counts = stacked_count_logits(P, qtok.expand(2, -1, -1), counts.expand(2, -1, -1, -1), scale)
+        by_pos = stacked_logits_at(P, data.tokens.expand(2, -1, -1), qpos.expand(2, -1, -1), scale)
+        solo = torch.stack([logits_at(m, data.tokens, qpos) for m in models])
+    torch.testing.assert_close(by_pos, solo, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(by_counts, solo, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_only_dropout_population_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    seeds = [0, 3]
+    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=4, dropout_at="attention"), seeds)
+    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
+    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
+    for s, spec, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
+        assert pop["population"]["forward"] == "token counts"
+        solo_out = tmp_path / f"solo{s}.safetensors"
+        _compare(out, solo_out, pop, train(tiny_task, spec, c, solo_out, device="cpu", progress=False))
+    assert load_checkpoint(outs[0], device="cpu").training["config"]["dropout_at"] == "attention"
 
 
 def test_learning_rates_patience_and_keep_last_per_model(tmp_path, tiny_task, tiny_spec, tiny_cfg):
