@@ -43,6 +43,34 @@ def _add_common(p, threads: bool = True) -> None:
                             "between thread counts, and on a loaded machine fewer threads can be much faster")
 
 
+def _add_model_and_training_options(p, TASKS) -> None:
+    """The task, model and training options shared by ``train`` and ``sweep``."""
+    p.add_argument("task", help="task name: " + ", ".join(sorted(TASKS)))
+    p.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
+                   help="task parameter, e.g. --set train_size=2000 --set 'test_lengths=[151,300]' (repeatable)")
+    p.add_argument("--d-model", type=_positive_int)
+    p.add_argument("--n-heads", type=_positive_int)
+    p.add_argument("--d-head", type=_positive_int)
+    p.add_argument("--n-layers", type=_positive_int)
+    p.add_argument("--positional", choices=["none", "standard", "shortformer"],
+                   help="positional embedding: none (zeroed, frozen), standard (added to the residual stream), "
+                        "shortformer (into queries and keys only); default: the task's")
+    p.add_argument("--output-matrix", choices=["identity", "learned"],
+                   help="default: the task's (identity when n_heads*d_head == d_model, else learned)")
+    p.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's (128)")
+    p.add_argument("--lr", type=_positive_float, default=None, help="default: the task's (1e-3)")
+    p.add_argument("--weight-decay", type=_nonneg_float, default=None, help="default: the task's (0.01)")
+    p.add_argument("--dropout", type=_fraction, default=None, help="default: the task's (0.1)")
+    p.add_argument("--dropout-at", choices=["embedding+attention", "attention"], default=None,
+                   help="where dropout goes (default embedding+attention; 'attention' allows the O(vocab) batched "
+                        "forward of interp.population)")
+    p.add_argument("--patience", type=_positive_int, default=None, help="stop after this many epochs without a better validation accuracy")
+    p.add_argument("--keep", choices=["best", "last"], default=None,
+                   help="the model written: best (default: highest validation accuracy, ties by lower validation loss) "
+                        "or last (the final epoch)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tasks import TASKS  # the table only: no task module (and no torch) is imported
 
@@ -50,30 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a model on a task and write a .safetensors checkpoint")
-    t.add_argument("task", help="task name: " + ", ".join(sorted(TASKS)))
-    t.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
-                   help="task parameter, e.g. --set train_size=2000 --set 'test_lengths=[151,300]' (repeatable)")
-    t.add_argument("--d-model", type=_positive_int)
-    t.add_argument("--n-heads", type=_positive_int)
-    t.add_argument("--d-head", type=_positive_int)
-    t.add_argument("--n-layers", type=_positive_int)
-    t.add_argument("--positional", choices=["none", "standard", "shortformer"],
-                   help="positional embedding: none (zeroed, frozen), standard (added to the residual stream), "
-                        "shortformer (into queries and keys only); default: the task's")
-    t.add_argument("--output-matrix", choices=["identity", "learned"],
-                   help="default: the task's (identity when n_heads*d_head == d_model, else learned)")
-    t.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's")
-    t.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's (128)")
-    t.add_argument("--lr", type=_positive_float, default=None, help="default: the task's (1e-3)")
-    t.add_argument("--weight-decay", type=_nonneg_float, default=None, help="default: the task's (0.01)")
-    t.add_argument("--dropout", type=_fraction, default=None, help="default: the task's (0.1)")
-    t.add_argument("--dropout-at", choices=["embedding+attention", "attention"], default=None,
-                   help="where dropout goes (default embedding+attention; 'attention' allows the O(vocab) batched "
-                        "forward of interp.population)")
-    t.add_argument("--patience", type=_positive_int, default=None, help="stop after this many epochs without a better validation accuracy")
-    t.add_argument("--keep", choices=["best", "last"], default=None,
-                   help="the model written: best (default: highest validation accuracy, ties by lower validation loss) "
-                        "or last (the final epoch)")
+    _add_model_and_training_options(t, TASKS)
     t.add_argument("--save-every", type=_positive_int, default=None, help="epochs between resume files (default 5)")
     t.add_argument("--seed", type=_nonneg_int, default=None, help="default 0")
     t.add_argument("--out", default=None, help="checkpoint path (default: runs/TASK-seedN.safetensors)")
@@ -102,6 +107,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(r)
+
+    sw = sub.add_parser("sweep", help="train many seeds x a grid of configurations into one directory (resumable)")
+    _add_model_and_training_options(sw, TASKS)
+    sw.add_argument("--seeds", default="0..9", help="'A..B' (inclusive) or a comma-separated list (default 0..9)")
+    sw.add_argument("--grid", nargs="*", default=[], metavar="KEY=V1,V2",
+                    help="options to vary, e.g. --grid d_model=8,32 n_heads=4,16 lr=1e-3,3e-3")
+    sw.add_argument("--out", required=True, help="the sweep directory (runs/ and results.jsonl); rerun to resume")
+    sw.add_argument("--group", type=_positive_int, default=100,
+                    help="models trained together as one batched computation (one-layer attention-only; default 100)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_common(sw)
+
+    tb = sub.add_parser("table", help="Table 1 of a sweep directory: share of runs at 100%% test accuracy, 95%% CI")
+    tb.add_argument("directory", help="a sweep directory (written by interp sweep)")
+    tb.add_argument("--split", default="test")
+    tb.add_argument("--threshold", type=float, default=1.0, help="accuracy counted as reached (default 1.0)")
+    tb.add_argument("--json", action="store_true", help="print JSON rows")
 
     sub.add_parser("list", help="list tasks and shipped checkpoints")
     return p
@@ -279,7 +301,39 @@ def cmd_list(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "analyze": cmd_analyze, "report": cmd_report, "list": cmd_list}
+def cmd_sweep(args) -> int:
+    from interp.sweep import parse_grid, parse_seeds, run_sweep
+
+    _set_threads(args)
+    seeds, grid = parse_seeds(args.seeds), parse_grid(args.grid)
+    args.seed, args.save_every = seeds[0], None
+    task, spec, cfg, _ = _train_setup(args)
+    rows = run_sweep(task, spec, cfg, seeds, grid, args.out, group=args.group, device=args.device,
+                     progress=not args.quiet)
+    print(f"{args.out}: {len(rows)} runs; `interp table {args.out}` summarises them")
+    return 0
+
+
+def cmd_table(args) -> int:
+    from interp.errors import ConfigError
+    from interp.sweep import population_table, read_results
+
+    rows = read_results(args.directory)
+    if not rows:
+        raise ConfigError(f"{args.directory} holds no finished runs (no results.jsonl rows)")
+    table = population_table(rows, split=args.split, threshold=args.threshold)
+    if args.json:
+        print(json.dumps(table))
+        return 0
+    keys = list(table[0])
+    print("  ".join(f"{k:>14}" for k in keys))
+    for r in table:
+        print("  ".join(f"{r[k]:>14.3f}" if isinstance(r[k], float) else f"{str(r[k]):>14}" for k in keys))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "analyze": cmd_analyze, "report": cmd_report, "sweep": cmd_sweep,
+            "table": cmd_table, "list": cmd_list}
 
 
 def main(argv: list[str] | None = None) -> int:

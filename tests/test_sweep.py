@@ -1,0 +1,109 @@
+"""Sweeps (interp.sweep, `interp sweep`, `interp table`): one checkpoint and one row per run, batched groups equal to
+solo runs, a rerun skips finished runs, a sweep killed with SIGKILL ends, when rerun, with the same table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from interp.errors import ConfigError
+from interp.sweep import parse_grid, parse_seeds, population_table, read_results, run_sweep, wilson_interval
+from interp.training import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_parsing():
+    assert parse_seeds("0..3") == [0, 1, 2, 3] and parse_seeds("5,1,5") == [1, 5]
+    assert parse_grid(["d_model=8,32", "lr=1e-3,3e-3", "dropout_at=attention"]) == {
+        "d_model": [8, 32], "lr": [0.001, 0.003], "dropout_at": ["attention"]}
+    for bad in ("a..b", "", "-1"):
+        with pytest.raises(ConfigError, match="seeds"):
+            parse_seeds(bad)
+    with pytest.raises(ConfigError, match="not a model or training option"):
+        parse_grid(["colour=red"])
+
+
+def test_wilson_interval_known_values():
+    # Wilson 95% intervals, from the closed form (e.g. Brown, Cai & DasGupta 2001): 0/10 and 10/10 and 5/10
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    lo, hi = wilson_interval(10, 10)
+    assert lo == pytest.approx(0.7225, abs=1e-4) and hi == 1.0
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+
+
+def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    cfg = tiny_cfg(epochs=2)
+    rows = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path, group=2, device="cpu",
+                     progress=False)
+    assert [r["name"] for r in rows] == ["noisy-majority-lr0.01-seed0", "noisy-majority-lr0.01-seed1",
+                                         "noisy-majority-lr0.003-seed0", "noisy-majority-lr0.003-seed1"]
+    assert read_results(tmp_path) == rows
+    assert all(r["population"]["size"] == 2 for r in rows)  # lr varies within a batch: 4 runs in 2 groups of 2
+    solo = train(tiny_task, tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": 1}),
+                 tiny_cfg(epochs=2, lr=3e-3, seed=1), tmp_path / "solo.safetensors", device="cpu", progress=False)
+    got = load_file(rows[3]["checkpoint"])
+    want = load_file(tmp_path / "solo.safetensors")
+    for k in got:
+        if got[k].is_floating_point():
+            torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=0, equal_nan=True)
+    assert rows[3]["accuracy"] == solo["accuracy"]
+    # a rerun trains nothing; a lost row is recovered from its checkpoint; a missing checkpoint is retrained
+    stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()}
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    Path(rows[0]["checkpoint"]).unlink()
+    again = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path, group=2, device="cpu",
+                      progress=False)
+    assert [r["name"] for r in again] == [r["name"] for r in rows]
+    assert [r["accuracy"] for r in again] == [r["accuracy"] for r in rows]
+    for p, t in stamp.items():
+        if p.name != Path(rows[0]["checkpoint"]).name:
+            assert p.stat().st_mtime_ns == t, f"{p.name} was trained again"
+    table = population_table(again)
+    assert [t["lr"] for t in table] == [0.01, 0.003] and all(t["runs"] == 2 for t in table)
+
+
+def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task, capsys):
+    args = [sys.executable, "-m", "interp", "sweep", "noisy-majority", "--seeds", "0..3", "--group", "1",
+            "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--epochs", "2", "--batch-size", "64", "--lr", "0.01",
+            "--threads", "1", "--quiet"]
+    for k in ("train_size", "val_size", "test_size", "train_lengths", "val_lengths", "test_lengths"):
+        args += ["--set", f"{k}={json.dumps(tiny_task.params()[k]).replace(' ', '')}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(args + ["--out", str(killed)], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(read_results(killed) if (killed / "results.jsonl").exists() else []) < 1:
+        assert proc.poll() is None, proc.stderr.read().decode()[-800:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    done_before = len(read_results(killed))
+    assert 1 <= done_before < 4
+    assert subprocess.run(args + ["--out", str(killed)], env=env, cwd=tmp_path).returncode == 0
+    from interp.cli import main
+    from interp.model import ModelSpec
+    from interp.training import TrainConfig
+
+    whole = tmp_path / "whole"  # the same sweep, uninterrupted, in this process
+    spec = ModelSpec(**{**tiny_task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
+    run_sweep(tiny_task, spec, TrainConfig(epochs=2, batch_size=64, lr=0.01), [0, 1, 2, 3], {}, whole, group=1,
+              device="cpu", progress=False)
+    a, b = read_results(killed), read_results(whole)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "checkpoint"} for r in rows]  # noqa: E731
+    assert strip(a) == strip(b)
+    capsys.readouterr()
+    assert main(["table", str(killed), "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert table[0]["runs"] == 4 and 0 <= table[0]["ci_low"] <= table[0]["ci_high"] <= 1
