@@ -44,7 +44,7 @@ from interp.task import TaskData
 HEAD_SITES = ("z", "q", "k", "v")  # [batch, pos, head, d_head]
 POS_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")  # [batch, pos, d_model]
 SITES = HEAD_SITES + ("pattern",) + POS_SITES
-PER = {"head": ("head_pos", "head"), "pattern": ("head_pos", "head"), "pos": ("pos", "layer")}
+PER = {"head": ("head_pos", "head", "layer"), "pattern": ("head_pos", "head", "layer"), "pos": ("pos", "layer")}
 DIRECTIONS = ("denoising", "noising")
 METRICS = ("logit_diff", "loss", "accuracy")
 QKV = ("q", "k", "v")
@@ -281,6 +281,8 @@ def _variant_masks(kind: str, per: str, n_heads: int, n_pos: int, device) -> tup
         if per == "pos":
             return torch.eye(n_pos, dtype=torch.bool, device=device), (n_pos,)
         return torch.ones(1, n_pos, dtype=torch.bool, device=device), ()
+    if per == "layer":  # every head at every position (or every query row) at once
+        return torch.ones(1, *((n_pos, n_heads) if kind == "head" else (n_heads, n_pos)), dtype=torch.bool, device=device), ()
     if per == "head_pos":  # variant (h, p) -> result [h, p]
         m = torch.eye(n_heads * n_pos, dtype=torch.bool, device=device).view(n_heads * n_pos, n_heads, n_pos)
         return (m.transpose(1, 2) if kind == "head" else m), (n_heads, n_pos)
@@ -303,15 +305,16 @@ def _patch_hook(masks: Tensor, source: Tensor, kind: str):
 def activation_patching(model, clean: "TaskData | Int[Tensor, 'batch pos']", corrupted: "TaskData | Int[Tensor, 'batch pos']",
                         metric: "str | Callable" = "logit_diff", where: str = "z", per: str | None = None,
                         layers: Sequence[int] | None = None, direction: str = "denoising",
-                        budget: int = DEFAULT_BUDGET) -> ActivationPatching:
+                        budget: int | None = None) -> ActivationPatching:
     """Patch ``where`` from the source run into the base run at every index of ``per`` in ``layers`` (default all)
-    and measure ``metric``; all variants of a layer are stacked along the batch axis (``budget`` bounds a chunk's
-    ``rows x pos x pos``).
+    and measure ``metric``; all variants of a layer are stacked along the batch axis, in chunks (``budget``: rows x
+    pos x pos per chunk; default: cache-sized chunks on CPU, ``interp.evaluate.DEFAULT_BUDGET`` elsewhere).
 
     ``where``: ``"z"`` (head outputs; also ``"q"``, ``"k"``, ``"v"``), ``"pattern"`` (attention patterns),
     ``"resid_pre"`` (also ``"resid_mid"``, ``"resid_post"``, ``"attn_out"``, ``"mlp_out"``). ``per``: for head
     sites and patterns ``"head_pos"`` (each head at each position; for patterns each query row: a ``[layer, head,
-    pos]`` result) or ``"head"`` (each head at all positions: ``[layer, head]``); for residual sites ``"pos"``
+    pos]`` result), ``"head"`` (each head at all positions: ``[layer, head]``) or ``"layer"`` (every head at every
+    position: ``[layer]``); for residual sites ``"pos"``
     (``[layer, pos]``) or ``"layer"`` (all positions at once: ``[layer]``). Equal to TransformerLens'
     ``get_act_patch_attn_head_out_by_pos`` (transposed to ``[layer, head, pos]``), ``..._all_pos``,
     ``get_act_patch_resid_pre``, ``get_act_patch_attn_head_pattern_by_pos`` etc."""
@@ -476,7 +479,7 @@ class PathPatching(Result):
 
 
 def path_patching(model, clean, corrupted, metric: "str | Callable" = "logit_diff", senders=None, receivers=None,
-                  qkv: Sequence[str] = QKV, direction: str = "denoising", budget: int = DEFAULT_BUDGET) -> PathPatching:
+                  qkv: Sequence[str] = QKV, direction: str = "denoising", budget: int | None = None) -> PathPatching:
     """For every sender head, receiver head in a later layer and input in ``qkv``: the metric when the sender's
     output ``z W_O`` on the source run replaces its base-run output in that input of that receiver only (all
     variants stacked along the batch axis). Defaults: senders = the heads of layer 0, receivers = every head of

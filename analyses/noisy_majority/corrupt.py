@@ -42,10 +42,12 @@ def flip_answer(data: TaskData, seed: int = 0) -> TaskData:
     return make_sentences(out).to(data.device)
 
 
-def corrupted_pair(n_seqs: int = 32, n_digits: int = 40, seed: int = 0, device=None) -> tuple[TaskData, TaskData]:
-    """``(clean, corrupted)``: ``n_seqs`` sequences of ``n_digits`` digits with ``|n0 - n1| <= 1`` (near a tie, so
+def corrupted_pair(task, n_seqs: int = 32, n_digits: int = 40, seed: int = 0, device=None) -> tuple[TaskData, TaskData]:
+    """``(clean, corrupted)`` noisy-majority data for ``task``: ``n_seqs`` sequences of ``n_digits`` digits with ``|n0 - n1| <= 1`` (near a tie, so
     one swap flips the answer; half of them answer 4), and the same with the answer flipped by :func:`flip_answer`.
     All have the same length, so positions line up across examples."""
+    if task.name != "noisy-majority":
+        raise TaskError(f"corrupted_pair builds noisy-majority data; got a task {task.name!r}")
     if n_seqs < 1 or n_digits < 1:
         raise TaskError(f"n_seqs and n_digits must be at least 1, got {n_seqs} and {n_digits}")
     gen = torch.Generator().manual_seed(seed)
@@ -63,6 +65,8 @@ def corrupted_pair(n_seqs: int = 32, n_digits: int = 40, seed: int = 0, device=N
             break
     else:
         raise TaskError(f"could not draw {n_seqs} near-tie sequences of {n_digits} digits")
+    if n_digits + 4 > task.n_ctx:
+        raise TaskError(f"{n_digits} digits need a context of {n_digits + 4} tokens; the task's is {task.n_ctx}")
     clean = make_sentences(kept)
     corrupted = flip_answer(clean, seed=seed)
     return (clean.to(device), corrupted.to(device)) if device is not None else (clean, corrupted)
