@@ -52,7 +52,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", default="repeated-tokens")
     p.add_argument("--pairs", type=int, nargs="+", default=[1, 4, 16, 64])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     args = p.parse_args()

@@ -41,7 +41,8 @@ def analyze(ckpt: Checkpoint) -> HeadSummary:
 
 
 def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> None:
-    """Head table and Figures 4, 5, 7, 6 and 8 (the report itself adds every head's attention view)."""
+    """Head table, Figures 4, 5, 7, 6 and 8, and activation patching (the report itself adds every head's
+    attention view)."""
     model = ckpt.model
     L, H = model.cfg.n_layers, model.cfg.n_heads
     t0 = time.perf_counter()
@@ -97,8 +98,6 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
 
     n_tr, n_te = min(REPORT_TRAIN, len(train)), min(REPORT_TEST, len(test))
     layer_words = f"every head ({H})" if L == 1 else f"every head of layer 0 ({H} of its {L * H} heads)"
-    add_patching_section(ckpt, report)
-
     report.section("Attention interventions",
                    f"Figure 8: the '=' query's attention of {layer_words} set by hand, then the separation accuracy of "
                    "each head's output, averaged over heads. Left: 2s ignored (w02 = inf), w01 varied. Right: w01 = 1, "
@@ -110,6 +109,7 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
     report.table([{"w02": ("inf" if math.isinf(w) else f"{w:g}"), "mean separation accuracy": a}
                   for w, a in zip(sweep.w02_values, sweep.w02_mean.tolist())],
                  caption="w01 = 1", formats={"mean separation accuracy": ".3f"})
+    add_patching_section(ckpt, report)
 
 
 def add_patching_section(ckpt: Checkpoint, report) -> None:
