@@ -140,11 +140,14 @@ def _runs(model, base: Tensor, source: Tensor, names: set[str]):
     return base_logits, base_cache, src_logits, src_cache
 
 
-def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric: VariantMetric, n: int) -> Tensor:
+def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric: VariantMetric, n: int,
+                 last: tuple | None = None) -> Tensor:
     """The metric of ``n`` stacked variants of the base run (``resid``: their residual stream entering layer
     ``start``, ``[n * batch, pos, d_model]``; ``tokens``: the base run's), with ``hooks``. Reads the logits
     only at the metric's positions where it has them (``ln_final`` and the unembedding act per position), and then,
-    when no hook sits in the last layer, computes that layer's attention for those query rows only."""
+    when no hook sits in the last layer, computes that layer's attention for those query rows only (``last``: the
+    base run's input, keys and values of the last layer, so only the positions where a variant differs from the base
+    run get new keys and values)."""
     from transformer_lens.utilities.activation_functions import apply_softcap
 
     cfg = model.cfg
@@ -160,7 +163,7 @@ def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric
         if metric.positions is not None:
             rows = torch.arange(n * B, device=resid.device)
             at = metric.positions.to(resid.device).repeat(n)
-            resid = _last_layer_rows(model, resid, at, spe) if rows_only else resid[rows, at]
+            resid = _last_layer_rows(model, resid, at, spe, last) if rows_only else resid[rows, at]
             resid = resid[:, None]  # [n * batch, 1, d_model]
         if cfg.normalization_type is not None:
             resid = model.ln_final(resid)
@@ -191,19 +194,32 @@ def _post_norm_architectures() -> tuple:
 
 
 def _last_layer_rows(model, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, "row"],
-                     shortformer: Tensor | None) -> Float[Tensor, "row d_model"]:
+                     shortformer: Tensor | None, base: tuple | None = None) -> Float[Tensor, "row d_model"]:
     """The last block's output at one query position per row, from the model's own modules and weights: keys and
     values at every position, the query and the attention row only at ``at`` (``O(pos)`` instead of ``O(pos^2)``).
-    Tested equal to TransformerLens' forward."""
+    With ``base = (resid, k, v)`` of the base run (``[batch, ...]``; rows are ``variant x batch``), keys and values
+    are recomputed only where a row's input differs from the base run's. Tested equal to TransformerLens' forward."""
     blk = model.blocks[-1]
     a = blk.attn
     R, T, _ = resid.shape
     rows = torch.arange(R, device=resid.device)
-    h = blk.ln1(resid)
-    qk = h + shortformer if shortformer is not None else h
-    q = torch.einsum("rd,hde->rhe", qk[rows, at], a.W_Q) + a.b_Q
-    k = torch.einsum("rtd,hde->rthe", qk, a.W_K) + a.b_K
-    v = torch.einsum("rtd,hde->rthe", h, a.W_V) + a.b_V
+    if base is None:
+        h = blk.ln1(resid)
+        qk = h + shortformer if shortformer is not None else h
+        k = torch.einsum("rtd,hde->rthe", qk, a.W_K) + a.b_K
+        v = torch.einsum("rtd,hde->rthe", h, a.W_V) + a.b_V
+    else:
+        b_resid, b_k, b_v = base
+        n = R // b_resid.shape[0]
+        k, v = b_k.repeat(n, 1, 1, 1), b_v.repeat(n, 1, 1, 1)
+        changed = (resid != b_resid.repeat(n, 1, 1)).any(-1).nonzero(as_tuple=True)  # (row, pos) pairs
+        if len(changed[0]):
+            hc = blk.ln1(resid[changed][:, None])[:, 0]
+            qkc = hc + shortformer[changed] if shortformer is not None else hc
+            k[changed] = torch.einsum("md,hde->mhe", qkc, a.W_K) + a.b_K
+            v[changed] = torch.einsum("md,hde->mhe", hc, a.W_V) + a.b_V
+    hq = blk.ln1(resid[rows, at][:, None])[:, 0]
+    q = torch.einsum("rd,hde->rhe", hq + shortformer[rows, at] if shortformer is not None else hq, a.W_Q) + a.b_Q
     scores = torch.einsum("rhe,rthe->rht", q, k) / a.attn_scale
     future = torch.arange(T, device=resid.device)[None, :] > at[:, None]
     pattern = scores.masked_fill(future[:, None, :], float("-inf")).softmax(-1)
@@ -387,12 +403,15 @@ def activation_patching(model, clean: "TaskData | Int[Tensor, 'batch pos']", cor
     base, source = (corr_t, clean_t) if direction == "denoising" else (clean_t, corr_t)
     B, T = base.shape
     shortcut = where == "z" and _linear_z(model)
+    L = n_layers - 1
+    last_names = [f"blocks.{L}.hook_resid_pre", f"blocks.{L}.attn.hook_k", f"blocks.{L}.attn.hook_v"]
     names = ({hook_name(where, l) for l in layers} | {f"blocks.{l}.hook_resid_pre" for l in layers}
-             | {f"blocks.{l}.hook_resid_post" for l in layers if shortcut})
+             | {f"blocks.{l}.hook_resid_post" for l in layers if shortcut} | set(last_names))
     base_logits, base_cache, src_logits, src_cache = _runs(model, base, source, names)
     clean_logits, corr_logits = (src_logits, base_logits) if direction == "denoising" else (base_logits, src_logits)
     clean_m, corr_m = float(metric.of_logits(clean_logits)), float(metric.of_logits(corr_logits))
     base_m = corr_m if direction == "denoising" else clean_m
+    last = tuple(base_cache[n] for n in last_names)
 
     dev = base.device
     masks, shape = _variant_masks(kind, per, n_heads, T, dev)
@@ -409,14 +428,14 @@ def activation_patching(model, clean: "TaskData | Int[Tensor, 'batch pos']", cor
             if shortcut:  # z enters the residual stream linearly: add the patched heads' change of output, skip layer l
                 dz = torch.einsum("nph,bphe,hed->nbpd", m.to(src.dtype), src - act, model.W_O[l])
                 resid = (base_cache[f"blocks.{l}.hook_resid_post"][None] + dz).reshape(n * B, T, -1)
-                vals[part] = _stacked_run(model, resid, base, l + 1, [], metric, n).float().cpu()
+                vals[part] = _stacked_run(model, resid, base, l + 1, [], metric, n, last).float().cpu()
             elif where == "resid_pre":  # the patched residual stream is the input of layer l: no hook needed
                 resid = torch.where(m[:, None, :, None], src[None], act[None]).reshape(n * B, T, -1)
-                vals[part] = _stacked_run(model, resid, base, l, [], metric, n).float().cpu()
+                vals[part] = _stacked_run(model, resid, base, l, [], metric, n, last).float().cpu()
             else:
                 resid = base_cache[f"blocks.{l}.hook_resid_pre"].repeat(n, 1, 1)
                 hooks = [(hook_name(where, l), _patch_hook(m, src, kind))]
-                vals[part] = _stacked_run(model, resid, base, l, hooks, metric, n).float().cpu()
+                vals[part] = _stacked_run(model, resid, base, l, hooks, metric, n, last).float().cpu()
         out.append(vals.reshape(shape))
     values = torch.stack(out).float().cpu()
     dims = ("layer",) + {"head_pos": ("head", "pos"), "head": ("head",), "pos": ("pos",), "layer": ()}[per]
