@@ -110,6 +110,19 @@ def test_equals_transformer_lens(model, where, per, fn, perm, monkeypatch):
             assert ours.clean == pytest.approx(float(tl_metric(model(clean.tokens).detach())), abs=ATOL)
 
 
+@pytest.mark.parametrize("metric", ["loss", "accuracy"])
+def test_loss_and_accuracy_metrics_equal_transformer_lens(metric, monkeypatch):
+    monkeypatch.setattr(tl_patching, "tqdm", lambda x, **kw: x)
+    model = make_model(2, 3, attn_only=False, normalization="LN")
+    clean, corrupted = pair()
+    vm = variant_metric(metric, clean, corrupted)
+    for where, fn, perm in (("z", tl_patching.get_act_patch_attn_head_out_by_pos, (0, 2, 1)),
+                            ("resid_pre", tl_patching.get_act_patch_resid_pre, None)):
+        ours = activation_patching(model, clean, corrupted, metric, where=where)
+        theirs = _tl(fn, model, clean, corrupted, vm.of_logits, "denoising").cpu()
+        torch.testing.assert_close(ours.values, theirs.permute(*perm) if perm else theirs, atol=ATOL, rtol=RTOL)
+
+
 def test_small_chunks_and_layers_subset():
     model = make_model(2, 3)
     clean, corrupted = pair()
@@ -150,11 +163,12 @@ def test_per_layer_equals_a_loop_of_run_with_hooks():
     clean, corrupted = pair()
     _, cache = model.run_with_cache(clean.tokens)
     vm = variant_metric("logit_diff", clean, corrupted)
-    r = activation_patching(model, clean, corrupted, "logit_diff", where="z", per="layer")
-    for l in range(2):
-        name = f"blocks.{l}.attn.hook_z"
-        logits = model.run_with_hooks(corrupted.tokens, fwd_hooks=[(name, lambda z, hook: cache[hook.name])])
-        assert float(r.values[l]) == pytest.approx(float(vm.of_logits(logits.detach())), abs=ATOL)
+    for where in ("z", "pattern", "v"):
+        r = activation_patching(model, clean, corrupted, "logit_diff", where=where, per="layer")
+        for l in range(2):
+            name = f"blocks.{l}.attn.hook_{where}"
+            logits = model.run_with_hooks(corrupted.tokens, fwd_hooks=[(name, lambda z, hook: cache[hook.name])])
+            assert float(r.values[l]) == pytest.approx(float(vm.of_logits(logits.detach())), abs=ATOL)
 
 
 def slow_path_patching(model, clean, corrupted, metric, senders, receivers, direction="denoising"):
