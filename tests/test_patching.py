@@ -190,7 +190,7 @@ def slow_path_patching(model, clean, corrupted, metric, senders, receivers, dire
                         x[:, :, rh] += delta
                         return x
                     logits = model.run_with_hooks(base.tokens, fwd_hooks=[(f"blocks.{rl}.hook_{letter}_input", hook)])
-                    out[i, j, k] = float(metric(logits))
+                    out[i, j, k] = float(metric(logits.detach()))
     finally:
         model.set_use_split_qkv_input(False)
     return out
