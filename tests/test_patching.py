@@ -158,6 +158,16 @@ def test_every_head_output_recovers_the_clean_run(n_heads):
     assert noised.values[0] == pytest.approx(r.corrupted, abs=ATOL)
 
 
+def test_single_heads_add_up_in_a_linear_model():
+    """One layer, attention only, no LayerNorm: the logit difference is linear in the head outputs, so the heads'
+    single-head denoising effects (all positions) add up to the effect of patching them all."""
+    model = make_model(1, 8)
+    clean, corrupted = pair()
+    heads = activation_patching(model, clean, corrupted, where="z", per="head")
+    every = activation_patching(model, clean, corrupted, where="z", per="layer")
+    assert float((heads.values - heads.corrupted).sum()) == pytest.approx(float(every.values[0] - every.corrupted), abs=ATOL)
+
+
 def test_per_layer_equals_a_loop_of_run_with_hooks():
     model = make_model(2, 3, attn_only=False, normalization="LN")
     clean, corrupted = pair()
