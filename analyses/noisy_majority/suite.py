@@ -132,7 +132,8 @@ def add_patching_section(ckpt: Checkpoint, report) -> None:
                    "Each head's output (hook_z at every position) patched from the clean run into the corrupted one "
                    "(denoising) restores at most "
                    + ", ".join(f"{r['head']} {r['normalized']:.2f}" for r in top)
-                   + f"; every head of layer 0 at once: {float(every.normalized.flatten()[-1]):.2f}. Patched the other "
+                   + f"; every head of layer 0 at once: {float(every.normalized[0]):.2f} (the single-head "
+                   f"effects sum to {float(heads.normalized[0].sum()):.2f}). Patched the other "
                    f"way (noising), no single head breaks it: the least that survives is {weakest['normalized']:.2f} "
                    f"({weakest['head']}). Attention patterns patched head by head restore at most "
                    f"{float(pattern.normalized.max()):.2f}: the answer travels in the values of the swapped digit, "
