@@ -38,7 +38,6 @@ _NAMES = {
     # repeated tokens (seed 003)
     "analyses.repeated_tokens.probe": ["probe_tokens"],
     "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],
-    "analyses.repeated_tokens.corrupt": ["corrupted_pair"],
     "analyses.repeated_tokens.suite": ["InductionAnalysis"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}

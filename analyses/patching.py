@@ -78,6 +78,17 @@ def _tokens(x, what: str) -> Tensor:
 
 
 def _check_inputs(model, clean, corrupted) -> tuple[Tensor, Tensor]:
+    """Both inputs' tokens on the model's device, after refusing: data the model cannot take (tokens out of its
+    vocabulary or context, task data of a task whose vocabulary does not fit it, empty data), clean and corrupted
+    data of different tasks or shapes, and answers at different positions."""
+    from .answer_cache import check_model_data
+
+    if isinstance(clean, TaskData) and isinstance(corrupted, TaskData):
+        if clean.task != corrupted.task:
+            raise TaskError(f"clean data is of task {clean.task!r} but corrupted data of task {corrupted.task!r}")
+        if clean.vocab is not None:
+            check_model_data(model, clean)
+            check_model_data(model, corrupted)
     dev = model_device(model)
     a, b = _tokens(clean, "clean").to(dev), _tokens(corrupted, "corrupted").to(dev)
     check_tokens(model, a)

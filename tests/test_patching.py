@@ -329,3 +329,18 @@ def test_shipped_induction_model_key_path():
     key = p.normalized[i, :, 1]
     assert key.sum() > 0.8  # the key path from the previous-token head carries the answer
     assert p.normalized[:, :, [0, 2]].abs().max() < 0.1
+
+
+def test_flip_keeps_the_padded_width(nm_task, nm_ckpt):
+    from analyses.noisy_majority.corrupt import flip_answer
+    from analyses.repeated_tokens.corrupt import corrupted_pair
+    from tasks import get_task
+
+    data = nm_task.dataset("test").select(slice(0, 6))
+    flipped = flip_answer(data)
+    assert flipped.tokens.shape == data.tokens.shape and (flipped.labels != data.labels).all()
+    r = activation_patching(nm_ckpt.model, data, flipped, "logit_diff", where="z", per="head")
+    assert r.clean > 0 > r.corrupted  # the shipped model answers both
+    other, _ = corrupted_pair(get_task("repeated-tokens"), 2)
+    with pytest.raises(TaskError):
+        activation_patching(nm_ckpt.model, other, other, "logit_diff")  # a model of another task

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from interp.errors import TaskError
-from interp.task import TaskData
-from tasks.noisy_majority import ONE, TWO, ZERO, make_sentences
+from interp.task import IGNORE, TaskData
+from tasks.noisy_majority import ONE, PAD, TWO, ZERO, make_sentences
 
 
 def flip_answer(data: TaskData, seed: int = 0) -> TaskData:
@@ -39,7 +39,12 @@ def flip_answer(data: TaskData, seed: int = 0) -> TaskData:
         d = d.clone()
         d[pick] = to
         out.append(d)
-    return make_sentences(out).to(data.device)
+    flipped = make_sentences(out)
+    extra = data.tokens.shape[1] - flipped.tokens.shape[1]
+    if extra > 0:  # keep the input's padded width, so that clean and corrupted tokens line up
+        flipped.tokens = torch.cat([flipped.tokens, torch.full((len(data), extra), PAD, dtype=torch.long)], 1)
+        flipped.targets = torch.cat([flipped.targets, torch.full((len(data), extra), IGNORE, dtype=torch.long)], 1)
+    return flipped.to(data.device)
 
 
 def corrupted_pair(task, n_seqs: int = 32, n_digits: int = 40, seed: int = 0, device=None) -> tuple[TaskData, TaskData]:
