@@ -157,7 +157,7 @@ def _runs(model, base: Tensor, source: Tensor, names: set[str]):
 
 
 def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric: VariantMetric, n: int,
-                 last: tuple | None = None) -> Tensor:
+                 last: tuple | None = None, adds: dict[str, Tensor] | None = None) -> Tensor:
     """The metric of ``n`` stacked variants of the base run (``resid``: their residual stream entering layer
     ``start``, ``[n * batch, pos, d_model]``; ``tokens``: the base run's), with ``hooks``. Reads the logits
     only at the metric's positions where it has them (``ln_final`` and the unembedding act per position), and then,
@@ -168,8 +168,10 @@ def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric
 
     cfg = model.cfg
     B, L = tokens.shape[0], cfg.n_layers
-    rows_only = (metric.positions is not None and start < L and _query_rows_apply(model)
+    rows_only = (metric.positions is not None and start < L and _query_rows_apply(model, split_ok=adds is not None)
                  and not any(name.startswith(f"blocks.{L - 1}.") for name, _ in hooks))
+    if adds is not None and not (rows_only and start == L - 1):
+        raise InterpError("internal: per-head input additions need the query-row path of the last layer")
     spe = model.pos_embed(tokens).repeat(n, 1, 1) if cfg.positional_embedding_type == "shortformer" else None
     with torch.inference_mode():
         stop = L - 1 if rows_only else L
@@ -179,7 +181,7 @@ def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric
         if metric.positions is not None:
             rows = torch.arange(n * B, device=resid.device)
             at = metric.positions.to(resid.device).repeat(n)
-            resid = _last_layer_rows(model, resid, at, spe, last) if rows_only else resid[rows, at]
+            resid = _last_layer_rows(model, resid, at, spe, last, adds) if rows_only else resid[rows, at]
             resid = resid[:, None]  # [n * batch, 1, d_model]
         if cfg.normalization_type is not None:
             resid = model.ln_final(resid)
@@ -187,13 +189,13 @@ def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric
     return metric(logits.view(n, B, *logits.shape[1:]) if metric.positions is None else logits.view(n, B, -1))
 
 
-def _query_rows_apply(model) -> bool:
+def _query_rows_apply(model, split_ok: bool = False) -> bool:
     """Whether :func:`_last_layer_rows` computes this model's last layer exactly: plain causal softmax attention
     with learned or shortformer positions (no rotary, ALiBi, grouped or local attention, score caps, QK norm,
     post-norms or parallel MLP)."""
     cfg = model.cfg
     return bool(cfg.positional_embedding_type in ("standard", "shortformer") and cfg.attention_dir == "causal"
-                and not cfg.use_split_qkv_input and not cfg.use_attn_result and not getattr(cfg, "use_attn_in", False)
+                and (split_ok or not cfg.use_split_qkv_input) and not cfg.use_attn_result and not getattr(cfg, "use_attn_in", False)
                 and not cfg.use_normalization_before_and_after and not getattr(cfg, "parallel_attn_mlp", False)
                 and not getattr(cfg, "use_local_attn", False) and not getattr(cfg, "use_qk_norm", False)
                 and getattr(cfg, "n_key_value_heads", None) in (None, cfg.n_heads)
@@ -210,15 +212,20 @@ def _post_norm_architectures() -> tuple:
 
 
 def _last_layer_rows(model, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, "row"],
-                     shortformer: Tensor | None, base: tuple | None = None) -> Float[Tensor, "row d_model"]:
+                     shortformer: Tensor | None, base: tuple | None = None,
+                     adds: dict[str, Tensor] | None = None) -> Float[Tensor, "row d_model"]:
     """The last block's output at one query position per row, from the model's own modules and weights: keys and
     values at every position, the query and the attention row only at ``at`` (``O(pos)`` instead of ``O(pos^2)``).
     With ``base = (resid, k, v)`` of the base run (``[batch, ...]``; rows are ``variant x batch``), keys and values
-    are recomputed only where a row's input differs from the base run's. Tested equal to TransformerLens' forward."""
+    are recomputed only where a row's input differs from the base run's. ``adds`` (``{"q"|"k"|"v": [row, pos,
+    head, d_model]}``) are added to each head's own query / key / value input, as TransformerLens' split inputs
+    ``hook_q_input`` etc. would be. Tested equal to TransformerLens' forward."""
     blk = model.blocks[-1]
     a = blk.attn
     R, T, _ = resid.shape
     rows = torch.arange(R, device=resid.device)
+    if adds:
+        return _last_layer_rows_split(model, resid, at, shortformer, adds)
     if base is None:
         h = blk.ln1(resid)
         qk = h + shortformer if shortformer is not None else h
@@ -236,6 +243,29 @@ def _last_layer_rows(model, resid: Float[Tensor, "row pos d_model"], at: Int[Ten
             v[changed] = torch.einsum("md,hde->mhe", hc, a.W_V) + a.b_V
     hq = blk.ln1(resid[rows, at][:, None])[:, 0]
     q = torch.einsum("rd,hde->rhe", hq + shortformer[rows, at] if shortformer is not None else hq, a.W_Q) + a.b_Q
+    scores = torch.einsum("rhe,rthe->rht", q, k) / a.attn_scale
+    future = torch.arange(T, device=resid.device)[None, :] > at[:, None]
+    pattern = scores.masked_fill(future[:, None, :], float("-inf")).softmax(-1)
+    z = torch.einsum("rht,rthe->rhe", pattern, v)
+    out = resid[rows, at] + torch.einsum("rhe,hed->rd", z, a.W_O) + a.b_O
+    if not model.cfg.attn_only:
+        out = out + blk.mlp(blk.ln2(out[:, None]))[:, 0]
+    return out
+
+
+def _last_layer_rows_split(model, resid, at, shortformer, adds) -> Tensor:
+    """:func:`_last_layer_rows` with a separate query, key and value input per head (``resid`` plus ``adds``)."""
+    blk, a = model.blocks[-1], model.blocks[-1].attn
+    R, T, _ = resid.shape
+    H = model.cfg.n_heads
+    rows = torch.arange(R, device=resid.device)
+    x = resid[:, :, None, :].expand(R, T, H, resid.shape[-1])
+    inp = {k: x + adds[k] if k in adds else x for k in QKV}  # [row, pos, head, d_model]
+    sf = shortformer[:, :, None, :] if shortformer is not None else 0.0
+    hq = blk.ln1(inp["q"][rows, at]) + (sf[rows, at] if shortformer is not None else 0.0)
+    q = torch.einsum("rhd,hde->rhe", hq, a.W_Q) + a.b_Q
+    k = torch.einsum("rthd,hde->rthe", blk.ln1(inp["k"]) + sf, a.W_K) + a.b_K
+    v = torch.einsum("rthd,hde->rthe", blk.ln1(inp["v"]), a.W_V) + a.b_V
     scores = torch.einsum("rhe,rthe->rht", q, k) / a.attn_scale
     future = torch.arange(T, device=resid.device)[None, :] > at[:, None]
     pattern = scores.masked_fill(future[:, None, :], float("-inf")).softmax(-1)
@@ -612,6 +642,7 @@ def path_patching(model, clean, corrupted, metric: "str | Callable" = "logit_dif
     chunk = max(1, _rows_per_chunk(model, T, budget) // B)
     was = model.cfg.use_split_qkv_input
     model.set_use_split_qkv_input(True)
+    rows_last = metric.positions is not None and _query_rows_apply(model, split_ok=True)
     try:
         for rl in r_layers:  # stacked runs per receiver layer, each started there
             variants = []
@@ -627,16 +658,20 @@ def path_patching(model, clean, corrupted, metric: "str | Callable" = "logit_dif
             for s in range(0, len(variants), chunk):
                 part = variants[s:s + chunk]
                 n = len(part)
-                hooks = []
+                adds = {}
                 for k, letter in enumerate(qkv):
                     add = torch.zeros(n, B, T, n_heads, model.cfg.d_model, device=base.device, dtype=delta.dtype)
                     for v, (i, j, kk) in enumerate(part):
                         if kk == k:
                             add[v, :, :, receivers[j][1]] = delta[i]
-                    hooks.append((f"blocks.{rl}.hook_{letter}_input",
-                                  lambda x, hook, add=add: x + add.reshape(x.shape).to(x.dtype)))
+                    adds[letter] = add.reshape(n * B, T, n_heads, -1)
                 resid = base_cache[f"blocks.{rl}.hook_resid_pre"].repeat(n, 1, 1)
-                vals = _stacked_run(model, resid, base, rl, hooks, metric, n).float().cpu()
+                if rows_last and rl == n_layers - 1:  # the receivers' layer is the last: its answer rows only
+                    vals = _stacked_run(model, resid, base, rl, [], metric, n, adds=adds).float().cpu()
+                else:
+                    hooks = [(f"blocks.{rl}.hook_{letter}_input", lambda x, hook, add=add: x + add.to(x.dtype))
+                             for letter, add in adds.items()]
+                    vals = _stacked_run(model, resid, base, rl, hooks, metric, n).float().cpu()
                 for v, (i, j, k) in enumerate(part):
                     values[i, j, k] = vals[v]
     finally:
