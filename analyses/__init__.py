@@ -25,6 +25,7 @@ _NAMES = {
                           "logit_decomposition"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
+    "analyses.patching": ["ActivationPatching", "PathPatching", "activation_patching", "path_patching", "variant_metric"],
     # noisy majority (seed 000 §5)
     "analyses.noisy_majority.attention_ratios": ["AttentionRatios", "attention_ratios", "measured_attention_ratios",
                                                  "exact_attention_ratios"],
@@ -33,6 +34,7 @@ _NAMES = {
                                               "intervened_head_outputs"],
     "analyses.noisy_majority.head_summary": ["HeadSummary", "PairMatrix", "head_summary"],
     "analyses.noisy_majority.handbuilt": ["minimal_majority_transformer", "attention_preference_model"],
+    "analyses.noisy_majority.corrupt": ["flip_answer"],
     # repeated tokens (seed 003)
     "analyses.repeated_tokens.probe": ["probe_tokens"],
     "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],

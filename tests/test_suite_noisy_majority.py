@@ -81,7 +81,7 @@ def test_report_sections(nm_ckpt):
     suite_for("noisy-majority").add_report_sections(ckpt, report, progress=False)
     titles = [s.title for s in report.sections]
     assert titles == ["Heads: learned and separation accuracy", "Head pairs", "Attention ratios", "Head outputs",
-                      "Attention interventions"]
-    assert report.n_figures == 6
+                      "Attention interventions", "Activation patching"]
+    assert report.n_figures == 8
     page = report.html()
     assert "Figure 8" in page and "L0H15" in page and "400 train and 150 test" in page

@@ -17,6 +17,7 @@ from .head_summary import HeadSummary, head_summary
 from .interventions import attention_intervention_sweep
 
 REPORT_TRAIN, REPORT_TEST = 2000, 500  # Figure 8 in the report: subsample sizes
+PATCH_SEQS, PATCH_DIGITS = 16, 40  # the report's activation patching: near-tie pairs of this many digits
 
 
 def _summary(ckpt: Checkpoint, train_size: int | None = None, test_size: int | None = None):
@@ -40,7 +41,8 @@ def analyze(ckpt: Checkpoint) -> HeadSummary:
 
 
 def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> None:
-    """Head table and Figures 4, 5, 7, 6 and 8 (the report itself adds every head's attention view)."""
+    """Head table, Figures 4, 5, 7, 6 and 8, and activation patching (the report itself adds every head's
+    attention view)."""
     model = ckpt.model
     L, H = model.cfg.n_layers, model.cfg.n_heads
     t0 = time.perf_counter()
@@ -107,3 +109,35 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
     report.table([{"w02": ("inf" if math.isinf(w) else f"{w:g}"), "mean separation accuracy": a}
                   for w, a in zip(sweep.w02_values, sweep.w02_mean.tolist())],
                  caption="w01 = 1", formats={"mean separation accuracy": ".3f"})
+    add_patching_section(ckpt, report)
+
+
+def add_patching_section(ckpt: Checkpoint, report) -> None:
+    """Activation patching on near-tie pairs whose answers differ by one swapped digit: every head's output, every
+    head's attention pattern and the residual stream at every position, clean into corrupted."""
+    from ..patching import activation_patching
+    from .corrupt import corrupted_pair
+
+    model, task = ckpt.model, ckpt.task
+    clean, corr = corrupted_pair(task, PATCH_SEQS, n_digits=PATCH_DIGITS, device=next(model.parameters()).device)
+    run = lambda **kw: activation_patching(model, clean, corr, "logit_diff", **kw)
+    heads, noised = run(where="z", per="head"), run(where="z", per="head", direction="noising")
+    every, pattern, resid = run(where="z", per="layer"), run(where="pattern", per="head"), run(where="resid_pre")
+    top = heads.top(3)
+    weakest = min(noised.top(len(noised.values.flatten())), key=lambda r: r["normalized"])
+    report.section("Activation patching",
+                   f"{PATCH_SEQS} sequences of {PATCH_DIGITS} digits near a tie (|n0 - n1| <= 1) and the same with one 0 "
+                   "and 1 swapped, which flips the answer. Metric: logit of the clean answer minus the corrupted answer "
+                   f"at '=': clean {heads.clean:.2f}, corrupted {heads.corrupted:.2f}; 1 = clean, 0 = corrupted. "
+                   "Each head's output (hook_z at every position) patched from the clean run into the corrupted one "
+                   "(denoising) restores at most "
+                   + ", ".join(f"{r['head']} {r['normalized']:.2f}" for r in top)
+                   + f"; every head of layer 0 at once: {float(every.normalized[0]):.2f} (the single-head "
+                   f"effects sum to {float(heads.normalized[0].sum()):.2f}). Patched the other "
+                   f"way (noising), no single head breaks it: the least that survives is {weakest['normalized']:.2f} "
+                   f"({weakest['head']}). Attention patterns patched head by head restore at most "
+                   f"{float(pattern.normalized.max()):.2f}: the answer travels in the values of the swapped digit, "
+                   "not in where the heads attend.")
+    report.figure(heads.figure(), caption="Denoising, one head (all positions) at a time.")
+    report.figure(resid.figure(), caption="Residual stream entering each layer, one position at a time (the swapped "
+                  "digit sits at a different position in each sequence, so each position holds a few of them).")

@@ -17,9 +17,12 @@ from interp.visualize import attention_view
 from ..circuits import OVCopying, full_ov_circuit, k_composition_circuit, ov_copying, positional_qk_circuit
 from ..composition import MODES, CompositionScores, composition_scores
 from ..pattern_scores import PATHS, AblationTest, HeadScores, ablation_induction_test, head_scores
+from ..patching import activation_patching, path_patching
+from .corrupt import corrupted_pair
 from .probe import probe_tokens
 
 N_SEQS = 64  # repeated-token sequences scored per analysis
+N_PATCH = 16  # clean/corrupted pairs of the report's patching section
 
 
 @dataclass
@@ -121,6 +124,7 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
                    "top-5: fraction of tokens whose own logit is the highest / among the five highest in their row.")
     report.table(copying.rows(), formats={"copying_score": ".3f", "top1": ".3f", "top5": ".3f"})
 
+    add_patching_sections(model, task, report, prev=scores.best("prev_token", layer=0))
     if L < 2:
         report.section("Composition", "This is a one-layer model: no head reads another head's output, so there is "
                        "no Q-, K- or V-composition and no induction head can form.")
@@ -165,3 +169,54 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
                           title=f"{head_label(*prev)} and {head_label(*ind)} on [BOS] R R")
     report.attention(view, caption="The previous-token head attends one position back; the induction head attends to "
                      "the token after the current token's previous occurrence (an offset diagonal in the second half).")
+
+
+def _where(r: dict) -> str:
+    return " ".join(str(r[k]) if k == "head" else f"{k} {r[k]}" for k in ("head", "pos") if k in r)
+
+
+def add_patching_sections(model, task, report, prev=None) -> None:
+    """Activation patching (every head x position of ``hook_z``, every position of ``resid_pre``) and, for models
+    with a later layer, path patching from the layer-0 heads into each later head's query, key and value
+    (``prev``: the previous-token head, named in the caption)."""
+    clean, corr = corrupted_pair(task, N_PATCH, kind="key", device=next(model.parameters()).device)
+    n = task.seq_len // 2
+    q = int(clean.answer_pos[0])
+    z = activation_patching(model, clean, corr, "logit_diff", where="z")
+    resid = activation_patching(model, clean, corr, "logit_diff", where="resid_pre")
+    report.section("Activation patching",
+                   f"{N_PATCH} pairs of sequences [BOS] R R (len(R) = {n}, no repeats inside R). In the corrupted one the "
+                   f"query token at position {q} (its earlier occurrence at {q - n}, followed by the answer at "
+                   f"{q - n + 1}) trades places in the first copy with an earlier token, so the token after its "
+                   "occurrence, the answer an induction circuit gives, changes; only the previous-token information at "
+                   "two key positions moved. Metric: logit of the clean answer minus the corrupted answer at position "
+                   f"{q}: clean {z.clean:.2f}, corrupted {z.corrupted:.2f}. Each head's output (hook_z) at each position, "
+                   "and the residual stream entering each layer at each position, is patched from the clean run into "
+                   "the corrupted one (denoising), all patches stacked along the batch axis; 1 = the clean metric, "
+                   "0 = the corrupted one.")
+    if abs(z.clean - z.corrupted) < 1.0:
+        report.text(f"The corruption barely moves this model's answer (logit difference {z.clean:.2f} clean, "
+                    f"{z.corrupted:.2f} corrupted): it does not find the token after the query's earlier occurrence "
+                    "(no induction), so there is nothing for patching to restore; the heatmaps are left out.")
+        return
+    top = z.top(4)
+    report.figure(z.figure(), caption="Largest effects: " + ", ".join(f"{_where(r)} {r['normalized']:.2f}" for r in top)
+                  + ".")
+    rtop = resid.top(3)
+    report.figure(resid.figure(), caption="Residual stream: " + ", ".join(
+        f"layer {r['layer']} position {r['pos']} {r['normalized']:.2f}" for r in rtop) + ".")
+    if model.cfg.n_layers < 2:
+        return
+    paths = path_patching(model, clean, corr, "logit_diff")
+    ranked = sorted(paths.rows(), key=lambda r: -abs(r["normalized"]))
+    best = [r for r in ranked if abs(r["normalized"]) >= 0.1] or ranked[:1]
+    other = {r["input"]: r for r in reversed(ranked)}  # the largest of each input
+    report.section("Path patching",
+                   "Each layer-0 head's clean output (z W_O) patched into one later head's query, key or value input "
+                   "only (TransformerLens' split Q/K/V inputs), everything else from the corrupted run: the causal "
+                   "form of Q-, K- and V-composition. The paths that carry the answer: "
+                   + ", ".join(f"{r['sender']} -> {r['receiver']} {r['input']} {r['normalized']:.2f}" for r in best)
+                   + (f" ({head_label(*prev)} is the previous-token head by its attention score)" if prev else "")
+                   + f". Largest query path {abs(other['q']['normalized']):.2f}, largest value path "
+                   f"{abs(other['v']['normalized']):.2f}, largest key path {abs(other['k']['normalized']):.2f} (absolute).")
+    report.result(paths)
