@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from .checkpoint import save_checkpoint
 from .device import pick_device
 from .errors import ConfigError
-from .evaluate import evaluate_splits, target_positions
+from .evaluate import target_positions
 from .files import AtomicFile
 from .model import ModelSpec, build_model
 from .query_forward import supports_query_forward
@@ -128,8 +128,9 @@ def stacked_count_logits(P: dict[str, Tensor], query_tok: Int[Tensor, "K batch k
     q = torch.einsum("Kbkd,Khde->Kbkhe", xq, P["blocks.0.attn.W_Q"]) + P["blocks.0.attn.b_Q"][:, None, None]
     keys = torch.einsum("Kvd,Khde->Khve", E, P["blocks.0.attn.W_K"]) + P["blocks.0.attn.b_K"][:, :, None]
     vals = torch.einsum("Kvd,Khde->Khve", E, P["blocks.0.attn.W_V"]) + P["blocks.0.attn.b_V"][:, :, None]
-    scores = torch.einsum("Kbkhe,Khve->Kbkhv", q, keys) / attn_scale + counts.log()[:, :, :, None]
-    z = torch.einsum("Kbkhv,Khve->Kbkhe", scores.softmax(-1), vals)
+    # vocabulary before heads: PyTorch's CPU softmax is ~10x slower over a short last dimension than over another
+    scores = torch.einsum("Kbkhe,Khve->Kbkvh", q, keys) / attn_scale + counts.log()[..., None]
+    z = torch.einsum("Kbkvh,Khve->Kbkhe", scores.softmax(-2), vals)
     out = torch.einsum("Kbkhe,Khed->Kbkd", z, P["blocks.0.attn.W_O"]) + P["blocks.0.attn.b_O"][:, None, None]
     if out_mask is not None:
         out = out * out_mask
@@ -241,8 +242,9 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
     # the O(vocab) forward where nothing position-dependent comes before attention
     use_counts = specs[0].positional == "none" and (p_drop == 0 or cfg0.dropout_at == "attention")
     d_vocab = models[0].cfg.d_vocab
+    eval_counts = specs[0].positional == "none"  # evaluation has no dropout: counts suffice without positions
     train_counted = token_counts(train_data, d_vocab) if use_counts else None
-    val_counted = token_counts(val_data, d_vocab) if use_counts else None
+    val_counted = token_counts(val_data, d_vocab) if eval_counts else None
     history: list[list[dict]] = [[] for _ in range(K)]
     best = [(-1.0, math.inf, -1)] * K  # (val accuracy, val loss, epoch)
     best_state = {n_: P[n_].detach().clone() for n_ in PARAMS}
@@ -316,13 +318,21 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
             for n_ in PARAMS:
                 last_state[n_][k] = P[n_].detach()[k]
 
+    # the kept models, evaluated on every split as one batched computation (what evaluate_splits gives each)
+    keep_best = torch.tensor([c.keep == "best" for c in cfgs], device=device)
+    final = {n_: torch.where(keep_best.view(-1, *[1] * (best_state[n_].ndim - 1)), best_state[n_], last_state[n_])
+             for n_ in PARAMS}
+    split_metrics = {}
+    for split in task.splits:
+        data = task.dataset(split).to(device)
+        split_metrics[split] = _val_metrics(task, final, data, attn_scale,
+                                            token_counts(data, d_vocab) if eval_counts else None)
     results = []
     wall = round(time.time() - started, 1)
     for k, (spec, cfg, model, out) in enumerate(zip(specs, cfgs, models, outs)):
-        kept = best_state if cfg.keep == "best" else last_state
-        model.load_state_dict({**model.state_dict(), **{n_: kept[n_][k].clone() for n_ in PARAMS}})
+        model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in PARAMS}})
         model.eval()
-        metrics = evaluate_splits(model, task)
+        metrics = {split: split_metrics[split][k] for split in task.splits}
         prov = {
             "seed": cfg.seed, "epochs": cfg.epochs, "epochs_run": epochs_run[k], "steps": steps[k],
             "best_epoch": best[k][2], "kept": cfg.keep,

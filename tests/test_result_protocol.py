@@ -62,8 +62,14 @@ def _rt_results(ck):
     from analyses.repeated_tokens import probe_tokens
     from analyses.repeated_tokens.suite import analyze
 
+    from analyses.patching import activation_patching, path_patching
+    from analyses.repeated_tokens import corrupted_pair
+
     toks = probe_tokens(ck.task, n_seqs=8)
+    clean, corrupted = corrupted_pair(ck.task, 4, kind="key")
     return {
+        "ActivationPatching": activation_patching(ck.model, clean, corrupted, "logit_diff", where="z", per="head"),
+        "PathPatching": path_patching(ck.model, clean, corrupted),
         "HeadScores": head_scores(ck.model, toks),
         "AblationTest": ablation_induction_test(ck.model, toks, path="key"),
         "Circuit": full_qk_circuit(ck.model, "L1H0", vocab=ck.task.vocab),
