@@ -211,7 +211,18 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
                      device: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
     """Train ``len(specs)`` models as one batched computation; write model k to ``outs[k]`` as an ordinary
     checkpoint; return each model's provenance (the keys :func:`interp.training.train` returns, plus
-    ``population``). Only ``init_seed`` (specs) and ``seed`` / ``lr`` (configs) may differ between models."""
+    ``population``). Only ``init_seed`` (specs) and ``seed`` / ``lr`` (configs) may differ between models.
+    Runs with deterministic algorithms, as :func:`interp.training.train` does (same seed, torch and thread count:
+    same weights)."""
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _train_population(task, specs, cfgs, outs, device=device, progress=progress)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def _train_population(task, specs, cfgs, outs, *, device, progress) -> list[dict[str, Any]]:
     check_population(specs, cfgs)
     device = pick_device(device)
     outs = [Path(o) for o in outs]
