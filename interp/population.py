@@ -43,7 +43,7 @@ from .evaluate import target_positions
 from .files import AtomicFile
 from .model import ModelSpec, build_model
 from .query_forward import supports_query_forward
-from .training import RUN_OPTIONS, TrainConfig
+from .training import TrainConfig
 
 # the parameters of a one-layer attention-only HookedTransformer, in state-dict names
 PARAMS = ("embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q", "blocks.0.attn.b_Q", "blocks.0.attn.W_K",
