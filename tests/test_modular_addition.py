@@ -277,11 +277,11 @@ def test_short_run_memorises_with_snapshots_and_progress(memorised):
 
 
 def test_phases_from_a_history():
-    hist = [{"epoch": e, "train_accuracy": min(1.0, e / 100), "test_accuracy": 0.0 if e < 300 else min(1.0, (e - 300) / 100)}
-            for e in range(0, 600, 10)]
+    hist = [{"epoch": e, "train_accuracy": min(1.0, e / 100), "test_accuracy": 0.0 if e < 300 else min(1.0, (e - 300) / 100),
+             "test_loss": 5 + e / 100 if e <= 120 else max(0.01, 6.2 - (e - 120) / 50)} for e in range(0, 600, 10)]
     ph = find_phases(hist, [5])
-    assert (ph.circuit_formation, ph.cleanup, ph.grokked) == (100, 350, 400)
-    assert ph.figure() is not None and ph.to_dict()["memorisation"] == [0, 100]
+    assert (ph.memorised, ph.circuit_formation, ph.cleanup, ph.grokked) == (100, 120, 350, 400)
+    assert ph.figure() is not None and ph.to_dict()["memorisation"] == [0, 120]
     with pytest.raises(InterpError):
         find_phases([])
 

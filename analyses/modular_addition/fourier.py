@@ -181,16 +181,17 @@ def neuron_frequencies(model, task, key_frequencies: list[int] | None = None, th
     p = task.p
     acts = mlp_activations(model, task)
     basis, _ = fourier_basis(p, device=acts.device)
-    coeffs = torch.einsum("ia,jb,abn->ijn", basis, basis, acts)  # 2D Fourier transform [comp_a, comp_b, neuron]
+    tmp = torch.einsum("ia,abn->ibn", basis, acts)
+    coeffs = torch.einsum("jb,ibn->ijn", basis, tmp)  # 2D Fourier transform [comp_a, comp_b, neuron]
     sq = coeffs.pow(2)
     sq[0, 0] = 0  # the mean is not variance
-    freq = component_frequency(p).to(acts.device)
     K = n_frequencies(p)
+    onehot = torch.nn.functional.one_hot(component_frequency(p), K + 1).to(sq)  # [component, freq]
+    grid = torch.einsum("if,ijn->fjn", onehot, sq)
+    grid = torch.einsum("jg,fjn->fgn", onehot, grid)  # [freq_a, freq_b, neuron] energy
+    k = torch.arange(1, K + 1)
     per = torch.zeros(K + 1, sq.shape[-1], dtype=sq.dtype, device=sq.device)
-    for k in range(1, K + 1):
-        rows = (freq == k) | (freq == 0)
-        block = sq[rows][:, rows].sum((0, 1))
-        per[k] = block
+    per[1:] = grid[k, k] + grid[k, 0] + grid[0, k]  # the terms k x k, k x const, const x k
     total = sq.sum((0, 1)).clamp_min(1e-30)
     frac = per[1:] / total
     best = frac.max(0)

@@ -68,7 +68,8 @@ class ModularAdditionAnalysis(Result):
         if self.phases:
             ph = self.phases
             lines.append(f"phases: memorisation 0-{ph.circuit_formation}, circuit formation {ph.circuit_formation}-"
-                         f"{ph.cleanup}, cleanup {ph.cleanup}-{ph.grokked} (test accuracy >= 0.99 at epoch {ph.grokked})")
+                         f"{ph.cleanup}, cleanup {ph.cleanup}-{ph.grokked} (test accuracy >= 0.99 at epoch {ph.grokked}; "
+                         f"train accuracy >= 0.99 at epoch {ph.memorised})")
         return "\n".join(lines)
 
 
@@ -103,13 +104,13 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
                    "Train and test loss over training, with the restricted loss (only the key frequencies kept in the "
                    "logits) and the excluded loss (them removed, on the training pairs), recomputed from the run's "
                    "snapshots with the final model's key frequencies, and the sum of squared weights. Phases: "
-                   "memorisation until train accuracy >= 0.99; circuit formation until test accuracy >= 0.5; cleanup until "
+                   "memorisation until the test loss peaks; circuit formation until test accuracy >= 0.5; cleanup until "
                    "test accuracy >= 0.99.")
     if phases is None:
         report.text("This checkpoint records no training history.")
     else:
         report.figure(phases.figure())
-        report.table([phases.to_dict()], columns=["memorisation", "circuit_formation", "cleanup", "grokked_epoch"])
+        report.table([phases.to_dict()], columns=["memorisation", "circuit_formation", "cleanup", "grokked_epoch", "memorised_epoch"])
     emb = embedding_norms(model, task)
     keys = emb.key_frequencies
     report.section("Key frequencies", "Norm of the embedding of the numbers in the Fourier basis of Z_p. A grokked model "
