@@ -39,7 +39,7 @@ _NAMES = {
     "analyses.repeated_tokens.suite": ["InductionAnalysis"],
     # modular addition (seed 000 §4, Nanda et al. 2023)
     "analyses.modular_addition.fourier": ["FrequencyNorms", "NeuronFrequencies", "NeuronLogitMap", "fourier_basis",
-                                          "find_key_frequencies", "embedding_norms", "neuron_frequencies",
+                                          "find_key_frequencies", "key_frequencies_of", "logit_frequency_energy", "embedding_norms", "neuron_frequencies",
                                           "neuron_logit_map"],
     "analyses.modular_addition.progress": ["Phases", "progress_measures", "restricted_logits", "excluded_logits",
                                            "progress_from_snapshots", "find_phases", "sum_squared_weights"],

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from analyses.modular_addition.exhaustive import ablated_accuracies, ablated_accuracy, attention_split
-from analyses.modular_addition.fourier import (embedding_norms, find_key_frequencies, fourier_basis, frequency_energy,
+from analyses.modular_addition.fourier import (embedding_norms, key_frequencies_of, logit_frequency_energy, find_key_frequencies, fourier_basis, frequency_energy,
                                                neuron_frequencies, neuron_logit_map)
 from analyses.modular_addition.progress import (excluded_logits, find_phases, key_directions, progress_measures,
                                                 restricted_logits, sum_squared_weights)
@@ -115,8 +115,9 @@ def test_embedding_norms_of_a_model_with_a_planted_embedding():
     model = build_model(small_spec(task), device="cpu")
     with torch.no_grad():
         model.W_E[:31] = synthetic_embedding(31, [4, 9], d=32).float()
-    res = embedding_norms(model, task)
-    assert res.key_frequencies == [4, 9] and res.fraction_in_keys() > 0.99
+    assert key_frequencies_of(model, task, "embedding") == [4, 9]
+    res = embedding_norms(model, task, [4, 9])
+    assert res.fraction_in_keys() > 0.99
     assert json.loads(res.to_json())["key_frequencies"] == [4, 9] and res.figure() is not None
 
 
@@ -175,6 +176,10 @@ def test_restricted_and_excluded_loss_on_a_hand_built_model():
     full = torch.nn.functional.cross_entropy(logits[train], task.dataset("all").labels[train]).item()
     assert m["excluded_loss"] == pytest.approx(full, abs=1e-6)
     assert m["sum_squared_weights"] == pytest.approx(sum_squared_weights(model))
+    energy = logit_frequency_energy(model, task)  # nothing of a + b in these logits
+    assert float(energy[1:].max()) < 1e-8 * float(energy[0]) + 1e-6 and key_frequencies_of(model, task) == []
+    with pytest.raises(InterpError, match="source"):
+        key_frequencies_of(model, task, "nope")
     assert sum_squared_weights(model) == pytest.approx(
         float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad)))
 
@@ -330,3 +335,51 @@ def test_grokks_at_a_large_fraction(tmp_path):
 
     ck = load_checkpoint(tmp_path / "g.safetensors", device="cpu")
     assert embedding_norms(ck.model, task).key_frequencies
+
+
+def test_history_extras_and_bad_snapshot_option(tmp_path):
+    from interp.errors import ConfigError
+    from interp.training import TrainConfig, train
+
+    task = get_task("modular-addition", p=7, fraction=0.5)
+    cfg = TrainConfig(**{**task.default_train(), "epochs": 3})
+    seen = []
+
+    def extras(model, epoch):
+        seen.append((model.training, torch.is_grad_enabled()))
+        return {"epoch_squared": epoch ** 2}
+
+    prov = train(task, small_spec(task), cfg, tmp_path / "h.safetensors", progress=False, device="cpu",
+                 history_extras=extras)
+    assert [h["epoch_squared"] for h in prov["history"]] == [1, 4, 9] and seen == [(False, False)] * 3
+    with pytest.raises(ConfigError, match="snapshot_every"):
+        train(task, small_spec(task), cfg, tmp_path / "x.safetensors", progress=False, device="cpu", snapshot_every=0)
+
+
+def test_shipped_checkpoint_is_grokked(capsys):
+    from interp.checkpoint import load_checkpoint
+    from interp.cli import main
+    from tasks import shipped_checkpoints
+
+    if "modular-addition" not in shipped_checkpoints():
+        pytest.skip("no shipped modular-addition checkpoint")
+    assert main(["eval", "modular-addition", "--json", "--device", "cpu"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["accuracy"]["test"] >= 0.99 and ev["accuracy"]["train"] >= 0.99
+    ck = load_checkpoint("modular-addition", device="cpu")
+    keys = embedding_norms(ck.model, ck.task).key_frequencies
+    training = ck.metadata["training"]
+    assert keys and training["progress_key_frequencies"] == keys
+    assert any("restricted_loss" in h for h in training["history"])
+
+
+@pytest.mark.slow
+def test_shipped_checkpoint_analyze_cli(capsys):
+    from interp.cli import main
+    from tasks import shipped_checkpoints
+
+    if "modular-addition" not in shipped_checkpoints():
+        pytest.skip("no shipped modular-addition checkpoint")
+    assert main(["analyze", "modular-addition", "--json", "--device", "cpu"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["key_frequencies"] and d["phases"]["grokked_epoch"] is not None

@@ -113,12 +113,49 @@ def number_embedding(model, p: int) -> Float[Tensor, "p d_model"]:
     return model.W_E.detach()[:p].double()
 
 
-def embedding_norms(model, task) -> FrequencyNorms:
-    """The embedding's norm per frequency and the key frequencies found from it."""
+def embedding_norms(model, task, key_frequencies: list[int] | None = None) -> FrequencyNorms:
+    """The embedding's norm per frequency, with the model's key frequencies (default: :func:`key_frequencies`)."""
     p = task.p
     basis, _ = fourier_basis(p, device=model.W_E.device)
-    energy = frequency_energy(basis @ number_embedding(model, p), p)
-    return FrequencyNorms(p, energy.cpu(), find_key_frequencies(energy.cpu()))
+    energy = frequency_energy(basis @ number_embedding(model, p), p).cpu()
+    keys = key_frequencies_of(model, task) if key_frequencies is None else list(key_frequencies)
+    return FrequencyNorms(p, energy, keys)
+
+
+def logit_frequency_energy(model, task) -> Float[Tensor, "freq"]:
+    """Squared norm of the ``=`` logits over all pairs along ``cos(w_k (a + b))`` and ``sin(w_k (a + b))``, per
+    frequency ``k`` (index 0: the constant, i.e. each logit's mean). This is what the restricted loss keeps."""
+    from .progress import answer_logits, key_directions
+
+    p = task.p
+    logits = answer_logits(model, task)
+    out = torch.zeros(n_frequencies(p) + 1, dtype=torch.float64)
+    out[0] = float(logits.mean(0).pow(2).sum() * p * p)
+    d = key_directions(p, list(range(1, n_frequencies(p) + 1)), logits.device)
+    sq = (d @ logits).pow(2).sum(-1).cpu()
+    freqs = [k for k in range(1, n_frequencies(p) + 1) for _ in range(2 if 2 * k != p else 1)]
+    out.index_add_(0, torch.tensor(freqs), sq)
+    return out
+
+
+SOURCES = ("logits", "embedding", "w_l")
+
+
+def key_frequencies_of(model, task, source: str = "logits") -> list[int]:
+    """The model's key frequencies: :func:`find_key_frequencies` on the Fourier energies of its ``=`` logits over all
+    pairs as functions of ``a + b`` (``"logits"``, the default: sharpest, and what the restricted loss uses), of its
+    number embedding (``"embedding"``; before cleanup ends it still holds other frequencies) or of its neuron-logit
+    map ``W_out W_U`` (``"w_l"``)."""
+    if source == "logits":
+        energy = logit_frequency_energy(model, task)
+    elif source == "embedding":
+        basis, _ = fourier_basis(task.p, device=model.W_E.device)
+        energy = frequency_energy(basis @ number_embedding(model, task.p), task.p)
+    elif source == "w_l":
+        energy = neuron_logit_map(model, task, []).energy()
+    else:
+        raise InterpError(f"unknown key-frequency source {source!r}; expected one of {SOURCES}")
+    return find_key_frequencies(energy.cpu())
 
 
 def all_pairs(task, device=None) -> Tensor:
@@ -196,7 +233,7 @@ def neuron_frequencies(model, task, key_frequencies: list[int] | None = None, th
     frac = per[1:] / total
     best = frac.max(0)
     if key_frequencies is None:
-        key_frequencies = embedding_norms(model, task).key_frequencies
+        key_frequencies = key_frequencies_of(model, task)
     return NeuronFrequencies(p, (best.indices + 1).cpu(), best.values.cpu(), list(key_frequencies), threshold)
 
 
@@ -235,5 +272,5 @@ def neuron_logit_map(model, task, key_frequencies: list[int] | None = None) -> N
     basis, names = fourier_basis(p, device=model.W_E.device)
     w_l = model.W_out[0].detach().double() @ model.W_U.detach().double()  # [d_mlp, p]
     if key_frequencies is None:
-        key_frequencies = embedding_norms(model, task).key_frequencies
+        key_frequencies = key_frequencies_of(model, task)
     return NeuronLogitMap(p, (w_l @ basis.T).cpu(), names, list(key_frequencies))

@@ -28,7 +28,7 @@ from torch import Tensor
 from interp.errors import InterpError
 from interp.results import Result, jsonable
 
-from .fourier import all_pairs, embedding_norms
+from .fourier import all_pairs, embedding_norms, key_frequencies_of
 
 
 def answer_logits(model, task) -> Float[Tensor, "pair p"]:
@@ -87,8 +87,8 @@ def progress_measures(model, task, key_frequencies: list[int] | None = None) -> 
     """Train / test loss and accuracy, restricted and excluded loss, sum of squared weights and the share of the
     embedding's norm in the key frequencies (default: the model's own, from :func:`embedding_norms`)."""
     p = task.p
-    norms = embedding_norms(model, task)
-    keys = list(norms.key_frequencies if key_frequencies is None else key_frequencies)
+    norms = embedding_norms(model, task, key_frequencies)
+    keys = norms.key_frequencies
     logits = answer_logits(model, task)
     labels = task.dataset("all").labels
     train, test = task.split_index("train").to(logits.device), task.split_index("test").to(logits.device)
@@ -136,7 +136,7 @@ def write_progress(checkpoint_path, snapshot_dir, device: str | None = None) -> 
     from interp.model import ModelSpec
 
     ck = load_checkpoint(checkpoint_path, device=device)
-    keys = embedding_norms(ck.model, ck.task).key_frequencies
+    keys = key_frequencies_of(ck.model, ck.task)
     rows = progress_from_snapshots(snapshot_dir, ck.task, keys, device=device)
     training = dict(ck.metadata.get("training", {}))
     training["history"] = merge_progress(training.get("history", []), rows)

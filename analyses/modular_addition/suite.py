@@ -114,8 +114,8 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
     emb = embedding_norms(model, task)
     keys = emb.key_frequencies
     report.section("Key frequencies", "Norm of the embedding of the numbers in the Fourier basis of Z_p. A grokked model "
-                   "keeps a few frequencies (the key frequencies, found automatically at the largest drop between "
-                   "consecutive sorted norms) and almost nothing else.")
+                   "concentrates on a few frequencies. The key frequencies (red) are found automatically at the largest drop "
+                   "between consecutive sorted Fourier energies of the '=' logits as functions of a + b.")
     report.figure(emb.figure(), caption=f"Key frequencies {keys}: {emb.fraction_in_keys():.1%} of the squared norm.")
     neurons = neuron_frequencies(model, task, keys)
     report.section("MLP neurons", "For each neuron, its activation at '=' over all pairs in the 2D Fourier basis of "
