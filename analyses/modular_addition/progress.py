@@ -226,9 +226,10 @@ def find_phases(history: list[dict], key_frequencies: list[int] | None = None) -
     names = sorted({k for h in history for k in h if k != "epoch"})
     curves = {k: [h.get(k) for h in history] for k in names}
     train_acc = curves.get("train_accuracy")
-    test_acc = curves.get("test_accuracy") or curves.get("val_accuracy")
+    # the trainer's per-epoch validation curves are this task's test split (it has no val split): finer than snapshots
+    test_acc = curves.get("val_accuracy") or curves.get("test_accuracy")
     memorised = _first(epochs, train_acc, lambda v: v >= 0.99) if train_acc else None
-    test_loss = curves.get("test_loss") or curves.get("val_loss")
+    test_loss = curves.get("val_loss") or curves.get("test_loss")
     cleanup = _first(epochs, test_acc, lambda v: v >= 0.5) if test_acc else None
     grokked = _first(epochs, test_acc, lambda v: v >= 0.99) if test_acc else None
     start_cf = None
