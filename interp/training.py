@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -167,6 +167,8 @@ class _State:
         except Exception as e:
             raise CheckpointError(f"resume file {path} is corrupt ({e}); delete it to start over") from None
         saved = json.loads(meta["identity"])
+        # options added since the file was written count as their defaults (e.g. loss_dtype)
+        saved = {**{f.name: f.default for f in fields(TrainConfig) if f.name in identity and f.name not in saved}, **saved}
         diff = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
         if diff:
             raise CheckpointError(

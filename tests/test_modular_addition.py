@@ -383,3 +383,31 @@ def test_shipped_checkpoint_analyze_cli(capsys):
     assert main(["analyze", "modular-addition", "--json", "--device", "cpu"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["key_frequencies"] and d["phases"]["grokked_epoch"] is not None
+
+
+def test_resume_file_without_loss_dtype_still_resumes(tmp_path):
+    """A resume file written before ``loss_dtype`` existed is continued as a float32-loss run."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from interp.training import TrainConfig, resume_path, train
+
+    task = get_task("modular-addition", p=7, fraction=0.5)
+    cfg = TrainConfig(**{**task.default_train(), "epochs": 3, "save_every": 1, "loss_dtype": "float32"})
+    out = tmp_path / "r.safetensors"
+
+    def stop(epoch, record):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(task, small_spec(task), cfg, out, progress=False, device="cpu", on_epoch_end=stop)
+    rpath = resume_path(out)
+    with safe_open(str(rpath), "pt") as f:
+        meta = dict(f.metadata())
+    ident = json.loads(meta["identity"])
+    del ident["loss_dtype"]
+    meta["identity"] = json.dumps(ident, sort_keys=True)
+    save_file(load_file(str(rpath)), str(rpath), metadata=meta)
+    prov = train(task, small_spec(task), cfg, out, progress=False, device="cpu", resume=True)
+    assert prov["epochs_run"] == 3
