@@ -323,12 +323,13 @@ def test_cli_train_with_snapshots(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_grokks_at_a_large_fraction(tmp_path):
-    """p = 59, 70% of the pairs for training, the grokking recipe: test accuracy >= 0.99 within 1500 epochs."""
+    """p = 59, 70% of the pairs for training, the grokking recipe: test accuracy >= 0.99 within 1000 epochs (it first
+    reached 0.99 near epoch 675; about 8 minutes on one thread)."""
     from interp.training import TrainConfig, train
 
     torch.set_num_threads(1)
     task = get_task("modular-addition", p=59, fraction=0.7)
-    cfg = TrainConfig(**{**task.default_train(), "epochs": 1500})
+    cfg = TrainConfig(**{**task.default_train(), "epochs": 1000})
     prov = train(task, ModelSpec(**task.default_spec()), cfg, tmp_path / "g.safetensors", progress=False, device="cpu")
     assert prov["accuracy"]["test"] >= 0.99
     from interp.checkpoint import load_checkpoint
