@@ -3,7 +3,7 @@
 Generic analyses live at the top, with signatures ``(model, data, ...)`` (``model`` a TransformerLens
 ``HookedTransformer``, ``data`` the task's ``interp.task.TaskData`` or tokens); they never name a task. Each task's
 own analyses and its ``analyze``/``report`` suite live in ``analyses/<task_module>/`` (``noisy_majority``,
-``repeated_tokens``). Every result is an :class:`interp.results.Result`: ``to_dict()``, ``figure()``, a rich
+``repeated_tokens``, ``modular_addition``). Every result is an :class:`interp.results.Result`: ``to_dict()``, ``figure()``, a rich
 display in Jupyter.
 
 ``import analyses`` is cheap: names are imported on first use. ``analyses.__all__`` lists every analysis function
@@ -39,6 +39,15 @@ _NAMES = {
     "analyses.repeated_tokens.probe": ["probe_tokens"],
     "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],
     "analyses.repeated_tokens.suite": ["InductionAnalysis"],
+    # modular addition (seed 000 §4, Nanda et al. 2023)
+    "analyses.modular_addition.fourier": ["FrequencyNorms", "NeuronFrequencies", "NeuronLogitMap", "fourier_basis",
+                                          "find_key_frequencies", "key_frequencies_of", "logit_frequency_energy", "embedding_norms", "neuron_frequencies",
+                                          "neuron_logit_map"],
+    "analyses.modular_addition.progress": ["Phases", "progress_measures", "restricted_logits", "excluded_logits",
+                                           "progress_from_snapshots", "find_phases", "sum_squared_weights"],
+    "analyses.modular_addition.exhaustive": ["AttentionSplit", "AblationTable", "attention_split", "ablated_accuracy",
+                                             "ablated_accuracies", "ablation_table"],
+    "analyses.modular_addition.suite": ["ModularAdditionAnalysis"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = sorted(_WHERE) + ["suite_for"]

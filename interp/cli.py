@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_and_training_options(t, TASKS)
     t.add_argument("--save-every", type=_positive_int, default=None, help="epochs between resume files (default 5)")
     t.add_argument("--seed", type=_nonneg_int, default=None, help="default 0")
+    t.add_argument("--snapshots", type=_positive_int, default=None, metavar="N",
+                   help="also write a checkpoint every N epochs into OUT.snapshots/ (a task suite may then compute "
+                        "progress measures from them into the checkpoint's history)")
     t.add_argument("--out", default=None, help="checkpoint path (default: runs/TASK-seedN.safetensors)")
     t.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from its resume file (its options are read from that file)")
@@ -226,11 +229,28 @@ def cmd_train(args) -> int:
     if not args.out:
         out.parent.mkdir(parents=True, exist_ok=True)
     prov = train(task, spec, cfg, out, device=args.device, resume=args.resume, restart=args.restart,
-                 progress=not args.quiet)
+                 progress=not args.quiet, snapshot_every=args.snapshots)
+    if args.snapshots:
+        _finish_run(task, out, args.device)
     acc = prov["accuracy"]
     print(f"wrote {out}: kept epoch {prov['kept_epoch']}/{prov['epochs_run']} ({prov['kept']}), accuracy "
           + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
     return 0
+
+
+def _finish_run(task, out, device) -> None:
+    """The task suite's ``finish_run(out, snapshot_dir)`` (e.g. progress measures from the snapshots), if it has one."""
+    from analyses import suite_for
+    from interp.errors import TaskError
+
+    try:
+        suite = suite_for(task)
+    except TaskError:
+        return
+    finish = getattr(suite, "finish_run", None)
+    if finish is not None:
+        snapshot_dir = out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
+        print(f"{task.name}: {finish(out, snapshot_dir, device=device)}")
 
 
 def cmd_eval(args) -> int:

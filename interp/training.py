@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +47,7 @@ KEEP = ("best", "last")
 # "attention" a one-layer attention-only model without positions depends, at a query, only on the query token and
 # the counts of the tokens before it, which interp.population exploits for an O(vocab) forward per sequence.
 DROPOUT_AT = ("embedding+attention", "attention")
+LOSS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 RUN_OPTIONS = ("epochs", "save_every", "patience", "keep")  # may change when a run is resumed
 
 
@@ -65,6 +66,7 @@ class TrainConfig:
     patience: int | None = None  # stop after this many epochs without a better validation accuracy
     keep: str = "best"  # "best": best validation accuracy, ties by lower validation loss; "last": the final epoch
     dropout_at: str = "embedding+attention"  # see DROPOUT_AT
+    loss_dtype: str = "float32"  # "float64": the cross-entropy in double precision (the grokking recipe)
 
     def __post_init__(self):
         checks = {
@@ -74,6 +76,7 @@ class TrainConfig:
             "warmup_steps": self.warmup_steps is None or self.warmup_steps >= 0,
             "patience": self.patience is None or self.patience >= 1, "keep": self.keep in KEEP,
             "dropout_at": self.dropout_at in DROPOUT_AT,
+            "loss_dtype": self.loss_dtype in LOSS_DTYPES,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -101,19 +104,20 @@ def dropout_hooks(model, p: float, at: str = "embedding+attention") -> list:
     return [(n, drop) for n in names]
 
 
-def task_loss(logits, targets) -> torch.Tensor:
-    """Mean cross-entropy over the positions that have a target."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
+def task_loss(logits, targets, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Mean cross-entropy over the positions that have a target, computed in ``dtype``."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(dtype), targets.reshape(-1), ignore_index=IGNORE)
 
 
-def batch_loss(model, batch, hooks, dropout: float, dropout_at: str = "embedding+attention") -> torch.Tensor:
+def batch_loss(model, batch, hooks, dropout: float, dtype: torch.dtype = torch.float32,
+               dropout_at: str = "embedding+attention") -> torch.Tensor:
     """Training loss of one batch: the exact query-restricted forward where it applies, else TL's."""
     qpos = target_positions(batch) if supports_query_forward(model) else None
     if qpos is not None:
         logits = logits_at(model, batch.tokens, qpos, dropout=dropout, embed_dropout=dropout_at != "attention")
-        return task_loss(logits, batch.targets.gather(1, qpos))
+        return task_loss(logits, batch.targets.gather(1, qpos), dtype)
     with model.hooks(fwd_hooks=hooks):
-        return task_loss(model(batch.tokens), batch.targets)
+        return task_loss(model(batch.tokens), batch.targets, dtype)
 
 
 def resume_path(out: Path) -> Path:
@@ -172,6 +176,8 @@ class _State:
         except Exception as e:
             raise CheckpointError(f"resume file {path} is corrupt ({e}); delete it to start over") from None
         saved = json.loads(meta["identity"])
+        # options added since the file was written count as their defaults (e.g. loss_dtype)
+        saved = {**{f.name: f.default for f in fields(TrainConfig) if f.name in identity and f.name not in saved}, **saved}
         diff = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
         if diff:
             raise CheckpointError(
@@ -218,7 +224,9 @@ def resume_options(out) -> dict[str, Any]:
 
 def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = None, resume: bool = False,
           restart: bool = False, progress: bool = True,
-          on_epoch_end: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+          on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+          history_extras: Callable[[Any, int], dict[str, Any]] | None = None,
+          snapshot_every: int | None = None, snapshot_dir=None) -> dict[str, Any]:
     """Train a model for ``task``; write the kept model (``cfg.keep``) to ``out``; return its provenance.
 
     ``out`` is checked before any training. An existing resume file of ``out`` is continued with ``resume=True``,
@@ -227,6 +235,13 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
     ``on_epoch_end(epoch, record)`` is called after each epoch (after the resume file is written), e.g. to
     log metrics; an exception it raises stops training like an interruption would.
 
+    ``history_extras(model, epoch)`` (model in eval mode, no grad) returns more numbers for that epoch's history
+    record (e.g. a task's progress measures); they are stored in the resume file and the checkpoint's history.
+    ``snapshot_every=N`` writes a checkpoint of the current model every N epochs into ``snapshot_dir`` (default
+    ``<out without .safetensors>.snapshots/``) as ``epoch-000N.safetensors``.
+
+    The validation split is the task's ``"val"`` split, or its last split when it has none (e.g. ``"test"``).
+
     Training runs with ``torch.use_deterministic_algorithms(True, warn_only=True)``: on CPU, multi-threaded
     scatter-adds (the backward of embedding / index lookups) otherwise make runs differ in the last bits.
     The same seed, torch version and thread count then give bit-identical weights."""
@@ -234,14 +249,21 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         return _train(task, spec, cfg, out, device=device, resume=resume, restart=restart, progress=progress,
-                      on_epoch_end=on_epoch_end)
+                      on_epoch_end=on_epoch_end, history_extras=history_extras, snapshot_every=snapshot_every,
+                      snapshot_dir=snapshot_dir)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
-def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_end) -> dict[str, Any]:
+def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_end, history_extras=None,
+           snapshot_every=None, snapshot_dir=None) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
+    if snapshot_every is not None and (not isinstance(snapshot_every, int) or snapshot_every < 1):
+        raise ConfigError(f"snapshot_every must be a positive integer (epochs between snapshots), got {snapshot_every!r}")
+    if snapshot_every is not None:
+        snapshot_dir = Path(snapshot_dir) if snapshot_dir else out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
+        snapshot_dir.mkdir(parents=True, exist_ok=True)
     with AtomicFile(out, "the checkpoint"):  # a directory, a missing folder or an unwritable path fails now
         pass
     rpath = resume_path(out)
@@ -269,7 +291,8 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
         state.load(rpath, identity)
 
     train_data = task.dataset("train").to(device)
-    val_data = task.dataset("val").to(device)
+    val_data = task.dataset("val" if "val" in task.splits else task.splits[-1]).to(device)
+    loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
     n = len(train_data)
     started = time.time()
@@ -284,7 +307,7 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
             batch = train_data.select(perm[start : start + cfg.batch_size])
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(cfg.warmup, 1))
-            loss = batch_loss(model, batch, hooks, cfg.dropout, cfg.dropout_at)
+            loss = batch_loss(model, batch, hooks, cfg.dropout, loss_dtype, cfg.dropout_at)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -296,6 +319,12 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
         state.epoch += 1
         state.history.append({"epoch": state.epoch, "train_loss": total / count, "val_accuracy": val["accuracy"],
                               "val_loss": val["loss"]})
+        if history_extras is not None:
+            with torch.no_grad():
+                state.history[-1].update(history_extras(model, state.epoch))
+        if snapshot_every is not None and state.epoch % snapshot_every == 0:
+            save_checkpoint(snapshot_dir / f"epoch-{state.epoch:06d}.safetensors", model, spec, task,
+                            {"epoch": state.epoch, "seed": cfg.seed, "config": asdict(cfg), "record": state.history[-1]})
         if state.better(val["accuracy"], val["loss"]):
             state.best_val, state.best_loss, state.best_epoch = val["accuracy"], val["loss"], state.epoch
             state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
