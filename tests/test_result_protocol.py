@@ -80,6 +80,26 @@ def _rt_results(ck):
     }
 
 
+def _ma_results():
+    from analyses.modular_addition.exhaustive import ablation_table, attention_split
+    from analyses.modular_addition.fourier import embedding_norms, neuron_frequencies, neuron_logit_map
+    from analyses.modular_addition.progress import find_phases
+    from analyses.modular_addition.suite import analyze
+
+    ck = load_checkpoint("modular-addition", device="cpu")
+    m, t = ck.model, ck.task
+    nf = neuron_frequencies(m, t)
+    return {
+        "FrequencyNorms": embedding_norms(m, t),
+        "NeuronFrequencies": nf,
+        "NeuronLogitMap": neuron_logit_map(m, t),
+        "AttentionSplit": attention_split(m, t),
+        "AblationTable": ablation_table(m, t, nf),
+        "Phases": find_phases(ck.training["history"]),
+        "ModularAdditionAnalysis": analyze(ck),
+    }
+
+
 def _result_classes() -> set[str]:
     names = set()
     for info in pkgutil.walk_packages(analyses.__path__, "analyses."):
@@ -92,7 +112,7 @@ def _result_classes() -> set[str]:
 
 @pytest.fixture(scope="module")
 def results(nm, rt):
-    return {**_nm_results(nm), **_rt_results(rt)}
+    return {**_nm_results(nm), **_rt_results(rt), **_ma_results()}
 
 
 def test_every_result_type_is_covered(results):
