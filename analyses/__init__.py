@@ -23,6 +23,9 @@ _NAMES = {
     "analyses.circuits": ["Circuit", "OVCopying", "LogitDecomposition", "full_qk_circuit", "full_ov_circuit",
                           "positional_qk_circuit", "k_composition_circuit", "ov_copying", "bigram_table",
                           "logit_decomposition"],
+    "analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
+    "analyses.shapley": ["ShapleyResult", "shapley", "shapley_of", "sampled_shapley", "shapley_transform", "moebius"],
+    "analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
     # noisy majority (seed 000 §5)
