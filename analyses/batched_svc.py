@@ -29,134 +29,203 @@ from torch import Tensor
 
 from interp.errors import InterpError
 
-MAX_ELEMS = 1 << 23  # batch x train x features per gathered block (float64: 64 MiB)
+BLOCK = 128  # problems per batched solve
+K_MIN = 64  # smallest working set
+FULL_FRACTION = 4  # working sets of more than N / 4 samples: all samples, with shared GEMMs
 
 
-def _gather(x: Float[Tensor, "sample feature"], cols: Int[Tensor, "problem p"]) -> Float[Tensor, "problem sample p"]:
-    return x[:, cols].permute(1, 0, 2)
+class LatticeSolver:
+    """Exact squared-hinge SVCs of many coalitions over one train set, in the full feature space: features
+    ``X = (1, x_1, ..., x_n)`` (``[sample, D]``, ``D = 1 + n * d_head``); a coalition's problem keeps the
+    intercept and its heads' columns and fixes the other weights at 0 (its Hessian is the identity there).
 
+    Working sets: at the solution only the samples with margin < 1 contribute (near-separable data: a few dozen
+    of 7,500), so each problem runs Newton on its K samples of smallest margin (all current violators among them)
+    and then checks every sample: the restricted optimum is the full optimum exactly when no sample outside the
+    working set violates its margin there (both gradients are then equal); otherwise the working set is rebuilt
+    around the new margins and Newton goes on. Batched as ``[problem, K, D]`` blocks."""
 
-def newton_svc(X: Float[Tensor, "problem sample p"], y: Float[Tensor, "sample"], w0: Float[Tensor, "problem p"],
-               C: float, tol: float = 1e-9, max_iter: int = 100) -> tuple[Tensor, Tensor]:
-    """Minimise f(w) above for every problem of the batch (same samples and labels, own features), from ``w0``.
-    Returns the weights ``[problem, p]`` (the first feature is the intercept's column of ones) and the
-    number of Newton iterations each took (``max_iter`` + 1 where it did not reach ``tol``)."""
-    B, N, p = X.shape
-    w = w0.clone()
-    iters = torch.full((B,), max_iter + 1, dtype=torch.long)
-    live = torch.arange(B)
-    eye = torch.eye(p, dtype=X.dtype)
-    steps = 0.5 ** torch.arange(0, 30, dtype=X.dtype)  # line-search step sizes, all tried at once
-    g0 = 2 * C * torch.linalg.vector_norm(torch.einsum("bnp,n->bp", X, y), dim=-1)  # |grad f(0)|
-    for it in range(max_iter + 1):
-        Xl, wl = X[live], w[live]
-        s = torch.bmm(Xl, wl[:, :, None])[..., 0]  # [b, N]
-        viol = (1 - y * s).clamp_min(0)
-        g = wl - 2 * C * torch.einsum("bnp,bn->bp", Xl, y * viol)
-        done = torch.linalg.vector_norm(g, dim=-1) <= tol * g0[live].clamp_min(1e-300)
-        if it == max_iter:
-            break
-        if done.any():
-            iters[live[done]] = it
-            keep = ~done
-            live, Xl, wl, s, viol, g = live[keep], Xl[keep], wl[keep], s[keep], viol[keep], g[keep]
+    def __init__(self, x: Float[Tensor, "sample player d_head"], y: Float[Tensor, "sample"], C: float,
+                 tol: float = 1e-9, max_iter: int = 100):
+        N, n, e = x.shape
+        self.n, self.e, self.C, self.tol, self.max_iter = n, e, float(C), tol, max_iter
+        self.X = torch.cat([torch.ones(N, 1, dtype=x.dtype), x.reshape(N, n * e)], 1).contiguous()  # [N, D]
+        self.D = self.X.shape[1]
+        self.y = y.to(x.dtype)
+        self.P = None  # per-sample outer products [N, D*D], built when a problem needs all samples
+        self.g0 = 2 * self.C * float(torch.linalg.vector_norm(self.y @ self.X))  # |grad f(0)| of the full problem
+
+    def column_mask(self, masks: Int[Tensor, "problem"]) -> Float[Tensor, "problem D"]:
+        bits = ((masks[:, None] >> torch.arange(self.n)) & 1).to(self.X.dtype)
+        return torch.cat([torch.ones(len(masks), 1, dtype=self.X.dtype), bits.repeat_interleave(self.e, 1)], 1)
+
+    def solve(self, masks: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        """The exact SVC of each coalition of ``masks`` from the weights ``w`` (``[problem, D]``); also the Newton
+        iterations each took (``max_iter + 1``: not converged)."""
+        X, y, C, N = self.X, self.y, self.C, len(self.y)
+        cm = self.column_mask(masks)
+        w = (w * cm).clone()
+        B = len(masks)
+        iters = torch.zeros(B, dtype=torch.long)
+        live = torch.arange(B)
+        stalled = torch.zeros(B, dtype=torch.bool)  # converged on its working set with no step left to take
+        while len(live):
+            wl, cl = w[live], cm[live]
+            m = y * (wl @ X.T)  # [b, N] margins
+            viol = (1 - m).clamp_min(0)
+            g = (wl - 2 * C * (y * viol) @ X) * cl
+            ok = (torch.linalg.vector_norm(g, dim=-1) <= self.tol * self.g0) | (iters[live] > self.max_iter) | stalled[live]
+            live, m, wl, cl = live[~ok], m[~ok], wl[~ok], cl[~ok]
             if len(live) == 0:
                 break
-        act = (viol > 0).to(X.dtype)
-        H = eye + 2 * C * torch.bmm(Xl.transpose(1, 2), Xl * act[:, :, None])
-        L, info = torch.linalg.cholesky_ex(H)
-        d = -torch.cholesky_solve(g[:, :, None], L)[..., 0]
-        Xd = torch.bmm(Xl, d[:, :, None])[..., 0]  # [b, N]
-        f0 = 0.5 * (wl * wl).sum(-1) + C * (viol * viol).sum(-1)
-        gd = (g * d).sum(-1)
-        wt = wl[:, None] + steps[None, :, None] * d[:, None]  # [b, T, p]
-        vt = (1 - y * (s[:, None] + steps[None, :, None] * Xd[:, None])).clamp_min(0)  # [b, T, N]
-        ft = 0.5 * (wt * wt).sum(-1) + C * (vt * vt).sum(-1)
-        ok = ft <= f0[:, None] + 0.01 * steps[None] * gd[:, None]
-        first = torch.where(ok.any(-1), ok.float().argmax(-1), torch.full_like(gd, len(steps) - 1, dtype=torch.long))
-        w[live] = wl + steps[first][:, None] * d
-    return w, iters
+            need = (m < 1).sum(-1)
+            K = (2 * need - 1).clamp_min(1).to(torch.float64).log2().ceil().exp2().long().clamp(K_MIN, N)
+            K = torch.where(K >= N // FULL_FRACTION, N, K)
+            budget = self.max_iter + 1 - iters[live]
+            for k in torch.unique(K).tolist():  # problems grouped by working-set size
+                sel = torch.nonzero(K == k).flatten()
+                if k >= N:
+                    wk, it = self._newton(None, None, wl[sel], cl[sel], budget[sel])
+                else:
+                    idx = torch.topk(m[sel], k, dim=-1, largest=False, sorted=False).indices
+                    wk, it = self._newton(X[idx], y[idx], wl[sel], cl[sel], budget[sel])
+                w[live[sel]] = wk
+                iters[live[sel]] += it
+                stalled[live[sel]] = it == 0
+        return w, iters
+
+    def _newton(self, Xw: Tensor | None, yw: Tensor | None, w: Tensor, cm: Tensor, budget: Tensor) -> tuple[Tensor, Tensor]:
+        """Generalised Newton with backtracking on each problem's own samples ``Xw [b, K, D]``, ``yw [b, K]``, or
+        (``None``) on all samples, with shared GEMMs (``G = a^T P`` for the outer products ``P``)."""
+        C, D = self.C, self.D
+        full = Xw is None
+        if full and self.P is None:
+            self.P = (self.X[:, :, None] * self.X[:, None, :]).reshape(len(self.y), -1)
+        B = len(w)
+        w = w.clone()
+        iters = torch.zeros(B, dtype=torch.long)
+        live = torch.arange(B)
+        eye = torch.eye(D, dtype=w.dtype)
+        steps = 0.5 ** torch.arange(1, 40, dtype=w.dtype)
+        for it in range(int(budget.max()) + 1):
+            wl, cl = w[live], cm[live]
+            if full:
+                Xl, yl = self.X, self.y
+                s = wl @ Xl.T
+            else:
+                Xl, yl = Xw[live], yw[live]
+                s = torch.bmm(Xl, wl[:, :, None])[..., 0]
+            viol = (1 - yl * s).clamp_min(0)
+            if full:
+                g = (wl - 2 * C * (yl * viol) @ Xl) * cl
+            else:
+                g = (wl - 2 * C * torch.bmm((yl * viol)[:, None], Xl)[:, 0]) * cl
+            done = (torch.linalg.vector_norm(g, dim=-1) <= self.tol * self.g0) | (it >= budget[live])
+            if done.any():
+                iters[live[done]] = it
+                keep = ~done
+                live, wl, cl, s, viol, g = (t[keep] for t in (live, wl, cl, s, viol, g))
+                if not full:
+                    Xl, yl = Xl[keep], yl[keep]
+                if len(live) == 0:
+                    break
+            act = (viol > 0).to(w.dtype)
+            if full:
+                G = (act @ self.P).view(-1, D, D)
+            else:
+                G = torch.bmm(Xl.transpose(1, 2), Xl * act[:, :, None])
+            H = 2 * C * G * (cl[:, :, None] * cl[:, None, :]) + eye
+            L, _ = torch.linalg.cholesky_ex(H)
+            d = -torch.cholesky_solve(g[:, :, None], L)[..., 0]
+            Xd = d @ Xl.T if full else torch.bmm(Xl, d[:, :, None])[..., 0]
+            f0 = 0.5 * (wl * wl).sum(-1) + C * (viol * viol).sum(-1)
+            gd = (g * d).sum(-1)
+            w1 = wl + d  # the full Newton step first (nearly always taken), backtracking where it fails
+            v1 = (1 - yl * (s + Xd)).clamp_min(0)
+            f1 = 0.5 * (w1 * w1).sum(-1) + C * (v1 * v1).sum(-1)
+            bad = torch.nonzero(f1 > f0 + 0.01 * gd).flatten()
+            for t in steps:
+                if len(bad) == 0:
+                    break
+                wt = wl[bad] + t * d[bad]
+                yb = yl if full else yl[bad]
+                vt = (1 - yb * (s[bad] + t * Xd[bad])).clamp_min(0)
+                ft = 0.5 * (wt * wt).sum(-1) + C * (vt * vt).sum(-1)
+                w1[bad] = wt
+                bad = bad[ft > f0[bad] + 0.01 * t * gd[bad]]
+            w[live] = w1
+            iters[live] = it + 1
+        return w, iters
 
 
 def _solve_lattice(x_tr: Float[Tensor, "sample player d_head"], y: Float[Tensor, "sample"], index: Tensor, C: float,
-                   progress: bool, tol: float, max_iter: int) -> tuple[dict[int, Tensor], dict[int, Tensor], Tensor]:
-    """Weights for every coalition of ``index``, by size, warm-started from parents. Returns per size k:
-    the coalitions (sorted), their weights ``[count, 1 + k*e]``, and the iteration counts of all."""
-    N, n, e = x_tr.shape
-    xf = torch.cat([torch.ones(N, 1, dtype=x_tr.dtype), x_tr.reshape(N, n * e)], 1)  # intercept column first
+                   progress: bool, tol: float, max_iter: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Weights ``[coalition, D]`` (full feature space, zeros off the coalition) for the sorted unique ``index``,
+    by size, each warm-started from its parent (the coalition without its highest head) when that is in
+    ``index``; returns (sorted coalitions, weights, iterations)."""
+    solver = LatticeSolver(x_tr, y, C, tol, max_iter)
+    n = solver.n
+    index = torch.unique(index)
     size = ((index[:, None] >> torch.arange(n)) & 1).sum(-1)
-    order = torch.argsort(index)
-    index, size = index[order], size[order]
-    pos = {}  # size -> (sorted masks, weights)
-    masks_by, w_by = {}, {}
-    iters_all = []
-    sizes = torch.unique(size).tolist()
+    W = torch.zeros(len(index), solver.D, dtype=x_tr.dtype)
+    iters = torch.zeros(len(index), dtype=torch.long)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(index), desc="batched SVC fits", unit="fit")
-    for k in sizes:
-        masks = index[size == k]
-        p = 1 + k * e
-        bits = (masks[:, None] >> torch.arange(n)) & 1
-        players = torch.nonzero(bits)[:, 1].view(len(masks), k)  # ascending players per coalition
-        cols = torch.cat([torch.zeros(len(masks), 1, dtype=torch.long),
-                          (1 + players[:, :, None] * e + torch.arange(e)).reshape(len(masks), k * e)], 1)
-        w0 = torch.zeros(len(masks), p, dtype=x_tr.dtype)
-        if k - 1 in masks_by and k > 0:  # warm start: the parent without the highest head
-            top = players[:, -1]
-            parent = masks - (1 << top)
-            pm, pw = masks_by[k - 1], w_by[k - 1]
-            j = torch.searchsorted(pm, parent).clamp_max(len(pm) - 1)
-            found = pm[j] == parent
-            w0[found, : p - e] = pw[j[found]]
-        W = torch.empty_like(w0)
-        step = max(1, MAX_ELEMS // (N * p))
-        for i in range(0, len(masks), step):
-            X = _gather(xf, cols[i : i + step])
-            W[i : i + step], it = newton_svc(X, y, w0[i : i + step], C, tol, max_iter)
-            iters_all.append(it)
+    prev = None  # (coalitions, rows) of the previous size
+    for k in torch.unique(size).tolist():
+        rows = torch.nonzero(size == k).flatten()
+        masks = index[rows]
+        for i in range(0, len(masks), BLOCK):
+            r, m = rows[i : i + BLOCK], masks[i : i + BLOCK]
+            w = torch.zeros(len(m), solver.D, dtype=x_tr.dtype)
+            if prev is not None and k > 0:  # warm start: the parent without the highest head (zero new weights)
+                parent = m - (1 << (63 - _clz(m)))
+                pm, prow = prev
+                j = torch.searchsorted(pm, parent).clamp_max(len(pm) - 1)
+                found = torch.nonzero(pm[j] == parent).flatten()
+                w[found] = W[prow[j[found]]]
+            W[r], iters[r] = solver.solve(m, w)
             if bar is not None:
-                bar.update(len(it))
-        masks_by[k], w_by[k] = masks, W
+                bar.update(len(m))
+        prev = (masks, rows)
     if bar is not None:
         bar.close()
-    return masks_by, w_by, torch.cat(iters_all) if iters_all else torch.zeros(0, dtype=torch.long)
+    return index, W, iters
+
+
+def _clz(m: Tensor) -> Tensor:
+    """Leading zeros of positive int64 values (so ``63 - _clz(m)`` is the highest set bit)."""
+    top = torch.zeros_like(m)
+    x = m.clone()
+    for shift in (32, 16, 8, 4, 2, 1):
+        big = x >= (1 << shift)
+        top += big * shift
+        x = torch.where(big, x >> shift, x)
+    return 63 - top
 
 
 def svc_weights(x_tr: Float[Tensor, "sample player d_head"], y_tr: Tensor, index: Int[Tensor, "coalition"], *,
-                C: float = 1000.0, tol: float = 1e-9, max_iter: int = 100) -> tuple[list[Tensor], Tensor]:
-    """The binary SVC of each coalition bitmask in ``index`` (labels: +1 for the larger one): per coalition its
-    weights ``(intercept, features of its heads in ascending order)``, and the Newton iterations taken."""
+                C: float = 1000.0, tol: float = 1e-9, max_iter: int = 100) -> tuple[Tensor, Tensor]:
+    """The binary SVC of each coalition bitmask in ``index`` (labels: +1 for the larger one): weights
+    ``[coalition, 1 + n * d_head]`` (intercept first, then every player's d_head columns, zero off the
+    coalition), and the Newton iterations each took."""
     classes = torch.unique(y_tr)
     if len(classes) != 2:
         raise InterpError(f"svc_weights fits binary problems; the labels hold {len(classes)} classes")
-    y = torch.where(y_tr == classes[1], 1.0, -1.0).to(x_tr.dtype)
-    masks_by, w_by, iters = _solve_lattice(x_tr, y, torch.as_tensor(index, dtype=torch.long), C, False, tol, max_iter)
-    where = {int(m): (k, i) for k, ms in masks_by.items() for i, m in enumerate(ms.tolist())}
-    return [w_by[where[int(m)][0]][where[int(m)][1]] for m in index], iters
+    y = torch.where(y_tr == classes[1], 1.0, -1.0).double()
+    index = torch.as_tensor(index, dtype=torch.long)
+    uniq, W, iters = _solve_lattice(x_tr.double(), y, index, C, False, tol, max_iter)
+    pos = torch.searchsorted(uniq, index)
+    return W[pos], iters[pos]
 
 
-def _decisions(x_te, masks_by, w_by, index) -> Tensor:
-    """Test decisions ``[coalition (in index order), test sample]``."""
+def _decisions(x_te: Float[Tensor, "test player d_head"], W: Tensor) -> Tensor:
     M, n, e = x_te.shape
     xf = torch.cat([torch.ones(M, 1, dtype=x_te.dtype), x_te.reshape(M, n * e)], 1)
-    out = torch.empty(len(index), M, dtype=x_te.dtype)
-    rank = torch.argsort(index)
-    sorted_index = index[rank]
-    for k, masks in masks_by.items():
-        p = 1 + k * e
-        bits = (masks[:, None] >> torch.arange(n)) & 1
-        players = torch.nonzero(bits)[:, 1].view(len(masks), k)
-        cols = torch.cat([torch.zeros(len(masks), 1, dtype=torch.long),
-                          (1 + players[:, :, None] * e + torch.arange(e)).reshape(len(masks), k * e)], 1)
-        rows = rank[torch.searchsorted(sorted_index, masks)]
-        step = max(1, MAX_ELEMS // (M * p))
-        for i in range(0, len(masks), step):
-            X = _gather(xf, cols[i : i + step])
-            out[rows[i : i + step]] = torch.bmm(X, w_by[k][i : i + step, :, None])[..., 0]
-    return out
+    return W @ xf.T
 
 
 def svc_test_accuracy(x_tr: Float[Tensor, "sample player d_head"], y_tr: Int[Tensor, "sample"],
@@ -172,19 +241,15 @@ def svc_test_accuracy(x_tr: Float[Tensor, "sample player d_head"], y_tr: Int[Ten
         raise InterpError(f"the train labels contain one class only ({classes.tolist()}); a separator needs two")
     x_tr, x_te = x_tr.double(), x_te.double()
     iters = []
-    if len(classes) == 2:
-        y = torch.where(y_tr == classes[1], 1.0, -1.0).double()
-        masks_by, w_by, it = _solve_lattice(x_tr, y, uniq, C, progress, tol, max_iter)
-        dec = _decisions(x_te, masks_by, w_by, uniq)
-        pred = torch.where(dec > 0, classes[1], classes[0])
+    decs = []
+    for c in (classes[1:] if len(classes) == 2 else classes):  # binary: one problem; else one-vs-rest
+        y = torch.where(y_tr == c, 1.0, -1.0).double()
+        _, W, it = _solve_lattice(x_tr, y, uniq, C, progress, tol, max_iter)
+        decs.append(_decisions(x_te, W))
         iters.append(it)
-    else:  # one-vs-rest, as LinearSVC
-        decs = []
-        for c in classes:
-            y = torch.where(y_tr == c, 1.0, -1.0).double()
-            masks_by, w_by, it = _solve_lattice(x_tr, y, uniq, C, progress, tol, max_iter)
-            decs.append(_decisions(x_te, masks_by, w_by, uniq))
-            iters.append(it)
+    if len(classes) == 2:
+        pred = torch.where(decs[0] > 0, classes[1], classes[0])
+    else:
         pred = classes[torch.stack(decs, -1).argmax(-1)]
     acc = (pred == y_te[None]).double().mean(-1)[inverse]
     if return_iters:
