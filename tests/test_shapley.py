@@ -318,3 +318,47 @@ def test_svc_weights_match_sklearn(nm_ckpt):
         assert w[0] == pytest.approx(clf.intercept_[0], rel=1e-3, abs=1e-3)
         np.testing.assert_allclose(w[1:][cols], clf.coef_[0], rtol=1e-3, atol=1e-3)
         assert np.abs(np.delete(w[1:], cols)).max(initial=0) == 0
+
+
+# ------------------------------------------------------------------------------------------- CLI and report
+
+
+def test_cli_json(tmp_path, capsys):
+    from interp.cli import main
+
+    out = tmp_path / "shapley.json"
+    rc = main(["shapley", "noisy-majority", "--value", "learned-accuracy", "--json", "--out", str(out),
+               "--device", "cpu", "--threads", "1"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d == json.loads(out.read_text())
+    assert d["value"] == "learned-accuracy" and d["exact"] is True
+    assert len(d["heads"]) == 16 and set(d["heads"][0]) == {"head", "shapley", "banzhaf"}
+    assert sum(h["shapley"] for h in d["heads"]) == pytest.approx(d["v_all"] - d["v_empty"], abs=1e-12)
+    assert len(d["interactions"]["matrix"]) == 16
+
+
+def test_cli_sampled_and_errors(capsys):
+    from interp.cli import main
+
+    rc = main(["shapley", "noisy-majority", "--value", "logit-diff", "--samples", "20", "--heads", "L0H8", "L0H1",
+               "L0H3", "--device", "cpu", "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "sampled, 20 permutations" in text and "L0H8" in text
+    assert main(["shapley", "noisy-majority", "--heads", "L0H99", "--device", "cpu"]) == 1
+    assert "L0H99" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="invalid choice"):
+        main(["shapley", "noisy-majority", "--value", "accuracy"])
+
+
+def test_report_section(nm_ckpt):
+    """The noisy-majority report's Shapley section: computed caption, table and figure."""
+    from analyses.noisy_majority.suite import _shapley_section, _summary
+    from interp.report import Report
+
+    report = Report("t")
+    s, train, test, tr, te = _summary(nm_ckpt, train_size=500, test_size=300)
+    _shapley_section(nm_ckpt, report, s, test, te)
+    html = report.html()
+    assert "Heads: Shapley values" in html and "exact, from all 65,536 coalitions" in html
