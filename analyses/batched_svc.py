@@ -31,7 +31,8 @@ from interp.errors import InterpError
 
 BLOCK = 128  # problems per batched solve
 K_MIN = 64  # smallest working set
-FULL_FRACTION = 4  # working sets of more than N / 4 samples: all samples, with shared GEMMs
+FULL_FRACTION = 4  # working sets of more than N / 4 samples: all samples
+FULL_ELEMS = 1 << 22  # problems x samples x columns per chunk when all samples are used
 
 
 class LatticeSolver:
@@ -52,110 +53,136 @@ class LatticeSolver:
         self.X = torch.cat([torch.ones(N, 1, dtype=x.dtype), x.reshape(N, n * e)], 1).contiguous()  # [N, D]
         self.D = self.X.shape[1]
         self.y = y.to(x.dtype)
-        self.P = None  # per-sample outer products [N, D*D], built when a problem needs all samples
         self.g0 = 2 * self.C * float(torch.linalg.vector_norm(self.y @ self.X))  # |grad f(0)| of the full problem
 
     def column_mask(self, masks: Int[Tensor, "problem"]) -> Float[Tensor, "problem D"]:
         bits = ((masks[:, None] >> torch.arange(self.n)) & 1).to(self.X.dtype)
         return torch.cat([torch.ones(len(masks), 1, dtype=self.X.dtype), bits.repeat_interleave(self.e, 1)], 1)
 
-    def solve(self, masks: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        """The exact SVC of each coalition of ``masks`` from the weights ``w`` (``[problem, D]``); also the Newton
-        iterations each took (``max_iter + 1``: not converged)."""
-        X, y, C, N = self.X, self.y, self.C, len(self.y)
+    def solve(self, masks: Tensor, w: Tensor, ws: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The exact SVC of each coalition of ``masks`` from the weights ``w`` (``[problem, D]``) and, optionally,
+        first working sets ``ws [problem, K_MIN]`` (a parent's: its margins are the child's at the start; rows of
+        -1: none). Returns the weights, the Newton iterations each took (``max_iter + 1``: not converged), and
+        each problem's ``K_MIN`` samples of smallest final margin (-1 where it has more violators than half of
+        them: no good first working set for a child)."""
+        X, y, N = self.X, self.y, len(self.y)
         cm = self.column_mask(masks)
         w = (w * cm).clone()
         B = len(masks)
         iters = torch.zeros(B, dtype=torch.long)
-        live = torch.arange(B)
-        stalled = torch.zeros(B, dtype=torch.bool)  # converged on its working set with no step left to take
-        while len(live):
-            wl, cl = w[live], cm[live]
-            m = y * (wl @ X.T)  # [b, N] margins
-            viol = (1 - m).clamp_min(0)
-            g = (wl - 2 * C * (y * viol) @ X) * cl
-            ok = (torch.linalg.vector_norm(g, dim=-1) <= self.tol * self.g0) | (iters[live] > self.max_iter) | stalled[live]
-            live, m, wl, cl = live[~ok], m[~ok], wl[~ok], cl[~ok]
-            if len(live) == 0:
+        out_ws = torch.full((B, K_MIN), -1, dtype=torch.long)
+        # round 0: problems with a first working set go straight to Newton; the others need their margins
+        given = torch.zeros(B, dtype=torch.bool) if ws is None else ws[:, 0] >= 0
+        work = [(torch.nonzero(given).flatten(), None if ws is None else ws[given])]
+        rest = torch.nonzero(~given).flatten()
+        if len(rest):
+            work += self._working_sets(rest, y * (w[rest] @ X.T))
+        for _ in range(self.max_iter + 1):
+            checked = []
+            for rows, idx in work:
+                if len(rows) == 0:
+                    continue
+                budget = self.max_iter + 1 - iters[rows]
+                wk, it, conv = self._run(idx, w[rows], cm[rows], budget)
+                w[rows] = wk
+                iters[rows] += it
+                checked.append((rows, idx, conv))
+            work = []
+            for rows, idx, conv in checked:  # optimal iff converged on the working set and nobody outside violates
+                m = y * (w[rows] @ X.T)
+                viol = (m < 1).sum(-1)
+                inside = viol if idx is None else (m.gather(1, idx) < 1).sum(-1)
+                ok = (conv & (inside == viol)) | (iters[rows] > self.max_iter)
+                good = ok & (viol <= K_MIN // 2)
+                if good.any():
+                    out_ws[rows[good]] = torch.topk(m[good], K_MIN, dim=-1, largest=False, sorted=False).indices
+                if (~ok).any():
+                    work += self._working_sets(rows[~ok], m[~ok])
+            if not work:
                 break
-            need = (m < 1).sum(-1)
-            K = (2 * need - 1).clamp_min(1).to(torch.float64).log2().ceil().exp2().long().clamp(K_MIN, N)
-            K = torch.where(K >= N // FULL_FRACTION, N, K)
-            budget = self.max_iter + 1 - iters[live]
-            for k in torch.unique(K).tolist():  # problems grouped by working-set size
-                sel = torch.nonzero(K == k).flatten()
-                if k >= N:
-                    wk, it = self._newton(None, None, wl[sel], cl[sel], budget[sel])
-                else:
-                    idx = torch.topk(m[sel], k, dim=-1, largest=False, sorted=False).indices
-                    wk, it = self._newton(X[idx], y[idx], wl[sel], cl[sel], budget[sel])
-                w[live[sel]] = wk
-                iters[live[sel]] += it
-                stalled[live[sel]] = it == 0
-        return w, iters
+        return w, iters, out_ws
 
-    def _newton(self, Xw: Tensor | None, yw: Tensor | None, w: Tensor, cm: Tensor, budget: Tensor) -> tuple[Tensor, Tensor]:
-        """Generalised Newton with backtracking on each problem's own samples ``Xw [b, K, D]``, ``yw [b, K]``, or
-        (``None``) on all samples, with shared GEMMs (``G = a^T P`` for the outer products ``P``)."""
-        C, D = self.C, self.D
-        full = Xw is None
-        if full and self.P is None:
-            self.P = (self.X[:, :, None] * self.X[:, None, :]).reshape(len(self.y), -1)
-        B = len(w)
+    def _run(self, idx: Tensor | None, w: Tensor, cm: Tensor, budget: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Newton on each problem's own columns (intercept and its heads': problems of one call have the same
+        number) and its working set ``idx`` (None: all samples, in chunks), weights returned in full space."""
+        N = len(self.y)
+        p = int(cm[0].sum())
+        cols = torch.nonzero(cm)[:, 1].view(len(cm), p)  # [b, p]
+        wc = w.gather(1, cols)
+        if idx is not None:
+            Xw = self.X[idx[:, :, None], cols[:, None, :]]  # [b, K, p]
+            wc, it, conv = self._newton(Xw, self.y[idx], wc, budget)
+        else:
+            step = max(1, FULL_ELEMS // (N * p))
+            parts = []
+            for i in range(0, len(cols), step):
+                Xw = self.X[:, cols[i : i + step]].permute(1, 0, 2)  # [chunk, N, p]
+                parts.append(self._newton(Xw, self.y.expand(len(Xw), N), wc[i : i + step], budget[i : i + step]))
+            wc, it, conv = (torch.cat(t) for t in zip(*parts))
+        return torch.zeros_like(w).scatter_(1, cols, wc), it, conv
+
+    def _working_sets(self, rows: Tensor, m: Tensor) -> list[tuple[Tensor, Tensor | None]]:
+        """Group problems by working-set size (a power of two >= twice their violators; all samples beyond N / 4)
+        and pick each one's samples of smallest margin."""
+        N = len(self.y)
+        need = (m < 1).sum(-1)
+        K = (2 * need - 1).clamp_min(1).to(torch.float64).log2().ceil().exp2().long().clamp(K_MIN, N)
+        K = torch.where(K >= N // FULL_FRACTION, N, K)
+        out = []
+        for k in torch.unique(K).tolist():
+            sel = torch.nonzero(K == k).flatten()
+            idx = None if k >= N else torch.topk(m[sel], k, dim=-1, largest=False, sorted=False).indices
+            out.append((rows[sel], idx))
+        return out
+
+    def _newton(self, Xw: Tensor, yw: Tensor, w: Tensor, budget: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Generalised Newton with backtracking for each problem on its own samples and columns ``Xw [b, K, p]``,
+        labels ``yw [b, K]``, from ``w [b, p]``: weights, iterations, and whether the gradient reached ``tol``."""
+        C = self.C
+        B, _, p = Xw.shape
         w = w.clone()
         iters = torch.zeros(B, dtype=torch.long)
+        conv = torch.zeros(B, dtype=torch.bool)
         live = torch.arange(B)
-        eye = torch.eye(D, dtype=w.dtype)
-        steps = 0.5 ** torch.arange(1, 40, dtype=w.dtype)
+        eye = torch.eye(p, dtype=w.dtype)
+        steps = 0.5 ** torch.arange(1, 30, dtype=w.dtype)
         for it in range(int(budget.max()) + 1):
-            wl, cl = w[live], cm[live]
-            if full:
-                Xl, yl = self.X, self.y
-                s = wl @ Xl.T
-            else:
-                Xl, yl = Xw[live], yw[live]
-                s = torch.bmm(Xl, wl[:, :, None])[..., 0]
+            Xl, yl, wl = Xw[live], yw[live], w[live]
+            s = torch.bmm(Xl, wl[:, :, None])[..., 0]
             viol = (1 - yl * s).clamp_min(0)
-            if full:
-                g = (wl - 2 * C * (yl * viol) @ Xl) * cl
-            else:
-                g = (wl - 2 * C * torch.bmm((yl * viol)[:, None], Xl)[:, 0]) * cl
-            done = (torch.linalg.vector_norm(g, dim=-1) <= self.tol * self.g0) | (it >= budget[live])
+            g = wl - 2 * C * torch.bmm((yl * viol)[:, None], Xl)[:, 0]
+            small = torch.linalg.vector_norm(g, dim=-1) <= self.tol * self.g0
+            done = small | (it >= budget[live])
             if done.any():
                 iters[live[done]] = it
+                conv[live[small]] = True
                 keep = ~done
-                live, wl, cl, s, viol, g = (t[keep] for t in (live, wl, cl, s, viol, g))
-                if not full:
-                    Xl, yl = Xl[keep], yl[keep]
+                live, Xl, yl, wl, s, viol, g = (t[keep] for t in (live, Xl, yl, wl, s, viol, g))
                 if len(live) == 0:
                     break
             act = (viol > 0).to(w.dtype)
-            if full:
-                G = (act @ self.P).view(-1, D, D)
-            else:
-                G = torch.bmm(Xl.transpose(1, 2), Xl * act[:, :, None])
-            H = 2 * C * G * (cl[:, :, None] * cl[:, None, :]) + eye
+            H = 2 * C * torch.bmm(Xl.transpose(1, 2), Xl * act[:, :, None]) + eye
             L, _ = torch.linalg.cholesky_ex(H)
             d = -torch.cholesky_solve(g[:, :, None], L)[..., 0]
-            Xd = d @ Xl.T if full else torch.bmm(Xl, d[:, :, None])[..., 0]
+            Xd = torch.bmm(Xl, d[:, :, None])[..., 0]
             f0 = 0.5 * (wl * wl).sum(-1) + C * (viol * viol).sum(-1)
             gd = (g * d).sum(-1)
             w1 = wl + d  # the full Newton step first (nearly always taken), backtracking where it fails
             v1 = (1 - yl * (s + Xd)).clamp_min(0)
             f1 = 0.5 * (w1 * w1).sum(-1) + C * (v1 * v1).sum(-1)
-            bad = torch.nonzero(f1 > f0 + 0.01 * gd).flatten()
+            slack = 1e-13 * f0  # rounding: near the optimum f cannot decrease measurably
+            bad = torch.nonzero(f1 > f0 + 0.01 * gd + slack).flatten()
             for t in steps:
                 if len(bad) == 0:
                     break
                 wt = wl[bad] + t * d[bad]
-                yb = yl if full else yl[bad]
-                vt = (1 - yb * (s[bad] + t * Xd[bad])).clamp_min(0)
+                vt = (1 - yl[bad] * (s[bad] + t * Xd[bad])).clamp_min(0)
                 ft = 0.5 * (wt * wt).sum(-1) + C * (vt * vt).sum(-1)
                 w1[bad] = wt
-                bad = bad[ft > f0[bad] + 0.01 * t * gd[bad]]
+                bad = bad[ft > f0[bad] + 0.01 * t * gd[bad] + slack[bad]]
             w[live] = w1
             iters[live] = it + 1
-        return w, iters
+        return w, iters, conv
 
 
 def _solve_lattice(x_tr: Float[Tensor, "sample player d_head"], y: Float[Tensor, "sample"], index: Tensor, C: float,
@@ -174,6 +201,7 @@ def _solve_lattice(x_tr: Float[Tensor, "sample player d_head"], y: Float[Tensor,
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(index), desc="batched SVC fits", unit="fit")
+    WS = torch.full((len(index), K_MIN), -1, dtype=torch.long)
     prev = None  # (coalitions, rows) of the previous size
     for k in torch.unique(size).tolist():
         rows = torch.nonzero(size == k).flatten()
@@ -181,13 +209,14 @@ def _solve_lattice(x_tr: Float[Tensor, "sample player d_head"], y: Float[Tensor,
         for i in range(0, len(masks), BLOCK):
             r, m = rows[i : i + BLOCK], masks[i : i + BLOCK]
             w = torch.zeros(len(m), solver.D, dtype=x_tr.dtype)
+            ws = torch.full((len(m), K_MIN), -1, dtype=torch.long)
             if prev is not None and k > 0:  # warm start: the parent without the highest head (zero new weights)
                 parent = m - (1 << (63 - _clz(m)))
                 pm, prow = prev
                 j = torch.searchsorted(pm, parent).clamp_max(len(pm) - 1)
                 found = torch.nonzero(pm[j] == parent).flatten()
-                w[found] = W[prow[j[found]]]
-            W[r], iters[r] = solver.solve(m, w)
+                w[found], ws[found] = W[prow[j[found]]], WS[prow[j[found]]]
+            W[r], iters[r], WS[r] = solver.solve(m, w, ws)
             if bar is not None:
                 bar.update(len(m))
         prev = (masks, rows)
