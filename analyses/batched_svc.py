@@ -12,10 +12,21 @@ at a gradient tolerance (``tol=1e-4``, relative), this solver goes on to the exa
 only where a test point lies within liblinear's tolerance of the boundary.
 
 The solver is generalised Newton (f is piecewise quadratic and C^1): Hessian ``I + 2C X_A^T X_A`` over the
-active samples ``A`` (margin < 1), a batched Cholesky solve, and a backtracking (Armijo) line search evaluated for
-all step sizes at once. Problems are batched by coalition size (same feature count), and each coalition starts
-from the solution of its parent (the coalition without its highest head, zero weights for the new head), which is
-solved first: warm starts along the subset lattice. Converged problems leave the batch.
+active samples ``A`` (margin < 1), a batched Cholesky solve, and a backtracking (Armijo) line search. What makes
+2^16 fits cheap:
+
+- each problem works in its own columns (intercept and its heads' d_head outputs), batched ``[problem, K, p]``;
+- working sets: near-separable data leave a few dozen active samples of 7,500, so Newton runs on each problem's
+  K samples of smallest margin (K >= twice its violators) and then every sample is checked: the restricted
+  optimum is the full one exactly when no sample outside the working set violates its margin there (the two
+  gradients are then equal); otherwise the working set is rebuilt and Newton goes on. Problems with many
+  violators (bad heads) use all samples;
+- warm starts along the subset lattice: coalitions are solved by size, and each starts from its parent (the
+  coalition without its highest head): the parent's weights with zeros for the new head (so the same margins)
+  and the parent's smallest-margin samples as its first working set.
+
+Stopping rule: ``|grad f| <= tol * |grad f(0)|`` with ``tol = 1e-9`` (liblinear's is 1e-4 in the same relative sense,
+scaled by the smaller class fraction), so scikit-learn's separator is the less exact of the two.
 
 Binary labels: ``y = +1`` for the larger label (scikit-learn's ``classes_[1]``), predicted where the decision is
 > 0. More than two classes: one-vs-rest (as ``LinearSVC``), the class with the largest decision.
