@@ -281,17 +281,22 @@ def svc_test_accuracy(x_tr: Float[Tensor, "sample player d_head"], y_tr: Int[Ten
         raise InterpError(f"the train labels contain one class only ({classes.tolist()}); a separator needs two")
     x_tr, x_te = x_tr.double(), x_te.double()
     iters = []
-    decs = []
+    weights = []
     for c in (classes[1:] if len(classes) == 2 else classes):  # binary: one problem; else one-vs-rest
         y = torch.where(y_tr == c, 1.0, -1.0).double()
         _, W, it = _solve_lattice(x_tr, y, uniq, C, progress, tol, max_iter)
-        decs.append(_decisions(x_te, W))
+        weights.append(W)
         iters.append(it)
-    if len(classes) == 2:
-        pred = torch.where(decs[0] > 0, classes[1], classes[0])
-    else:
-        pred = classes[torch.stack(decs, -1).argmax(-1)]
-    acc = (pred == y_te[None]).double().mean(-1)[inverse]
+    acc_u = torch.empty(len(uniq), dtype=torch.float64)
+    step = max(1, (1 << 22) // max(1, len(y_te)))  # decisions [coalition, test] a block at a time
+    for i in range(0, len(uniq), step):
+        decs = [_decisions(x_te, W[i : i + step]) for W in weights]
+        if len(classes) == 2:
+            pred = torch.where(decs[0] > 0, classes[1], classes[0])
+        else:
+            pred = classes[torch.stack(decs, -1).argmax(-1)]
+        acc_u[i : i + step] = (pred == y_te[None]).double().mean(-1)
+    acc = acc_u[inverse]
     if return_iters:
         return acc, torch.cat(iters)
     return acc
