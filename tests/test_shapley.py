@@ -254,7 +254,9 @@ def test_errors(nm_ckpt, nm_task, short):
         coalition_values(model, short, value="separation", train=short, solver="liblinear")
     big = tiny(nm_task, 25, d_model=50)
     with pytest.raises(InterpError, match="at most 24"):
-        coalition_evaluator(big, short)
+        coalition_values(big, short)
+    est = sampled_shapley(big, short, samples=4)  # sampling takes any number of heads
+    assert len(est.shapley) == 25 and abs(est.efficiency_gap) < 1e-12
     with pytest.raises(InterpError, match="samples"):
         sampled_shapley(model, short, samples=1)
     with pytest.raises(Exception, match="L0H16"):
