@@ -213,10 +213,10 @@ def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", head
     if callable(value):
         name = getattr(value, "__name__", "callable")
 
-        def fn(index, progress):
+        def fn(bits, progress):
             out = []
-            for i in range(0, len(index), chunk):
-                masks = _masks(index[i : i + chunk], players, cfg.n_layers, cfg.n_heads, device)
+            for i in range(0, len(bits), chunk):
+                masks = _masks(bits[i : i + chunk], players, cfg.n_layers, cfg.n_heads, device)
                 v = torch.as_tensor(value(masks), dtype=torch.float64).reshape(-1)
                 if len(v) != len(masks):
                     raise InterpError(f"the value callable returned {len(v)} numbers for {len(masks)} coalitions; "
@@ -256,15 +256,15 @@ def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", head
     b = len(labels)
     step = max(1, min(chunk, (1 << 24) // max(1, b * cfg.d_vocab_out)))
 
-    def fn(index, progress):
+    def fn(bits, progress):
         out = []
-        it = range(0, len(index), step)
+        it = range(0, len(bits), step)
         if progress:
             from tqdm.auto import tqdm
 
-            it = tqdm(it, desc=f"{value} of {len(index)} coalitions", unit="chunk")
+            it = tqdm(it, desc=f"{value} of {len(bits)} coalitions", unit="chunk")
         for i in it:
-            masks = _masks(index[i : i + step], players, cfg.n_layers, cfg.n_heads, device)
+            masks = _masks(bits[i : i + step], players, cfg.n_layers, cfg.n_heads, device)
             with torch.inference_mode():
                 out.append(_reduce(logits_of(masks), labels, value, classes).cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
@@ -331,8 +331,8 @@ def _linear_evaluator(model, cache: AnswerCache, z_ref, players, value, classes,
             a0 = ld(base).mean()
             a = ld(c).mean(0)  # [n]
 
-            def fn(index, progress):
-                b = index.double()
+            def fn(bits, progress):
+                b = bits.double()
                 return (a0.cpu() + b @ a.cpu()).cpu()
 
             return CoalitionValue(fn, players, value, ablation, len(labels), {"method": "fast"})
@@ -355,10 +355,10 @@ def _linear_evaluator(model, cache: AnswerCache, z_ref, players, value, classes,
     b, K = d0k.shape
     step = max(1, (1 << 22) // max(1, b * max(K, 1)))
 
-    def fn(index, progress):
+    def fn(bits, progress):
         out = []
-        for i in range(0, len(index), step):
-            m = index[i : i + step].to(flat.device).float()
+        for i in range(0, len(bits), step):
+            m = bits[i : i + step].to(flat.device).float()
             if K == 0:
                 out.append(torch.ones(len(m), dtype=torch.float64))
                 continue
@@ -432,14 +432,14 @@ def columns(mask: int, n: int, e: int) -> list[int]:
     return [i * e + j for i in range(n) if mask >> i & 1 for j in range(e)]
 
 
-def _sklearn_values(x_tr, y_tr, x_te, y_te, index, C, progress) -> Tensor:
+def _sklearn_values(x_tr, y_tr, x_te, y_te, bits, C, progress) -> Tensor:
     """The reference: one scikit-learn LinearSVC per coalition (features already centred)."""
     from .probes import fit_separator
 
     N, n, e = x_tr.shape
     a_tr, a_te = x_tr.reshape(N, n * e).numpy(), x_te.reshape(len(x_te), n * e).numpy()
     y_tr, y_te = y_tr.numpy(), y_te.numpy()
-    it = [sum(1 << i for i in range(n) if row[i]) for row in index.tolist()]
+    it = [sum(1 << i for i in range(n) if row[i]) for row in bits.tolist()]
     if progress:
         from tqdm.auto import tqdm
 
