@@ -24,7 +24,9 @@ _NAMES = {
                           "positional_qk_circuit", "k_composition_circuit", "ov_copying", "bigram_table",
                           "logit_decomposition"],
     "analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
-    "analyses.shapley": ["ShapleyResult", "shapley", "shapley_of", "sampled_shapley", "shapley_transform", "moebius"],
+    # the module analyses.shapley holds the function shapley(); here it is exact_shapley, so that the module and the
+    # function never shadow each other in this namespace
+    "analyses.shapley": ["ShapleyResult", "exact_shapley", "shapley_of", "sampled_shapley", "shapley_transform", "moebius"],
     "analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],

@@ -202,6 +202,9 @@ def shapley(values: "CoalitionValues | Tensor", heads: list[Head] | None = None,
     return ShapleyResult(list(heads), phi, banzhaf, inter, value or "v", float(v[-1]), float(v[0]), info=info)
 
 
+exact_shapley = shapley  # the name analyses/__init__ exports (analyses.shapley is this module)
+
+
 def shapley_of(model, data, **kw) -> ShapleyResult:
     """``shapley(coalition_values(model, data, **kw))``: exact values in one call."""
     from .coalitions import coalition_values

@@ -386,3 +386,16 @@ def test_batched_svc_multiclass_one_vs_rest():
         clf = LinearSVC(C=1000.0, dual=False, tol=1e-8, max_iter=100000).fit(a_tr, y_tr.numpy())
         ref = float((clf.predict(a_te) == y_te.numpy()).mean())
         assert abs(acc[mask].item() - ref) <= 1 / 300 + 1e-9, mask
+
+
+def test_namespace_exports_do_not_shadow_modules():
+    import importlib
+
+    import analyses
+    from analyses.shapley import shapley as fn
+
+    assert analyses.exact_shapley is fn and analyses.coalition_values is not None
+    importlib.import_module("analyses.shapley")
+    assert analyses.exact_shapley is fn
+    for name in ("shapley", "coalitions", "batched_svc"):
+        assert name not in analyses.__all__
