@@ -23,6 +23,11 @@ _NAMES = {
     "analyses.circuits": ["Circuit", "OVCopying", "LogitDecomposition", "full_qk_circuit", "full_ov_circuit",
                           "positional_qk_circuit", "k_composition_circuit", "ov_copying", "bigram_table",
                           "logit_decomposition"],
+    "analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
+    # the module analyses.shapley holds the function shapley(); here it is exact_shapley, so that the module and the
+    # function never shadow each other in this namespace
+    "analyses.shapley": ["ShapleyResult", "exact_shapley", "shapley_of", "sampled_shapley", "shapley_transform", "moebius"],
+    "analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
     "analyses.patching": ["ActivationPatching", "PathPatching", "activation_patching", "path_patching", "variant_metric"],
