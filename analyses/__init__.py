@@ -24,6 +24,7 @@ _NAMES = {
                           "positional_qk_circuit", "k_composition_circuit", "ov_copying", "bigram_table",
                           "logit_decomposition"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
+    "analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
     "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
     # noisy majority (seed 000 §5)
     "analyses.noisy_majority.attention_ratios": ["AttentionRatios", "attention_ratios", "measured_attention_ratios",

@@ -12,6 +12,10 @@ Which model is kept (``keep``): ``"best"`` (default) is the epoch with the highe
 by the lower validation loss (then the earlier epoch), so an epoch that only ties the majority-class accuracy never
 beats a later, better-trained one; ``"last"`` is the final epoch.
 
+Halving heads (seed 000 §5.5, ``TrainConfig.halving``): a persistent head mask (:mod:`interp.halving`) that
+masks half of the active heads each time validation accuracy reaches ``halving_threshold``; the kept model is
+then the best one-head state. The mask and its steps travel in the resume file and the checkpoint's metadata.
+
 A resume file ``<out>.resume.safetensors`` is written every ``save_every`` epochs (weights, optimizer
 moments, RNG states, best model so far, history, and every option of the run; no pickle). ``resume=True``
 continues from it and ends with exactly the weights an uninterrupted run gives (on CPU; CUDA kernels may be

@@ -40,7 +40,11 @@ def analyze(ckpt: Checkpoint) -> HeadSummary:
 
 
 def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> None:
-    """Head table and Figures 4, 5, 7, 6 and 8 (the report itself adds every head's attention view)."""
+    """Head table and Figures 4, 5, 7, 6 and 8 (the report itself adds every head's attention view); Figure 10
+    first for a model trained with halving heads."""
+    from ..halving import add_halving_section
+
+    add_halving_section(ckpt, report)
     model = ckpt.model
     L, H = model.cfg.n_layers, model.cfg.n_heads
     t0 = time.perf_counter()
