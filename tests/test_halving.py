@@ -179,6 +179,14 @@ def test_a_run_left_with_more_than_one_head_fails_and_scores_zero(tmp_path, task
     assert prov["kept"] == "last" and prov["kept_epoch"] == 3
 
 
+def test_patience_counts_only_once_one_head_is_left(tmp_path, task, spec, svc_run):
+    """Before the last halving step no state can be kept, so patience must not stop the run there."""
+    prov = train_halving(task, spec, _cfg(patience=2), tmp_path / "p.safetensors", device="cpu", progress=False)
+    last = svc_run[1]["halving"]["steps"][-1]["epoch"]
+    assert prov["halving"] == svc_run[1]["halving"] and prov["epochs_run"] >= last + 2
+    assert prov["epochs_run"] - max(prov["best_epoch"], last) == 2  # stopped by patience, counted from there
+
+
 def test_mask_all_but_one_masks_a_minus_1_heads_from_the_start(tmp_path, task, spec):
     out = tmp_path / "m.safetensors"
     prov = train(task, spec, _cfg(epochs=3, halving="mask-all-but-one"), out, device="cpu", progress=False)
