@@ -323,7 +323,8 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
             if halved is not None:
                 state.history[-1]["kept_heads"] = halved["kept"]
         bar.update(1)
-        bar.set_postfix(loss=f"{total / count:.4f}", val=f"{val['accuracy']:.4f}", best=f"{state.best_val:.4f}@{state.best_epoch}")
+        bar.set_postfix(loss=f"{total / count:.4f}", val=f"{val['accuracy']:.4f}", best=f"{state.best_val:.4f}@{state.best_epoch}",
+                        **({"heads": len(halving.active)} if halving is not None else {}))
         if state.epoch % cfg.save_every == 0 and state.epoch < cfg.epochs:
             state.save(rpath, identity, options)
         if on_epoch_end is not None:
