@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(r)
 
     sub.add_parser("list", help="list tasks and shipped checkpoints")
+    _add_shapley_parser(sub)
     return p
 
 
@@ -291,7 +292,65 @@ def cmd_list(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "analyze": cmd_analyze, "report": cmd_report, "list": cmd_list}
+# ---- interp shapley (issue 10): Shapley values of heads -------------------------------------------------------
+
+SHAPLEY_VALUES = ("learned-accuracy", "separation", "loss", "logit-diff")
+
+
+def _add_shapley_parser(sub) -> None:
+    s = sub.add_parser("shapley", help="Shapley values, Banzhaf values and pairwise interactions of heads")
+    s.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
+    s.add_argument("--value", choices=SHAPLEY_VALUES, default="learned-accuracy",
+                   help="v(S) on the test split: learned accuracy (heads outside S ablated), separation accuracy "
+                        "(linear SVC on the outputs of S, fitted on the train split), answer loss, or logit "
+                        "difference (default: learned-accuracy)")
+    s.add_argument("--heads", nargs="+", default=None, metavar="HEAD",
+                   help="the players, e.g. --heads L0H1 L0H8 0.9 (default: every head; exact values take at most 24)")
+    s.add_argument("--ablation", choices=["zero", "mean"], default="zero", help="how heads outside S are removed")
+    s.add_argument("--samples", type=_positive_int, default=None,
+                   help="estimate from this many random permutations (with a standard error per head) instead of "
+                        "all 2^n coalitions")
+    s.add_argument("--seed", type=_nonneg_int, default=0, help="permutation seed for --samples (default 0)")
+    s.add_argument("--solver", choices=["torch", "sklearn"], default="torch",
+                   help="separation value: batched torch solver (default) or one scikit-learn LinearSVC per coalition")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--out", default=None, help="also save the JSON to this file")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_common(s)
+
+
+def cmd_shapley(args) -> int:
+    import time
+
+    from analyses.shapley import sampled_shapley, shapley
+    from analyses.coalitions import coalition_values
+    from interp.checkpoint import load_checkpoint
+    from interp.files import AtomicFile
+
+    _set_threads(args)
+    with AtomicFile(args.out, "the Shapley JSON") if args.out else _nothing() as output:  # bad paths fail first
+        ckpt = load_checkpoint(args.checkpoint, device=args.device)
+        task = ckpt.task
+        kw = dict(value=args.value, heads=args.heads, ablation=args.ablation, task=task, solver=args.solver)
+        if args.value == "separation":
+            kw["train"] = task.dataset("train")
+        test = task.dataset("test")
+        t0 = time.perf_counter()
+        if args.samples:
+            result = sampled_shapley(ckpt.model, test, samples=args.samples, seed=args.seed, **kw)
+        else:
+            result = shapley(coalition_values(ckpt.model, test, progress=not args.quiet and not args.json, **kw))
+        result.info["seconds"] = round(time.perf_counter() - t0, 3)
+        result.info["checkpoint"] = str(ckpt.path)
+        text = result.to_json()
+        if output is not None:
+            output.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+    print(text if args.json else result.text() + f"\n({result.info['seconds']:.2f} s)")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "analyze": cmd_analyze, "report": cmd_report, "list": cmd_list,
+            "shapley": cmd_shapley}
 
 
 def main(argv: list[str] | None = None) -> int:

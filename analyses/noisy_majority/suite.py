@@ -70,6 +70,7 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
     report.table(s.rows, columns=["head", "learned_accuracy", "separation_accuracy", "roc_auc", "w01", "w02", "verdict"],
                  caption="Per-head summary", formats={"learned_accuracy": ".3f", "separation_accuracy": ".3f",
                                                       "roc_auc": ".3f", "w01": ".3g", "w02": ".3g"})
+    _shapley_section(ckpt, report, s, test, te)
     if s.learned_pairs is not None and L * H >= 2:
         report.section("Head pairs", "Figure 4: separation accuracy of a linear SVC on the outputs of each pair of heads "
                        "(singles on the diagonal; heads sorted by it). Figure 5: learned accuracy of each pair (all other "
@@ -111,3 +112,58 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
     report.table([{"w02": ("inf" if math.isinf(w) else f"{w:g}"), "mean separation accuracy": a}
                   for w, a in zip(sweep.w02_values, sweep.w02_mean.tolist())],
                  caption="w01 = 1", formats={"mean separation accuracy": ".3f"})
+
+
+SHAPLEY_EXACT_MAX = 16  # heads: exact Shapley of learned accuracy (2**16 coalitions: about a second)
+SHAPLEY_SAMPLES = 200  # permutations beyond that
+
+
+def _shapley_section(ckpt: Checkpoint, report, s: HeadSummary, test, te) -> None:
+    """Shapley values of the heads with v = learned accuracy (seed 000 Definition 5.3), next to the single-head
+    numbers of the head table: exact up to 16 heads, else sampled."""
+    from interp.query_forward import supports_query_forward
+
+    from ..coalitions import coalition_values
+    from ..shapley import sampled_shapley, shapley
+
+    model = ckpt.model
+    n = model.cfg.n_layers * model.cfg.n_heads
+    data = te if supports_query_forward(model) else test  # the cached outputs serve the fast method
+    t0 = time.perf_counter()
+    if n <= SHAPLEY_EXACT_MAX:
+        res = shapley(coalition_values(model, data, value="learned-accuracy", task=ckpt.task))
+        how = f"exact, from all {2 ** n:,} coalitions"
+    else:
+        res = sampled_shapley(model, data, value="learned-accuracy", samples=SHAPLEY_SAMPLES, task=ckpt.task)
+        how = f"estimated from {SHAPLEY_SAMPLES} random permutations (error bars: one standard error)"
+    secs = time.perf_counter() - t0
+    report.section("Heads: Shapley values",
+                   "Seed 000 §5.5, Definition 5.3: a head's Shapley value is its marginal contribution to the learned "
+                   "accuracy (all other heads zeroed), averaged over the orders in which heads can be added; the values "
+                   "add up to v(all heads) - v(no heads). Banzhaf: the plain mean of the same contributions. Pairwise "
+                   "interaction > 0: the two heads are worth more together than apart (synergy); < 0: redundant.")
+    sep = {r["head"]: r for r in s.rows}
+    good = [r["head"] for r in s.rows if r["separation_accuracy"] >= s.thresholds["good"]]
+    top = res.ranking()[: len(good)]
+    agree = len(set(top) & set(good))
+    words = (f"{agree} of the {len(good)} heads graded good by separation accuracy are among the {len(good)} highest "
+             "Shapley values" if good else "no head is graded good by separation accuracy")
+    report.text(f"Shapley values {how}, on {s.n_test} test sequences in {secs:.1f} s. v(all) = {res.v_all:.4f}, "
+                f"v(none) = {res.v_empty:.4f}, sum of the values {float(res.shapley.sum()):.4f}. "
+                f"Highest: {', '.join(res.ranking()[:3])}; {words}.")
+    rows = []
+    for i, name in enumerate(res.names):
+        row = {"head": name, "shapley": float(res.shapley[i])}
+        if res.banzhaf is not None:
+            row["banzhaf"] = float(res.banzhaf[i])
+        if res.stderr is not None:
+            row["stderr"] = float(res.stderr[i])
+        row["learned_accuracy"] = sep[name]["learned_accuracy"]
+        row["separation_accuracy"] = sep[name]["separation_accuracy"]
+        rows.append(row)
+    rows.sort(key=lambda r: -r["shapley"])
+    cols = [c for c in ("head", "shapley", "stderr", "banzhaf", "learned_accuracy", "separation_accuracy") if c in rows[0]]
+    report.table(rows, columns=cols, caption="Heads by Shapley value (v = learned accuracy), with their single-head "
+                 "learned and separation accuracies", formats={c: ".4f" for c in cols if c != "head"})
+    report.figure(res.figure(), caption=f"Shapley and Banzhaf values per head; right: pairwise Shapley interactions "
+                  f"({how}).")

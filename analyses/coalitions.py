@@ -1,0 +1,446 @@
+"""Coalition values v(S) of head subsets S, for every subset of a few heads at once (the input of Shapley values).
+
+The players are ``heads`` (default: every head of the model); heads outside ``heads`` are ablated in every
+coalition, as in the seed's learned accuracy (000 §5.4, Definition 5.1: "every head outside H ablated"). A
+coalition is a bitmask over ``heads``: bit ``i`` set means ``heads[i]`` is kept. :class:`CoalitionValues` holds
+v for all ``2**n`` bitmasks, index = bitmask.
+
+Values (higher is not always better: ``loss`` is a loss):
+
+- ``"learned-accuracy"``: the model's answer accuracy with the heads outside S ablated (Definition 5.1);
+- ``"loss"``: the mean cross-entropy of the answer token, same ablation;
+- ``"logit-diff"``: the mean of ``logit[label] - mean(logit[c] for the other answer classes c)``, the classes
+  being the labels that occur in the data; linear in the logits, so for a model without a final LayerNorm
+  and zero ablation its Shapley value of a head is that head's direct logit attribution;
+- ``"separation"``: test accuracy of a linear SVC fitted on the train split to the concatenated head outputs
+  ``z`` (``hook_z``) of S at the answer position (Definition 5.2, as :func:`analyses.probes.separation_accuracy`
+  with centred features, C=1000). v(empty set) is the SVC with its intercept alone (the commonest train label).
+  ``solver="torch"``: :mod:`analyses.batched_svc`, many coalitions per batched Newton solve; ``"sklearn"``:
+  one scikit-learn ``LinearSVC`` per coalition, the reference;
+- a callable ``f(masks)`` taking a float mask ``[coalition, n_layers, n_heads]`` (1 = kept, built by
+  :func:`interp.heads.head_mask`) and returning one number per coalition.
+
+The three logit values are computed with a coalition axis, never one forward per coalition: a one-layer
+attention-only model (``method="fast"``) recombines the cached per-head outputs at the answer position (and,
+without a final LayerNorm, the per-head logit contributions: one small matmul for all 65,536 coalitions of 16
+heads); deeper models use the hook path of :func:`analyses.ablation.hooked_subset_logits`, a group of coalitions
+per forward.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.errors import HeadError, InterpError
+from interp.evaluate import DEFAULT_BUDGET
+from interp.heads import Head, all_heads, head_label, parse_head, parse_heads
+from interp.query_forward import resolve_method
+from interp.results import Result, jsonable
+from interp.task import TaskData
+
+from .ablation import ABLATIONS, cached_subset_logits, hooked_subset_logits, mean_head_outputs
+from .answer_cache import AnswerCache, as_cache, check_model_data
+
+VALUES = ("learned-accuracy", "loss", "logit-diff", "separation")
+SOLVERS = ("torch", "sklearn")
+MAX_PLAYERS = 24  # 2**24 coalition values are 128 MiB in float64; beyond that, sample (sampled_shapley)
+
+
+def bits_of(index: Int[Tensor, "coalition"], n: int) -> Tensor:
+    """``[coalition, n]`` 0/1 matrix: bit ``i`` of each coalition index (``heads[i]`` kept)."""
+    return (index[:, None] >> torch.arange(n, device=index.device)) & 1
+
+
+@dataclass
+class CoalitionValues(Result):
+    """v(S) for every subset S of ``heads``: ``values[mask]``, bit ``i`` of ``mask`` = ``heads[i]`` in S."""
+
+    heads: list[Head]
+    values: Float[Tensor, "coalition"]
+    value: str
+    ablation: str | None
+    n_examples: int
+    seconds: float = float("nan")
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.heads)
+
+    @property
+    def names(self) -> list[str]:
+        return [head_label(*h) for h in self.heads]
+
+    def index_of(self, subset) -> int:
+        """The bitmask of a subset of ``heads`` (names like ``'L0H3'`` or pairs)."""
+        if isinstance(subset, str) or (isinstance(subset, tuple) and len(subset) == 2
+                                       and all(isinstance(x, int) and not isinstance(x, bool) for x in subset)):
+            subset = [subset]
+        where = {h: i for i, h in enumerate(self.heads)}
+        mask = 0
+        for s in subset:
+            h = parse_head(s, 10**6, 10**6)
+            if h not in where:
+                raise HeadError(f"head {head_label(*h)} is not a player here; the players are {self.names}")
+            mask |= 1 << where[h]
+        return mask
+
+    def __getitem__(self, subset) -> float:
+        """v of a subset: ``cv[['L0H1', 'L0H2']]``, ``cv['L0H1']``, ``cv[[]]`` (the empty coalition)."""
+        return float(self.values[self.index_of(subset)])
+
+    @property
+    def v_all(self) -> float:
+        return float(self.values[-1])
+
+    @property
+    def v_empty(self) -> float:
+        return float(self.values[0])
+
+    def to_dict(self) -> dict:
+        return jsonable({"value": self.value, "ablation": self.ablation, "n_examples": self.n_examples,
+                         "heads": self.names, "values": self.values, "seconds": self.seconds, **self.info})
+
+    def figure(self):
+        """v(S) against the coalition size |S| (every coalition one dot), with the mean per size."""
+        import plotly.graph_objects as go
+
+        size = bits_of(torch.arange(len(self.values)), self.n).sum(-1)
+        v = self.values.double().cpu()
+        k = torch.arange(self.n + 1)
+        mean = torch.stack([v[size == i].mean() for i in k])
+        fig = go.Figure([go.Scatter(x=(size + 0.3 * (torch.rand(len(v)) - 0.5)).tolist(), y=v.tolist(), mode="markers",
+                                    marker=dict(size=3, opacity=0.3), name="coalitions"),
+                         go.Scatter(x=k.tolist(), y=mean.tolist(), mode="lines+markers", name="mean per size")])
+        fig.update_layout(title=f"{self.value} of every coalition of {self.n} heads", xaxis_title="heads kept |S|",
+                          yaxis_title=self.value, template="plotly_white")
+        return fig
+
+
+def _answer_classes(labels: Tensor) -> Tensor:
+    classes = torch.unique(labels)
+    if len(classes) < 2:
+        raise InterpError(f"the data's answers are all {classes.tolist()}; a logit difference needs two answer classes")
+    return classes
+
+
+def _reduce(logits: Float[Tensor, "coalition batch vocab_out"], labels: Tensor, value: str,
+            classes: Tensor | None) -> Float[Tensor, "coalition"]:
+    if value == "learned-accuracy":
+        return (logits.argmax(-1) == labels[None]).double().mean(-1)
+    if value == "loss":
+        lp = logits.double().log_softmax(-1)
+        return -lp.gather(-1, labels[None, :, None].expand(len(lp), -1, 1))[..., 0].mean(-1)
+    # logit-diff
+    right = logits.gather(-1, labels[None, :, None].expand(len(logits), -1, 1))[..., 0].double()
+    others = logits[..., classes].double().sum(-1) - right
+    return (right - others / (len(classes) - 1)).mean(-1)
+
+
+class CoalitionValue:
+    """v as a function of coalition bitmasks over ``heads``, with its expensive preparation (caches, features) done
+    once: ``evaluator(index)`` gives v of every bitmask in ``index``. Built by :func:`coalition_evaluator`."""
+
+    def __init__(self, fn: Callable[[Tensor], Tensor], heads: list[Head], value: str, ablation: str | None,
+                 n_examples: int, info: dict):
+        self.fn, self.heads, self.value, self.ablation, self.n_examples, self.info = fn, heads, value, ablation, n_examples, info
+
+    def __call__(self, index: Int[Tensor, "coalition"], progress: bool = False) -> Float[Tensor, "coalition"]:
+        index = torch.as_tensor(index, dtype=torch.long).cpu()
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= 1 << len(self.heads)):
+            raise InterpError(f"coalition bitmasks must be in [0, 2**{len(self.heads)}), got {index.min()}..{index.max()}")
+        return self.fn(index, progress).double().cpu()
+
+    def all(self, progress: bool = False) -> CoalitionValues:
+        """v of all ``2**n`` coalitions."""
+        t0 = time.perf_counter()
+        values = self(torch.arange(1 << len(self.heads)), progress)
+        return CoalitionValues(list(self.heads), values, self.value, self.ablation, self.n_examples,
+                               time.perf_counter() - t0, dict(self.info))
+
+
+def _players(model, heads) -> list[Head]:
+    cfg = model.cfg
+    out = all_heads(cfg.n_layers, cfg.n_heads) if heads is None else parse_heads(heads, cfg.n_layers, cfg.n_heads,
+                                                                                  allow_empty=False)
+    if len(out) > MAX_PLAYERS:
+        raise InterpError(f"{len(out)} heads give 2**{len(out)} coalitions; exact values take at most {MAX_PLAYERS} "
+                          "heads (pass heads=[...], or use sampled_shapley)")
+    return out
+
+
+def _masks(index: Tensor, players: list[Head], n_layers: int, n_heads: int, device) -> Float[Tensor, "coalition layer head"]:
+    """Float head masks ``[coalition, layer, head]`` of bitmasks over ``players`` (others 0): the same masks
+    :func:`interp.heads.head_mask` builds from head lists, built from the bits directly for 2**n coalitions."""
+    b = bits_of(index.to(device), len(players)).float()
+    flat = torch.zeros(len(index), n_layers * n_heads, device=device)
+    cols = torch.tensor([l * n_heads + h for l, h in players], device=device)
+    flat[:, cols] = b
+    return flat.view(len(index), n_layers, n_heads)
+
+
+def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
+                        train=None, task=None, solver: str = "torch", method: str = "auto", reference=None,
+                        C: float = 1000.0, budget: int = DEFAULT_BUDGET, chunk: int = 4096) -> CoalitionValue:
+    """The preparation of :func:`coalition_values` (same arguments), for evaluating chosen coalitions only
+    (permutation sampling, :func:`analyses.shapley.sampled_shapley`)."""
+    cfg = model.cfg
+    players = _players(model, heads)
+    device = next(model.parameters()).device
+    if callable(value):
+        name = getattr(value, "__name__", "callable")
+
+        def fn(index, progress):
+            out = []
+            for i in range(0, len(index), chunk):
+                masks = _masks(index[i : i + chunk], players, cfg.n_layers, cfg.n_heads, device)
+                v = torch.as_tensor(value(masks), dtype=torch.float64).reshape(-1)
+                if len(v) != len(masks):
+                    raise InterpError(f"the value callable returned {len(v)} numbers for {len(masks)} coalitions; "
+                                      "expected one per coalition (input: float masks [coalition, layer, head])")
+                out.append(v.cpu())
+            return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+        n = len(data) if hasattr(data, "__len__") else 0
+        return CoalitionValue(fn, players, name, None, n, {})
+    if value not in VALUES:
+        raise InterpError(f"unknown value {value!r}; expected one of {VALUES} or a callable on head masks")
+    if value == "separation":
+        return _separation_evaluator(model, data, players, train=train, task=task, solver=solver, C=C)
+    if ablation not in ABLATIONS:
+        raise InterpError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
+    if isinstance(data, AnswerCache):
+        method = "fast" if method == "auto" else method
+        if method != "fast":
+            raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")
+        labels = data.labels
+    else:
+        check_model_data(model, data, task)
+        method = resolve_method(model, method)
+        labels = data.labels.to(device)
+    classes = _answer_classes(labels) if value == "logit-diff" else None
+    z_ref = None
+    if ablation == "mean":
+        z_ref = mean_head_outputs(model, reference if reference is not None else data).to(device)
+    if method == "fast" and not hasattr(model, "ln_final") and value != "loss":
+        return _linear_evaluator(model, as_cache(model, data, attention=False), z_ref, players, value, classes, ablation)
+    if method == "fast":
+        logits_of = _fast_logits(model, as_cache(model, data, attention=False), z_ref)
+    else:
+        def logits_of(masks):
+            return hooked_subset_logits(model, data, masks, z_ref, budget)
+
+    b = len(labels)
+    step = max(1, min(chunk, (1 << 24) // max(1, b * cfg.d_vocab_out)))
+
+    def fn(index, progress):
+        out = []
+        it = range(0, len(index), step)
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(it, desc=f"{value} of {len(index)} coalitions", unit="chunk")
+        for i in it:
+            masks = _masks(index[i : i + step], players, cfg.n_layers, cfg.n_heads, device)
+            with torch.inference_mode():
+                out.append(_reduce(logits_of(masks), labels, value, classes).cpu())
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+    return CoalitionValue(fn, players, value, ablation, b, {"method": method})
+
+
+def _fast_logits(model, cache: AnswerCache, z_ref):
+    """``masks -> answer logits`` from cached per-head outputs (one-layer attention-only model). Without a final
+    LayerNorm the logits are affine in the mask, so per-head logit contributions are precomputed once."""
+    if hasattr(model, "ln_final"):
+        return lambda masks: cached_subset_logits(model, cache, masks, z_ref)
+    attn = model.blocks[0].attn
+    with torch.inference_mode():
+        r = torch.einsum("bhe,hed->bhd", cache.z[:, 0], attn.W_O)
+        contrib = torch.einsum("bhd,dv->bhv", r, model.W_U)  # [b, h, v]
+        base = model.unembed(cache.resid_pre + attn.b_O)  # [b, v]
+        ref = None if z_ref is None else torch.einsum("he,hed,dv->hv", z_ref[0], attn.W_O, model.W_U)
+    b, h, v = contrib.shape
+    flat = contrib.permute(1, 0, 2).reshape(h, b * v)
+
+    def logits(masks):
+        m = masks[:, 0].to(flat.dtype)
+        out = (m @ flat).view(len(m), b, v) + base[None]
+        if ref is not None:
+            out = out + ((1 - m) @ ref)[:, None]
+        return out
+
+    return logits
+
+
+def _linear_evaluator(model, cache: AnswerCache, z_ref, players, value, classes, ablation) -> CoalitionValue:
+    """One-layer attention-only model without a final LayerNorm: the answer logits are affine in the head mask,
+    ``logits(S) = base + sum_{h in S} c_h``. The logit difference is then affine too (v(S) = a_0 + sum a_h), and
+    learned accuracy only needs, per example, the differences ``logit[c] - logit[label]`` for the output columns
+    ``c`` that can beat the label for some mask (bounded by summing the positive parts of the per-head
+    differences): usually just the other answer classes, so all 2**16 coalitions are one small matmul."""
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    attn = model.blocks[0].attn
+    labels = cache.labels
+    with torch.inference_mode():
+        r = torch.einsum("bhe,hed->bhd", cache.z[:, 0], attn.W_O)
+        contrib = torch.einsum("bhd,dv->bhv", r, model.W_U).double()  # [b, h, v]
+        base = model.unembed(cache.resid_pre + attn.b_O).double()  # [b, v]
+        if z_ref is not None:  # an ablated head outputs its mean: base gains every head's mean, c_h loses it
+            ref = torch.einsum("he,hed,dv->hv", z_ref[0], attn.W_O, model.W_U).double()
+            base = base + ref.sum(0)
+            contrib = contrib - ref[None]
+        heads_idx = torch.tensor([h for _, h in players], device=contrib.device)
+        others = torch.ones(H, dtype=torch.bool, device=contrib.device)
+        others[heads_idx] = False  # heads outside the players: ablated in every coalition, already in base
+        c = contrib[:, heads_idx]  # [b, n, v]
+        rows = torch.arange(len(labels), device=labels.device)
+        if value == "logit-diff":
+            k = len(classes)
+            u = torch.zeros_like(base)  # per example: +1 on the label, -1/(k-1) on the other classes
+            u[:, classes] = -1.0 / (k - 1)
+            u[rows, labels] = 1.0
+
+            def ld(t):
+                return (t * (u if t.dim() == 2 else u[:, None])).sum(-1)
+
+            a0 = ld(base).mean()
+            a = ld(c).mean(0)  # [n]
+
+            def fn(index, progress):
+                b = bits_of(index, len(players)).double()
+                return (a0.cpu() + b @ a.cpu()).cpu()
+
+            return CoalitionValue(fn, players, value, ablation, len(labels), {"method": "fast"})
+        # learned accuracy: differences to the label's logit
+        d0 = base - base[rows, labels][:, None]  # [b, v]
+        d = c - c[rows, :, labels][:, :, None]  # [b, n, v]
+        ub = d0 + d.clamp_min(0).sum(1)
+        tiny = 1e-6 * (base.abs().amax() + c.abs().sum(1).amax())
+        col = torch.arange(base.shape[-1], device=base.device)
+        is_label = col[None] == labels[:, None]
+        cols = torch.nonzero(((ub >= -tiny) & ~is_label).any(0)).flatten()
+        d0k, dk = d0[:, cols], d[:, :, cols]  # [b, K], [b, n, K]
+        # correct iff sum_{h in S} d[b, h, c] < -d0[b, c] for every column c (argmax takes the first maximum, so a
+        # column after the label may tie with it: <= there, i.e. < the next float up); the label's own column: never
+        flat = dk.permute(1, 0, 2).reshape(len(players), -1).float()  # [n, b*K] (float32, as the model)
+        thr = (-d0k).float()
+        after = cols[None] > labels[:, None]
+        thr = torch.where(after, torch.nextafter(thr, torch.full_like(thr, float("inf"))), thr)
+        thr = thr.masked_fill(cols[None] == labels[:, None], float("inf")).reshape(-1)
+    b, K = d0k.shape
+    step = max(1, (1 << 22) // max(1, b * max(K, 1)))
+
+    def fn(index, progress):
+        out = []
+        for i in range(0, len(index), step):
+            m = bits_of(index[i : i + step].to(flat.device), len(players)).float()
+            if K == 0:
+                out.append(torch.ones(len(m), dtype=torch.float64))
+                continue
+            ok = (m @ flat) < thr
+            if K > 1:
+                ok = ok.view(len(m), b, K).all(-1)
+            out.append(ok.float().sum(-1).cpu().double() / b)
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+    return CoalitionValue(fn, players, value, ablation, b, {"method": "fast", "columns": len(cols)})
+
+
+def coalition_values(model, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
+                     train=None, task=None, solver: str = "torch", method: str = "auto", reference=None,
+                     C: float = 1000.0, budget: int = DEFAULT_BUDGET, progress: bool = False) -> CoalitionValues:
+    """v(S) for all ``2**n`` subsets S of ``heads`` (default all heads; at most 24), index = bitmask over ``heads``.
+
+    ``data``: the split scored (task data, or an :class:`AnswerCache` for the fast method). ``value``: see the
+    module doc. ``ablation``: ``"zero"`` or ``"mean"`` (mean ``z`` at the answer positions of ``reference``,
+    default ``data``) for the heads outside S. ``train``: the split the separators are fitted on
+    (``value="separation"``; default ``task.dataset("train")``). ``solver``: ``"torch"`` (batched) or
+    ``"sklearn"`` (one LinearSVC per coalition) for the separation value. ``method``: ``auto``/``fast``/``hooks``."""
+    ev = coalition_evaluator(model, data, value=value, heads=heads, ablation=ablation, train=train, task=task,
+                             solver=solver, method=method, reference=reference, C=C, budget=budget)
+    return ev.all(progress)
+
+
+# ------------------------------------------------------------------------------------------------ separation
+
+
+def _separation_evaluator(model, test, players, *, train, task, solver, C) -> CoalitionValue:
+    if solver not in SOLVERS:
+        raise InterpError(f"unknown solver {solver!r}; expected one of {SOLVERS}")
+    if train is None:
+        if task is None:
+            raise InterpError("value='separation' needs the train split the separators are fitted on: pass train=... "
+                              "(task data or an AnswerCache) or task=...")
+        train = task.dataset("train")
+    tr = as_cache(model, train, attention=False, task=task)
+    te = as_cache(model, test, attention=False, task=task)
+    if tr.task != te.task:
+        raise InterpError(f"train data is of task {tr.task!r} but test data of task {te.task!r}")
+    e = model.cfg.d_head
+    x_tr = torch.stack([tr.z[:, l, h] for l, h in players], 1).double().cpu()  # [N, n, e]
+    x_te = torch.stack([te.z[:, l, h] for l, h in players], 1).double().cpu()
+    mean = x_tr.mean(0, keepdim=True)  # centred at the train mean, as analyses.probes does by default
+    x_tr, x_te = x_tr - mean, x_te - mean
+    y_tr, y_te = tr.labels.cpu(), te.labels.cpu()
+    if not (torch.isfinite(x_tr).all() and torch.isfinite(x_te).all()):
+        raise InterpError("the head outputs hold NaN or infinite values; a separator needs finite features")
+    if len(torch.unique(y_tr)) < 2:
+        raise InterpError(f"the train labels contain one class only ({torch.unique(y_tr).tolist()}); a separator needs two")
+    info = {"solver": solver, "C": float(C), "n_train": len(tr), "n_test": len(te), "center": True}
+    if solver == "sklearn":
+        def fn(index, progress):
+            return _sklearn_values(x_tr, y_tr, x_te, y_te, index, C, progress)
+    else:
+        from .batched_svc import svc_test_accuracy
+
+        def fn(index, progress):
+            return svc_test_accuracy(x_tr, y_tr, x_te, y_te, index, C=C, progress=progress)
+
+    return CoalitionValue(fn, players, "separation", None, len(te), info)
+
+
+def columns(mask: int, n: int, e: int) -> list[int]:
+    """Feature columns of a coalition in the ``[sample, player * d_head]`` layout."""
+    return [i * e + j for i in range(n) if mask >> i & 1 for j in range(e)]
+
+
+def _sklearn_values(x_tr, y_tr, x_te, y_te, index, C, progress) -> Tensor:
+    """The reference: one scikit-learn LinearSVC per coalition (features already centred)."""
+    from .probes import fit_separator
+
+    N, n, e = x_tr.shape
+    a_tr, a_te = x_tr.reshape(N, n * e).numpy(), x_te.reshape(len(x_te), n * e).numpy()
+    y_tr, y_te = y_tr.numpy(), y_te.numpy()
+    it = index.tolist()
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="LinearSVC per coalition", unit="fit")
+    out = []
+    for mask in it:
+        cols = columns(mask, n, e)
+        if cols:
+            f_tr, f_te = a_tr[:, cols], a_te[:, cols]
+        else:  # the empty coalition: a zero feature, so the SVC is its intercept alone
+            f_tr, f_te = a_tr[:, :1] * 0, a_te[:, :1] * 0
+        out.append(fit_separator(f_tr, y_tr, f_te, y_te, C=C, center=False)["accuracy"])
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def head_values(values: CoalitionValues) -> dict[str, float]:
+    """v of each single head, by name."""
+    return {name: float(values.values[1 << i]) for i, name in enumerate(values.names)}
+
+
+def subsets_of(values: CoalitionValues, index: Sequence[int]) -> list[list[str]]:
+    """Head names of coalition bitmasks."""
+    return [[values.names[i] for i in range(values.n) if m >> i & 1] for m in index]

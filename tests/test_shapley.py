@@ -1,0 +1,364 @@
+"""Coalition values and Shapley values of heads (analyses.coalitions, analyses.shapley, analyses.batched_svc).
+
+Independent references: the textbook formulas as plain loops over subsets (n <= 8), shapiq's ExactComputer
+(n <= 6), direct logit attribution from TransformerLens' own cache, learned_accuracy / learned_accuracy_loop of
+analyses.ablation (one run_with_hooks per subset), and scikit-learn's LinearSVC. Tolerances: transforms 1e-12
+(float64 sums in another order); accuracies 1e-6 (float32 means of 0/1 values); logit values 1e-5 (float32
+logits summed in another order); separation: within one test sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import combinations
+
+import numpy as np
+import pytest
+import torch
+
+from analyses.ablation import learned_accuracy, learned_accuracy_loop
+from analyses.coalitions import bits_of, coalition_evaluator, coalition_values
+from analyses.shapley import moebius, sampled_shapley, shapley, shapley_transform, zeta
+from interp.errors import InterpError
+from interp.model import ModelSpec, build_model
+
+
+def tiny(task, n_heads=4, n_layers=1, seed=0, d_model=8, d_head=2):
+    spec = ModelSpec(**{**task.default_spec(), "n_heads": n_heads, "n_layers": n_layers, "d_model": d_model,
+                        "d_head": d_head, "output_matrix": "learned", "init_seed": seed})
+    return build_model(spec, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def short(nm_task):
+    """200 short train sequences (0-100 digits): cheap forwards."""
+    return nm_task.dataset("train").select(slice(0, 200))
+
+
+# ------------------------------------------------------------------------------------------- transforms
+
+
+def textbook(v: np.ndarray, n: int):
+    """Shapley, Banzhaf and pairwise Shapley interaction index by their definitions, as loops over subsets."""
+    f = math.factorial
+    phi, ban, inter = np.zeros(n), np.zeros(n), np.zeros((n, n))
+    for i in range(n):
+        others = [j for j in range(n) if j != i]
+        for k in range(n):
+            for S in combinations(others, k):
+                m = sum(1 << j for j in S)
+                d = v[m | 1 << i] - v[m]
+                phi[i] += f(k) * f(n - k - 1) / f(n) * d
+                ban[i] += d / 2 ** (n - 1)
+    for i, j in combinations(range(n), 2):
+        rest = [h for h in range(n) if h not in (i, j)]
+        for k in range(n - 1):
+            for S in combinations(rest, k):
+                m = sum(1 << h for h in S)
+                d = v[m | 1 << i | 1 << j] - v[m | 1 << i] - v[m | 1 << j] + v[m]
+                inter[i, j] += f(k) * f(n - k - 2) / f(n - 1) * d
+        inter[j, i] = inter[i, j]
+    return phi, ban, inter
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_transform_equals_textbook_formula(n):
+    v = np.random.default_rng(n).normal(size=1 << n)
+    phi, ban, inter = shapley_transform(torch.tensor(v))
+    e_phi, e_ban, e_inter = textbook(v, n)
+    np.testing.assert_allclose(phi.numpy(), e_phi, atol=1e-12)
+    np.testing.assert_allclose(ban.numpy(), e_ban, atol=1e-12)
+    np.testing.assert_allclose(inter.numpy(), e_inter, atol=1e-12)
+    assert float(phi.sum()) == pytest.approx(v[-1] - v[0], abs=1e-12)  # efficiency
+    torch.testing.assert_close(zeta(moebius(torch.tensor(v))), torch.tensor(v), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("n", [3, 6])
+def test_transform_equals_shapiq(n):
+    shapiq = pytest.importorskip("shapiq")
+    v = np.random.default_rng(10 + n).random(1 << n)
+
+    def game(coalitions):  # shapiq: boolean coalition matrix [k, n] -> values
+        return v[(coalitions.astype(int) * (1 << np.arange(n))).sum(1)]
+
+    ec = shapiq.ExactComputer(game, n_players=n)
+    sv, bv, sii = ec("SV", order=1).dict_values, ec("BV", order=1).dict_values, ec("SII", order=2).dict_values
+    phi, ban, inter = shapley_transform(torch.tensor(v))
+    for i in range(n):
+        assert phi[i].item() == pytest.approx(sv[(i,)], abs=1e-12)
+        assert ban[i].item() == pytest.approx(bv[(i,)], abs=1e-12)
+    for i, j in combinations(range(n), 2):
+        assert inter[i, j].item() == pytest.approx(sii[(i, j)], abs=1e-12)
+
+
+def test_bad_value_vector():
+    with pytest.raises(InterpError, match="2\\*\\*n"):
+        shapley(torch.zeros(6))
+
+
+# ---------------------------------------------------------------------------------- coalition values
+
+
+def test_shipped_learned_accuracy_exact_and_equal_to_ablation(nm_ckpt):
+    """All 2**16 coalitions; 300 random ones against learned_accuracy (the batched subset path of ablation.py),
+    and efficiency."""
+    model, task = nm_ckpt.model, nm_ckpt.task
+    test = task.dataset("test")
+    cv = coalition_values(model, test, value="learned-accuracy")
+    assert cv.values.shape == (1 << 16,)
+    idx = torch.randint(0, 1 << 16, (300,), generator=torch.Generator().manual_seed(0))
+    subsets = [[f"L0H{h}" for h in range(16) if int(m) >> h & 1] for m in idx]
+    ref = learned_accuracy(model, test, subsets).accuracy.double()
+    torch.testing.assert_close(cv.values[idx], ref, atol=1e-6, rtol=0)
+    res = shapley(cv)
+    assert abs(res.efficiency_gap) < 1e-12
+    assert res.v_all == pytest.approx(cv[[f"L0H{h}" for h in range(16)]])
+    d = res.to_dict()
+    assert set(d) >= {"value", "v_all", "v_empty", "heads", "interactions"}
+    assert [r["head"] for r in d["heads"]] == [f"L0H{h}" for h in range(16)]
+    json.dumps(d)
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+@pytest.mark.parametrize("value", ["learned-accuracy", "loss", "logit-diff"])
+def test_fast_equals_hooks_on_every_coalition(nm_task, short, value, ablation):
+    """One-layer model, 4 heads: the cached recombination equals the hook path with a subset axis."""
+    model = tiny(nm_task, 4)
+    data = short.select(slice(0, 50))
+    fast = coalition_values(model, data, value=value, ablation=ablation, method="fast")
+    hooks = coalition_values(model, data, value=value, ablation=ablation, method="hooks")
+    torch.testing.assert_close(fast.values, hooks.values, atol=1e-5, rtol=1e-5)
+
+
+def test_two_layers_equal_slow_loop(nm_task, short):
+    """Two layers x 2 heads: the hook path with a subset axis equals one run_with_hooks per subset."""
+    model = tiny(nm_task, 2, n_layers=2, seed=3)
+    data = short.select(slice(0, 60))
+    for ablation in ("zero", "mean"):
+        cv = coalition_values(model, data, ablation=ablation)
+        subsets = [[h for i, h in enumerate(cv.heads) if m >> i & 1] for m in range(16)]
+        ref = learned_accuracy_loop(model, data, subsets, ablation=ablation).accuracy.double()
+        torch.testing.assert_close(cv.values, ref, atol=1e-6, rtol=0)
+    res = shapley(cv)
+    assert abs(res.efficiency_gap) < 1e-12
+
+
+def test_heads_subset_others_ablated(nm_ckpt):
+    """Players = 3 heads: every other head is ablated, so v(S) is learned_accuracy of S alone."""
+    model, task = nm_ckpt.model, nm_ckpt.task
+    data = task.dataset("test").select(slice(0, 300))
+    heads = ["L0H8", "0.1", (0, 12)]
+    cv = coalition_values(model, data, heads=heads)
+    assert cv.names == ["L0H8", "L0H1", "L0H12"]
+    subsets = [[h for i, h in enumerate(cv.heads) if m >> i & 1] for m in range(8)]
+    ref = learned_accuracy(model, data, subsets).accuracy.double()
+    torch.testing.assert_close(cv.values, ref, atol=1e-6, rtol=0)
+    assert cv[["L0H8", "L0H1"]] == pytest.approx(float(ref[3]))
+
+
+def test_dla_equals_shapley_of_linear_logit_difference(nm_task, short):
+    """One-layer attention-only model without LayerNorm, zero ablation, v = mean logit difference: v is additive
+    over heads, so phi_h = head h's direct logit attribution, computed here from TransformerLens' cache."""
+    model = tiny(nm_task, 4, seed=1)
+    for method in ("fast", "hooks"):
+        res = shapley(coalition_values(model, short, value="logit-diff", ablation="zero", method=method))
+        _, cache = model.run_with_cache(short.tokens)
+        rows = torch.arange(len(short))
+        z = cache["blocks.0.attn.hook_z"][rows, short.answer_pos]  # [b, h, e]
+        classes = torch.unique(short.labels)
+        other = torch.where(short.labels == classes[0], classes[1], classes[0])
+        direction = model.W_U[:, short.labels] - model.W_U[:, other]  # [d, b]
+        dla = torch.einsum("bhe,hed,db->h", z, model.blocks[0].attn.W_O, direction) / len(short)
+        torch.testing.assert_close(res.shapley.float(), dla.detach(), atol=1e-5, rtol=1e-4)
+        assert res.interactions.abs().max() < 1e-5  # additive: no interactions
+
+
+@pytest.mark.parametrize("value", ["learned-accuracy", "logit-diff", "loss", "separation"])
+def test_dummy_head_gets_zero(nm_task, short, value):
+    """A head with W_V = 0 outputs nothing: every marginal contribution is 0, so is its Shapley value."""
+    model = tiny(nm_task, 4, seed=2)
+    with torch.no_grad():
+        model.blocks[0].attn.W_V[2] = 0
+    kw = {"train": short, "solver": "torch"} if value == "separation" else {}
+    test = nm_task.dataset("test").select(slice(0, 150)) if value == "separation" else short
+    cv = coalition_values(model, test, value=value, **kw)
+    res = shapley(cv)
+    assert abs(res.shapley[2].item()) < 1e-9
+    assert abs(res.banzhaf[2].item()) < 1e-9
+    assert res.interactions[2].abs().max() < 1e-9
+    assert abs(res.efficiency_gap) < 1e-12
+
+
+@pytest.mark.parametrize("value", ["learned-accuracy", "logit-diff", "separation"])
+def test_identical_heads_get_equal_values(nm_task, short, value):
+    """Head 3 a copy of head 0: symmetric players get the same Shapley and Banzhaf values."""
+    model = tiny(nm_task, 4, seed=4)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
+            p = getattr(attn, name)
+            p[3] = p[0]
+    kw = {"train": short} if value == "separation" else {}
+    test = nm_task.dataset("test").select(slice(0, 150)) if value == "separation" else short
+    res = shapley(coalition_values(model, test, value=value, **kw))
+    assert res.shapley[3].item() == pytest.approx(res.shapley[0].item(), abs=1e-9)
+    assert res.banzhaf[3].item() == pytest.approx(res.banzhaf[0].item(), abs=1e-9)
+
+
+def test_callable_value(nm_task, short):
+    """v(S) = |S| from the masks: every head gets 1, no interactions."""
+    model = tiny(nm_task, 3, n_layers=2)
+    seen = []
+
+    def size(masks):
+        seen.append(masks.shape)
+        return masks.sum((1, 2))
+
+    res = shapley(coalition_values(model, short, value=size))
+    assert seen[0][1:] == (2, 3) and res.value == "size"
+    torch.testing.assert_close(res.shapley, torch.ones(6, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert res.interactions.abs().max() < 1e-12
+    with pytest.raises(InterpError, match="one per coalition"):
+        coalition_values(model, short, value=lambda m: torch.zeros(3))
+
+
+def test_sampled_converges_to_exact(nm_ckpt):
+    """Permutation sampling over 6 heads of the shipped model: within 4 standard errors of the exact values,
+    and its error shrinks with more samples."""
+    model, task = nm_ckpt.model, nm_ckpt.task
+    data = task.dataset("test").select(slice(0, 400))
+    heads = ["L0H8", "L0H11", "L0H1", "L0H3", "L0H14", "L0H12"]
+    exact = shapley(coalition_values(model, data, heads=heads))
+    errs = []
+    for samples in (40, 1000):
+        est = sampled_shapley(model, data, heads=heads, samples=samples, seed=1)
+        assert est.v_all == exact.v_all and est.v_empty == exact.v_empty
+        assert abs(est.efficiency_gap) < 1e-12  # every permutation sums to v(all) - v(empty)
+        assert (est.shapley - exact.shapley).abs().le(4 * est.stderr + 1e-12).all()
+        errs.append(float((est.shapley - exact.shapley).abs().max()))
+    assert errs[1] < errs[0]
+    json.dumps(est.to_dict())
+    assert est.figure() is not None and "stderr" in est.text()
+
+
+def test_errors(nm_ckpt, nm_task, short):
+    model = nm_ckpt.model
+    with pytest.raises(InterpError, match="unknown value"):
+        coalition_values(model, short, value="accuracy")
+    with pytest.raises(InterpError, match="unknown ablation"):
+        coalition_values(model, short, ablation="resample")
+    with pytest.raises(InterpError, match="train split"):
+        coalition_values(model, short, value="separation")
+    with pytest.raises(InterpError, match="unknown solver"):
+        coalition_values(model, short, value="separation", train=short, solver="liblinear")
+    big = tiny(nm_task, 25, d_model=50)
+    with pytest.raises(InterpError, match="at most 24"):
+        coalition_evaluator(big, short)
+    with pytest.raises(InterpError, match="samples"):
+        sampled_shapley(model, short, samples=1)
+    with pytest.raises(Exception, match="L0H16"):
+        coalition_values(model, short, heads=["L0H16"])
+
+
+def test_result_display(nm_ckpt):
+    data = nm_ckpt.task.dataset("test").select(slice(0, 100))
+    res = shapley(coalition_values(nm_ckpt.model, data, heads=["L0H8", "L0H11", "L0H3"]))
+    fig = res.figure()
+    assert len(fig.data) == 3  # Shapley bars, Banzhaf bars, interaction heatmap
+    assert "L0H8" in res.text() and res._repr_html_()
+    assert res.ranking()[0] in ("L0H8", "L0H11")
+
+
+# ------------------------------------------------------------------------------------------- separation
+
+
+def _svc_agreement(model, task, n_coalitions, seed):
+    train, test = task.dataset("train"), task.dataset("test")
+    idx = torch.randint(1, 1 << 16, (n_coalitions,), generator=torch.Generator().manual_seed(seed))
+    idx[:3] = torch.tensor([0, 1 << 8, (1 << 16) - 1])
+    fast = coalition_evaluator(model, test, value="separation", train=train, solver="torch")(idx)
+    ref = coalition_evaluator(model, test, value="separation", train=train, solver="sklearn")(idx)
+    return (fast - ref).abs() * len(test)
+
+
+def test_batched_svc_equals_sklearn(nm_ckpt):
+    """Shipped model, full train split (7,500) and test split (1,000): the batched exact solver against one
+    LinearSVC(C=1000, dual=False) per coalition, on 60 random coalitions: the same test accuracy within one test
+    sequence (scikit-learn stops at its tolerance 1e-4, so a test point within that of the boundary may flip)."""
+    diff = _svc_agreement(nm_ckpt.model, nm_ckpt.task, 60, 0)
+    assert (diff <= 1 + 1e-9).float().mean() >= 0.99
+    assert diff.max() <= 3
+
+
+@pytest.mark.slow
+def test_batched_svc_equals_sklearn_many(nm_ckpt):
+    """The same on 500 random coalitions: within one test sequence on at least 99% of them."""
+    diff = _svc_agreement(nm_ckpt.model, nm_ckpt.task, 500, 1)
+    assert (diff <= 1 + 1e-9).float().mean() >= 0.99
+
+
+def test_svc_weights_match_sklearn(nm_ckpt):
+    """The weights themselves: close to LinearSVC's coef_ and intercept_ (which stop at liblinear's tolerance)."""
+    from sklearn.svm import LinearSVC
+
+    from analyses.answer_cache import cache_answer
+    from analyses.batched_svc import svc_weights
+
+    model, task = nm_ckpt.model, nm_ckpt.task
+    tr = cache_answer(model, task.dataset("train").select(slice(0, 2000)), attention=False)
+    x = tr.z[:, 0, :4].double()
+    x = x - x.mean(0, keepdim=True)
+    for mask in (0b0011, 0b1010, 0b1111):
+        W, _ = svc_weights(x, tr.labels, torch.tensor([mask]))
+        cols = [i * 2 + j for i in range(4) if mask >> i & 1 for j in range(2)]
+        clf = LinearSVC(C=1000.0, dual=False, tol=1e-8, max_iter=100000).fit(x.reshape(len(x), -1)[:, cols].numpy(),
+                                                                                 tr.labels.numpy())
+        w = W[0].numpy()
+        assert w[0] == pytest.approx(clf.intercept_[0], rel=1e-3, abs=1e-3)
+        np.testing.assert_allclose(w[1:][cols], clf.coef_[0], rtol=1e-3, atol=1e-3)
+        assert np.abs(np.delete(w[1:], cols)).max(initial=0) == 0
+
+
+# ------------------------------------------------------------------------------------------- CLI and report
+
+
+def test_cli_json(tmp_path, capsys):
+    from interp.cli import main
+
+    out = tmp_path / "shapley.json"
+    rc = main(["shapley", "noisy-majority", "--value", "learned-accuracy", "--json", "--out", str(out),
+               "--device", "cpu", "--threads", "1"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d == json.loads(out.read_text())
+    assert d["value"] == "learned-accuracy" and d["exact"] is True
+    assert len(d["heads"]) == 16 and set(d["heads"][0]) == {"head", "shapley", "banzhaf"}
+    assert sum(h["shapley"] for h in d["heads"]) == pytest.approx(d["v_all"] - d["v_empty"], abs=1e-12)
+    assert len(d["interactions"]["matrix"]) == 16
+
+
+def test_cli_sampled_and_errors(capsys):
+    from interp.cli import main
+
+    rc = main(["shapley", "noisy-majority", "--value", "logit-diff", "--samples", "20", "--heads", "L0H8", "L0H1",
+               "L0H3", "--device", "cpu", "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "sampled, 20 permutations" in text and "L0H8" in text
+    assert main(["shapley", "noisy-majority", "--heads", "L0H99", "--device", "cpu"]) == 1
+    assert "L0H99" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="invalid choice"):
+        main(["shapley", "noisy-majority", "--value", "accuracy"])
+
+
+def test_report_section(nm_ckpt):
+    """The noisy-majority report's Shapley section: computed caption, table and figure."""
+    from analyses.noisy_majority.suite import _shapley_section, _summary
+    from interp.report import Report
+
+    report = Report("t")
+    s, train, test, tr, te = _summary(nm_ckpt, train_size=500, test_size=300)
+    _shapley_section(nm_ckpt, report, s, test, te)
+    html = report.html()
+    assert "Heads: Shapley values" in html and "exact, from all 65,536 coalitions" in html
