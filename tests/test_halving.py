@@ -283,6 +283,10 @@ def test_bad_halving_options_are_refused(tmp_path, task, spec):
         train(task, spec, _cfg(epochs=30), tmp_path / "x.safetensors", device="cpu", progress=False)
     with pytest.raises(ConfigError, match="unknown halving strategy"):
         scorer("nope")
+    from interp.cli import build_parser  # the CLI lists the strategies without importing torch: the same names
+
+    train_parser = build_parser()._subparsers._group_actions[0].choices["train"]
+    assert tuple(next(a for a in train_parser._actions if a.dest == "halving").choices) == STRATEGIES
 
 
 # -- Figure 10, the report, the CLI -------------------------------------------------------------------------------
