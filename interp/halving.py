@@ -48,10 +48,12 @@ def check_strategy(strategy: str | None, threshold: float) -> None:
 
 
 def keep_best(heads: Sequence[Head], scores: Sequence[float], keep: int) -> list[Head]:
-    """The ``keep`` heads with the highest scores (ties: the lower head first), in head order."""
+    """The ``keep`` heads with the highest scores (ties: the lower head first), in head order. Scores are compared
+    rounded to 9 decimals, so that values equal but for floating-point noise (Shapley values of saturated
+    separation accuracies, summed in different orders) count as ties instead of being ranked by that noise."""
     if len(scores) != len(heads):
         raise ConfigError(f"a halving scorer returned {len(scores)} scores for {len(heads)} heads")
-    order = sorted(range(len(heads)), key=lambda i: (-float(scores[i]), heads[i]))
+    order = sorted(range(len(heads)), key=lambda i: (-round(float(scores[i]), 9), heads[i]))
     return sorted(heads[i] for i in order[:keep])
 
 
