@@ -51,6 +51,7 @@ from .answer_cache import AnswerCache, as_cache, check_model_data
 VALUES = ("learned-accuracy", "loss", "logit-diff", "separation")
 SOLVERS = ("torch", "sklearn")
 MAX_PLAYERS = 24  # 2**24 coalition values are 128 MiB in float64; beyond that, sample (sampled_shapley)
+MAX_BITMASK = 62  # coalitions as int64 bitmasks (exact values, the batched SVC); sampling takes any number
 
 
 def bits_of(index: Int[Tensor, "coalition"], n: int) -> Tensor:
@@ -146,7 +147,8 @@ def _reduce(logits: Float[Tensor, "coalition batch vocab_out"], labels: Tensor, 
 
 class CoalitionValue:
     """v as a function of coalition bitmasks over ``heads``, with its expensive preparation (caches, features) done
-    once: ``evaluator(index)`` gives v of every bitmask in ``index``. Built by :func:`coalition_evaluator`."""
+    once: ``evaluator(index)`` gives v of every bitmask in ``index`` (n <= 62), ``evaluator.of_bits(bits)`` of every
+    row of a 0/1 matrix ``[coalition, n]`` (any n). Built by :func:`coalition_evaluator`."""
 
     def __init__(self, fn: Callable[[Tensor], Tensor], heads: list[Head], value: str, ablation: str | None,
                  n_examples: int, info: dict):
@@ -154,12 +156,23 @@ class CoalitionValue:
 
     def __call__(self, index: Int[Tensor, "coalition"], progress: bool = False) -> Float[Tensor, "coalition"]:
         index = torch.as_tensor(index, dtype=torch.long).cpu()
-        if len(index) and (int(index.min()) < 0 or int(index.max()) >= 1 << len(self.heads)):
-            raise InterpError(f"coalition bitmasks must be in [0, 2**{len(self.heads)}), got {index.min()}..{index.max()}")
-        return self.fn(index, progress).double().cpu()
+        n = len(self.heads)
+        if n > MAX_BITMASK:
+            raise InterpError(f"{n} heads do not fit in int64 bitmasks; pass coalitions as a 0/1 matrix to of_bits()")
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= 1 << n):
+            raise InterpError(f"coalition bitmasks must be in [0, 2**{n}), got {index.min()}..{index.max()}")
+        return self.of_bits(bits_of(index, n), progress)
+
+    def of_bits(self, bits: Int[Tensor, "coalition player"], progress: bool = False) -> Float[Tensor, "coalition"]:
+        """v of each row of a 0/1 matrix (``bits[c, i] = 1``: ``heads[i]`` in coalition c)."""
+        bits = torch.as_tensor(bits).long().cpu()
+        if bits.dim() != 2 or bits.shape[1] != len(self.heads):
+            raise InterpError(f"expected a [coalition, {len(self.heads)}] 0/1 matrix, got shape {tuple(bits.shape)}")
+        return self.fn(bits, progress).double().cpu()
 
     def all(self, progress: bool = False) -> CoalitionValues:
         """v of all ``2**n`` coalitions."""
+        _check_exact(len(self.heads))
         t0 = time.perf_counter()
         values = self(torch.arange(1 << len(self.heads)), progress)
         return CoalitionValues(list(self.heads), values, self.value, self.ablation, self.n_examples,
@@ -170,20 +183,23 @@ def _players(model, heads) -> list[Head]:
     cfg = model.cfg
     out = all_heads(cfg.n_layers, cfg.n_heads) if heads is None else parse_heads(heads, cfg.n_layers, cfg.n_heads,
                                                                                   allow_empty=False)
-    if len(out) > MAX_PLAYERS:
-        raise InterpError(f"{len(out)} heads give 2**{len(out)} coalitions; exact values take at most {MAX_PLAYERS} "
-                          "heads (pass heads=[...], or use sampled_shapley)")
     return out
 
 
-def _masks(index: Tensor, players: list[Head], n_layers: int, n_heads: int, device) -> Float[Tensor, "coalition layer head"]:
+def _check_exact(n: int) -> None:
+    if n > MAX_PLAYERS:
+        raise InterpError(f"{n} heads give 2**{n} coalitions; exact values take at most {MAX_PLAYERS} "
+                          "heads (pass heads=[...], or use sampled_shapley)")
+
+
+def _masks(bits: Tensor, players: list[Head], n_layers: int, n_heads: int, device) -> Float[Tensor, "coalition layer head"]:
     """Float head masks ``[coalition, layer, head]`` of bitmasks over ``players`` (others 0): the same masks
     :func:`interp.heads.head_mask` builds from head lists, built from the bits directly for 2**n coalitions."""
-    b = bits_of(index.to(device), len(players)).float()
-    flat = torch.zeros(len(index), n_layers * n_heads, device=device)
+    b = bits.to(device).float()
+    flat = torch.zeros(len(b), n_layers * n_heads, device=device)
     cols = torch.tensor([l * n_heads + h for l, h in players], device=device)
     flat[:, cols] = b
-    return flat.view(len(index), n_layers, n_heads)
+    return flat.view(len(b), n_layers, n_heads)
 
 
 def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
@@ -316,7 +332,7 @@ def _linear_evaluator(model, cache: AnswerCache, z_ref, players, value, classes,
             a = ld(c).mean(0)  # [n]
 
             def fn(index, progress):
-                b = bits_of(index, len(players)).double()
+                b = index.double()
                 return (a0.cpu() + b @ a.cpu()).cpu()
 
             return CoalitionValue(fn, players, value, ablation, len(labels), {"method": "fast"})
@@ -342,7 +358,7 @@ def _linear_evaluator(model, cache: AnswerCache, z_ref, players, value, classes,
     def fn(index, progress):
         out = []
         for i in range(0, len(index), step):
-            m = bits_of(index[i : i + step].to(flat.device), len(players)).float()
+            m = index[i : i + step].to(flat.device).float()
             if K == 0:
                 out.append(torch.ones(len(m), dtype=torch.float64))
                 continue
@@ -397,12 +413,15 @@ def _separation_evaluator(model, test, players, *, train, task, solver, C) -> Co
         raise InterpError(f"the train labels contain one class only ({torch.unique(y_tr).tolist()}); a separator needs two")
     info = {"solver": solver, "C": float(C), "n_train": len(tr), "n_test": len(te), "center": True}
     if solver == "sklearn":
-        def fn(index, progress):
-            return _sklearn_values(x_tr, y_tr, x_te, y_te, index, C, progress)
+        def fn(bits, progress):
+            return _sklearn_values(x_tr, y_tr, x_te, y_te, bits, C, progress)
     else:
         from .batched_svc import svc_test_accuracy
 
-        def fn(index, progress):
+        def fn(bits, progress):
+            if bits.shape[1] > MAX_BITMASK:
+                raise InterpError(f"the batched SVC takes at most {MAX_BITMASK} heads; pass heads=[...] or solver='sklearn'")
+            index = (bits << torch.arange(bits.shape[1])).sum(-1)
             return svc_test_accuracy(x_tr, y_tr, x_te, y_te, index, C=C, progress=progress)
 
     return CoalitionValue(fn, players, "separation", None, len(te), info)
@@ -420,7 +439,7 @@ def _sklearn_values(x_tr, y_tr, x_te, y_te, index, C, progress) -> Tensor:
     N, n, e = x_tr.shape
     a_tr, a_te = x_tr.reshape(N, n * e).numpy(), x_te.reshape(len(x_te), n * e).numpy()
     y_tr, y_te = y_tr.numpy(), y_te.numpy()
-    it = index.tolist()
+    it = [sum(1 << i for i in range(n) if row[i]) for row in index.tolist()]
     if progress:
         from tqdm.auto import tqdm
 

@@ -225,10 +225,10 @@ def sampled_shapley(model, data, *, samples: int = 200, seed: int = 0, antitheti
         perms = torch.stack([half, half.flip(-1)], 1).reshape(-1, n)[:samples]
     else:
         perms = torch.stack([torch.randperm(n, generator=g) for _ in range(samples)])
-    prefix = torch.cumsum(1 << perms, dim=-1)  # bitmask after each step [samples, n]
-    prefix = torch.cat([torch.zeros(samples, 1, dtype=torch.long), prefix], -1)  # [samples, n + 1]
-    uniq, inverse = torch.unique(prefix.flatten(), return_inverse=True)
-    v = ev(uniq)[inverse].view(samples, n + 1)
+    rank = torch.argsort(perms, dim=-1)  # rank[s, i]: where player i enters permutation s
+    bits = rank[:, None, :] < torch.arange(n + 1)[None, :, None]  # [samples, n + 1 prefixes, n]
+    uniq, inverse = torch.unique(bits.reshape(-1, n), dim=0, return_inverse=True)
+    v = ev.of_bits(uniq)[inverse].view(samples, n + 1)
     gains = v[:, 1:] - v[:, :-1]  # [samples, n] in permutation order
     contrib = torch.empty_like(gains)
     contrib.scatter_(1, perms, gains)  # [samples, player]
@@ -238,8 +238,7 @@ def sampled_shapley(model, data, *, samples: int = 200, seed: int = 0, antitheti
         se = pairs.std(0) / math.sqrt(len(pairs))
     else:
         se = contrib.std(0) / math.sqrt(samples)
-    v_all = float(ev(torch.tensor([(1 << n) - 1]))[0])
-    v_empty = float(ev(torch.tensor([0]))[0])
+    v_all, v_empty = float(v[0, -1]), float(v[0, 0])
     return ShapleyResult(list(ev.heads), phi, None, None, ev.value, v_all, v_empty, exact=False, stderr=se,
                          samples=samples, info={"ablation": ev.ablation, "n_examples": ev.n_examples,
                                                 "coalitions_evaluated": len(uniq), **ev.info})

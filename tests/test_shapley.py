@@ -254,7 +254,9 @@ def test_errors(nm_ckpt, nm_task, short):
         coalition_values(model, short, value="separation", train=short, solver="liblinear")
     big = tiny(nm_task, 25, d_model=50)
     with pytest.raises(InterpError, match="at most 24"):
-        coalition_evaluator(big, short)
+        coalition_values(big, short)
+    est = sampled_shapley(big, short, samples=4)  # sampling takes any number of heads
+    assert len(est.shapley) == 25 and abs(est.efficiency_gap) < 1e-12
     with pytest.raises(InterpError, match="samples"):
         sampled_shapley(model, short, samples=1)
     with pytest.raises(Exception, match="L0H16"):
@@ -362,3 +364,25 @@ def test_report_section(nm_ckpt):
     _shapley_section(nm_ckpt, report, s, test, te)
     html = report.html()
     assert "Heads: Shapley values" in html and "exact, from all 65,536 coalitions" in html
+
+
+def test_batched_svc_multiclass_one_vs_rest():
+    """Three classes: one-vs-rest like LinearSVC, on every coalition of 3 players (synthetic blobs)."""
+    from sklearn.svm import LinearSVC
+
+    from analyses.batched_svc import svc_test_accuracy
+
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(3, 3, 2, generator=g, dtype=torch.float64) * 1.5
+    y_tr, y_te = torch.randint(0, 3, (600,), generator=g), torch.randint(0, 3, (300,), generator=g)
+    x_tr = centers[y_tr] + torch.randn(600, 3, 2, generator=g, dtype=torch.float64)
+    x_te = centers[y_te] + torch.randn(300, 3, 2, generator=g, dtype=torch.float64)
+    acc = svc_test_accuracy(x_tr, y_tr, x_te, y_te, torch.arange(8))
+    for mask in range(8):
+        cols = [i * 2 + j for i in range(3) if mask >> i & 1 for j in range(2)]
+        a_tr, a_te = x_tr.reshape(600, 6)[:, cols].numpy(), x_te.reshape(300, 6)[:, cols].numpy()
+        if not cols:
+            a_tr, a_te = np.zeros((600, 1)), np.zeros((300, 1))
+        clf = LinearSVC(C=1000.0, dual=False, tol=1e-8, max_iter=100000).fit(a_tr, y_tr.numpy())
+        ref = float((clf.predict(a_te) == y_te.numpy()).mean())
+        assert abs(acc[mask].item() - ref) <= 1 / 300 + 1e-9, mask

@@ -80,8 +80,8 @@ def test_report_sections(nm_ckpt):
     report = Report()
     suite_for("noisy-majority").add_report_sections(ckpt, report, progress=False)
     titles = [s.title for s in report.sections]
-    assert titles == ["Heads: learned and separation accuracy", "Head pairs", "Attention ratios", "Head outputs",
-                      "Attention interventions"]
-    assert report.n_figures == 6
+    assert titles == ["Heads: learned and separation accuracy", "Heads: Shapley values", "Head pairs",
+                      "Attention ratios", "Head outputs", "Attention interventions"]
+    assert report.n_figures == 7
     page = report.html()
     assert "Figure 8" in page and "L0H15" in page and "400 train and 150 test" in page
