@@ -311,6 +311,12 @@ def test_figure_10_and_the_report_section(svc_run):
     assert "Halving heads" in html and prov["halving"]["active"][0] in html
     with pytest.raises(InterpError, match="not trained with halving"):
         halving_history({"history": []})
+    # the noisy-majority report opens with it
+    from analyses import suite_for
+
+    full = Report()
+    suite_for("noisy-majority").add_report_sections(ckpt, full, progress=False)
+    assert full.sections[0].title == "Halving heads" and "Halving heads" not in [s.title for s in full.sections[1:]]
 
 
 def test_cli_trains_with_halving_and_resumes_with_its_options(tmp_path, capsys, task, spec, svc_run):
