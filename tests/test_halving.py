@@ -187,6 +187,25 @@ def test_patience_counts_only_once_one_head_is_left(tmp_path, task, spec, svc_ru
     assert prov["epochs_run"] - max(prov["best_epoch"], last) == 2  # stopped by patience, counted from there
 
 
+def test_halving_across_two_layers(tmp_path, task):
+    """A 2-layer model (trained through TransformerLens' forward and hooks): heads of both layers compete."""
+    spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 2, "d_head": 2, "n_layers": 2,
+                        "output_matrix": "learned"})
+    out = tmp_path / "l2.safetensors"
+    prov = train_halving(task, spec, _cfg(epochs=6, halving_threshold=0.5), out, device="cpu", progress=False)
+    h = prov["halving"]
+    assert h["success"] and [len(s["before"]) for s in h["steps"]] == [4, 2]
+    assert set(h["steps"][0]["before"]) == {"L0H0", "L0H1", "L1H0", "L1H1"}
+    model = load_checkpoint(out, device="cpu").model
+    data = task.dataset("val")
+    _, cache = model.run_with_cache(data.tokens)
+    (kl, kh), = [(int(n[1]), int(n[3])) for n in h["active"]]
+    for l in range(2):
+        for hd in range(2):
+            z = cache[f"blocks.{l}.attn.hook_z"][..., hd, :]
+            assert (z.abs().max() > 0) if (l, hd) == (kl, kh) else torch.equal(z, torch.zeros_like(z))
+
+
 def test_mask_all_but_one_masks_a_minus_1_heads_from_the_start(tmp_path, task, spec):
     out = tmp_path / "m.safetensors"
     prov = train(task, spec, _cfg(epochs=3, halving="mask-all-but-one"), out, device="cpu", progress=False)
