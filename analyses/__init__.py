@@ -29,6 +29,7 @@ _NAMES = {
     "analyses.shapley": ["ShapleyResult", "exact_shapley", "shapley_of", "sampled_shapley", "shapley_transform", "moebius"],
     "analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
+    "analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
     "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
     "analyses.patching": ["ActivationPatching", "PathPatching", "activation_patching", "path_patching", "variant_metric"],
     # noisy majority (seed 000 §5)

@@ -32,6 +32,7 @@ _positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
 _nonneg_int = _checked(int, lambda v: v >= 0, "a non-negative integer")
 _positive_float = _checked(float, lambda v: v > 0, "a positive number")
 _fraction = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+_threshold = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _nonneg_float = _checked(float, lambda v: v >= 0, "a non-negative number")
 
 
@@ -79,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a model on a task and write a .safetensors checkpoint")
     _add_model_and_training_options(t, TASKS)
+    t.add_argument("--halving", choices=["random", "svc", "learned", "shapley-svc", "shapley-learned", "mask-all-but-one"],
+                   default=None, help="halving heads (seed 000 §5.5): when validation accuracy reaches the threshold, "
+                                      "mask half of the active heads, keeping the best by this strategy; repeat until one "
+                                      "head is left (mask-all-but-one: a-1 heads masked from the start)")
+    t.add_argument("--halving-threshold", type=_threshold, default=None,
+                   help="validation accuracy that triggers a halving step (default 0.95)")
     t.add_argument("--save-every", type=_positive_int, default=None, help="epochs between resume files (default 5)")
     t.add_argument("--seed", type=_nonneg_int, default=None, help="default 0")
     t.add_argument("--snapshots", type=_positive_int, default=None, metavar="N",
@@ -149,7 +156,8 @@ def _parse_task_params(items: list[str]) -> dict:
     return params
 
 
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "dropout_at", "patience", "keep")
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "dropout_at", "patience", "keep", "halving",
+              "halving_threshold")
 SPEC_KEYS = ("d_model", "n_heads", "d_head", "n_layers", "positional", "output_matrix")
 
 
@@ -178,7 +186,7 @@ def _train_setup(args):
     spec = ModelSpec(**{**spec_kw, "init_seed": seed})
     train_kw = dict(task.default_train())
     for key in TRAIN_KEYS:
-        if getattr(args, key) is not None:
+        if getattr(args, key, None) is not None:  # (sweep has no halving options)
             train_kw[key] = getattr(args, key)
     cfg = TrainConfig(**{**train_kw, "seed": seed, "save_every": args.save_every or 5})
     out = Path(args.out) if args.out else Path("runs") / f"{task.name}-seed{seed}.safetensors"
@@ -229,13 +237,23 @@ def cmd_train(args) -> int:
     task, spec, cfg, out = _resume_setup(args) if args.resume else _train_setup(args)
     if not args.out:
         out.parent.mkdir(parents=True, exist_ok=True)
+    scorer = None
+    if cfg.halving is not None:
+        from analyses.halving import scorer as halving_scorer
+
+        scorer = halving_scorer(cfg.halving)
     prov = train(task, spec, cfg, out, device=args.device, resume=args.resume, restart=args.restart,
-                 progress=not args.quiet, snapshot_every=args.snapshots)
+                 progress=not args.quiet, snapshot_every=args.snapshots, head_scorer=scorer)
     if args.snapshots:
         _finish_run(task, out, args.device)
     acc = prov["accuracy"]
     print(f"wrote {out}: kept epoch {prov['kept_epoch']}/{prov['epochs_run']} ({prov['kept']}), accuracy "
           + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
+    if "halving" in prov:
+        h = prov["halving"]
+        print(f"halving ({h['strategy']}): {h['n_steps']} step(s) at epoch(s) {[s['epoch'] for s in h['steps']]}, "
+              f"active heads {', '.join(h['active'])}; " + ("one head left" if h["success"] else "FAILED (more than one "
+              "head left): scored 0"))
     return 0
 
 

@@ -68,6 +68,8 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
         diff = [k for k, v in asdict(c).items() if k not in VARYING_CONFIG and recipe[k] != v]
         if diff:
             raise ConfigError(f"training config {i} differs from config 0 in {diff}: only {VARYING_CONFIG} may vary")
+    if cfgs[0].halving is not None:
+        raise ConfigError("batched training does not do halving heads yet; train halving runs with `interp train`")
     if cfgs[0].loss_dtype != "float32":
         raise ConfigError(f"batched training computes the loss in float32; got loss_dtype={cfgs[0].loss_dtype!r}")
     s = specs[0]

@@ -12,6 +12,10 @@ Which model is kept (``keep``): ``"best"`` (default) is the epoch with the highe
 by the lower validation loss (then the earlier epoch), so an epoch that only ties the majority-class accuracy never
 beats a later, better-trained one; ``"last"`` is the final epoch.
 
+Halving heads (seed 000 §5.5, ``TrainConfig.halving``): a persistent head mask (:mod:`interp.halving`) that
+masks half of the active heads each time validation accuracy reaches ``halving_threshold``; the kept model is
+then the best one-head state. The mask and its steps travel in the resume file and the checkpoint's metadata.
+
 A resume file ``<out>.resume.safetensors`` is written every ``save_every`` epochs (weights, optimizer
 moments, RNG states, best model so far, history, and every option of the run; no pickle). ``resume=True``
 continues from it and ends with exactly the weights an uninterrupted run gives (on CPU; CUDA kernels may be
@@ -36,6 +40,7 @@ from .device import pick_device
 from .errors import CheckpointError, ConfigError
 from .evaluate import evaluate, evaluate_splits, target_positions
 from .files import AtomicFile, atomic_write
+from .halving import Halving, Scorer, check_strategy
 from .model import ModelSpec, build_model, trainable_parameters
 from .query_forward import logits_at, supports_query_forward
 from .task import IGNORE
@@ -67,6 +72,8 @@ class TrainConfig:
     keep: str = "best"  # "best": best validation accuracy, ties by lower validation loss; "last": the final epoch
     dropout_at: str = "embedding+attention"  # see DROPOUT_AT
     loss_dtype: str = "float32"  # "float64": the cross-entropy in double precision (the grokking recipe)
+    halving: str | None = None  # a halving-heads strategy (interp.halving.STRATEGIES), or None
+    halving_threshold: float = 0.95  # validation accuracy at which half of the active heads are masked
 
     def __post_init__(self):
         checks = {
@@ -81,6 +88,7 @@ class TrainConfig:
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ConfigError(f"invalid training option(s): " + ", ".join(f"{k}={getattr(self, k)!r}" for k in bad))
+        check_strategy(self.halving, self.halving_threshold)
 
     @property
     def warmup(self) -> int:
@@ -137,6 +145,7 @@ class _State:
         self.best_epoch = -1
         self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.history: list[dict[str, float]] = []
+        self.halving: Halving | None = None  # the head mask and its steps (halving runs only)
 
     def better(self, accuracy: float, loss: float) -> bool:
         """Whether a validation result beats the best so far: higher accuracy, or equal accuracy and lower loss."""
@@ -160,7 +169,8 @@ class _State:
             "options": json.dumps(options, sort_keys=True),
             "progress": json.dumps({"epoch": self.epoch, "step": self.step, "best_val": self.best_val,
                                     "best_loss": self.best_loss, "best_epoch": self.best_epoch,
-                                    "history": self.history}),
+                                    "history": self.history,
+                                    "halving": self.halving.to_dict() if self.halving is not None else None}),
             "param_groups": json.dumps(opt_sd["param_groups"]),
         }
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta), "the resume file")
@@ -201,6 +211,8 @@ class _State:
         self.epoch, self.step = prog["epoch"], prog["step"]
         self.best_val, self.best_epoch, self.history = prog["best_val"], prog["best_epoch"], prog["history"]
         self.best_loss = prog.get("best_loss", float("inf"))
+        if prog.get("halving") is not None:
+            self.halving = Halving.from_dict(prog["halving"])
 
 
 def resume_options(out) -> dict[str, Any]:
@@ -226,7 +238,7 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
           restart: bool = False, progress: bool = True,
           on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
           history_extras: Callable[[Any, int], dict[str, Any]] | None = None,
-          snapshot_every: int | None = None, snapshot_dir=None) -> dict[str, Any]:
+          snapshot_every: int | None = None, snapshot_dir=None, head_scorer: Scorer | None = None) -> dict[str, Any]:
     """Train a model for ``task``; write the kept model (``cfg.keep``) to ``out``; return its provenance.
 
     ``out`` is checked before any training. An existing resume file of ``out`` is continued with ``resume=True``,
@@ -244,19 +256,23 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
 
     Training runs with ``torch.use_deterministic_algorithms(True, warn_only=True)``: on CPU, multi-threaded
     scatter-adds (the backward of embedding / index lookups) otherwise make runs differ in the last bits.
-    The same seed, torch version and thread count then give bit-identical weights."""
+    The same seed, torch version and thread count then give bit-identical weights.
+
+    ``cfg.halving`` trains with halving heads (:mod:`interp.halving`); strategies other than ``random`` and
+    ``mask-all-but-one`` need ``head_scorer`` (``analyses.halving.train_halving`` passes it). The kept model is
+    then the best one-head state (or, if the run never got down to one head, the last state: a failure)."""
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         return _train(task, spec, cfg, out, device=device, resume=resume, restart=restart, progress=progress,
                       on_epoch_end=on_epoch_end, history_extras=history_extras, snapshot_every=snapshot_every,
-                      snapshot_dir=snapshot_dir)
+                      snapshot_dir=snapshot_dir, head_scorer=head_scorer)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_end, history_extras=None,
-           snapshot_every=None, snapshot_dir=None) -> dict[str, Any]:
+           snapshot_every=None, snapshot_dir=None, head_scorer=None) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
     if snapshot_every is not None and (not isinstance(snapshot_every, int) or snapshot_every < 1):
@@ -285,10 +301,16 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
     gen = torch.Generator().manual_seed(cfg.seed)
     state = _State(model, opt, gen)
     identity = {"task": {"name": task.name, "params": task.params()}, "spec": spec.to_dict(),
-                **{k: v for k, v in asdict(cfg).items() if k not in RUN_OPTIONS}}
+                **{k: v for k, v in asdict(cfg).items() if k not in RUN_OPTIONS
+                   and not (k.startswith("halving") and cfg.halving is None)}}
+    if cfg.halving is not None:
+        state.halving = Halving(cfg.halving, cfg.halving_threshold, spec.n_layers, spec.n_heads, cfg.seed)
     options = {k: getattr(cfg, k) for k in RUN_OPTIONS}
     if resume:
         state.load(rpath, identity)
+    halving = state.halving
+    if halving is not None:
+        halving.start(model, opt)
 
     train_data = task.dataset("train").to(device)
     val_data = task.dataset("val" if "val" in task.splits else task.splits[-1]).to(device)
@@ -311,6 +333,8 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if halving is not None:
+                halving.apply(model)  # masked heads stay exactly zero
             state.step += 1
             total += loss.item() * len(batch)
             count += len(batch)
@@ -325,32 +349,43 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
         if snapshot_every is not None and state.epoch % snapshot_every == 0:
             save_checkpoint(snapshot_dir / f"epoch-{state.epoch:06d}.safetensors", model, spec, task,
                             {"epoch": state.epoch, "seed": cfg.seed, "config": asdict(cfg), "record": state.history[-1]})
-        if state.better(val["accuracy"], val["loss"]):
+        # with halving, only one-head states compete for the kept model
+        if (halving is None or halving.done) and state.better(val["accuracy"], val["loss"]):
             state.best_val, state.best_loss, state.best_epoch = val["accuracy"], val["loss"], state.epoch
             state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if halving is not None:
+            halved = halving.after_validation(model, opt, state.epoch, val["accuracy"], task, train_data, val_data,
+                                              head_scorer)
+            if halved is not None:
+                state.history[-1]["kept_heads"] = halved["kept"]
         bar.update(1)
-        bar.set_postfix(loss=f"{total / count:.4f}", val=f"{val['accuracy']:.4f}", best=f"{state.best_val:.4f}@{state.best_epoch}")
+        bar.set_postfix(loss=f"{total / count:.4f}", val=f"{val['accuracy']:.4f}", best=f"{state.best_val:.4f}@{state.best_epoch}",
+                        **({"heads": len(halving.active)} if halving is not None else {}))
         if state.epoch % cfg.save_every == 0 and state.epoch < cfg.epochs:
             state.save(rpath, identity, options)
         if on_epoch_end is not None:
             on_epoch_end(state.epoch, state.history[-1])
-        if cfg.patience is not None and state.epoch - state.best_epoch >= cfg.patience:
+        if cfg.patience is not None and (halving is None or halving.done) \
+                and state.epoch - max(state.best_epoch, halving.last_epoch if halving is not None else -1) >= cfg.patience:
             break
     bar.close()
 
-    if cfg.keep == "best":
+    kept = cfg.keep if state.best_epoch >= 0 else "last"  # a halving run that never got to one head: its last state
+    if kept == "best":
         model.load_state_dict(state.best_state)
     model.eval()
     metrics = evaluate_splits(model, task)
     provenance = {
         "seed": cfg.seed, "epochs": cfg.epochs, "epochs_run": state.epoch, "steps": state.step,
-        "best_epoch": state.best_epoch, "kept": cfg.keep, "kept_epoch": state.best_epoch if cfg.keep == "best" else state.epoch,
+        "best_epoch": state.best_epoch, "kept": kept, "kept_epoch": state.best_epoch if kept == "best" else state.epoch,
         "config": asdict(cfg),
         "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
         "history": state.history, "device": device, "wall_seconds_this_run": round(time.time() - started, 1),
         "torch": torch.__version__, "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
         "machine": platform.machine(),
     }
+    if halving is not None:  # the seed scores a run that ends with more than one head as 0
+        provenance["halving"] = {**halving.summary(), "score": metrics.get("test", {}).get("accuracy") if halving.done else 0.0}
     save_checkpoint(out, model, spec, task, provenance)
     rpath.unlink(missing_ok=True)
     return provenance

@@ -44,7 +44,13 @@ def _nm_results(ck):
     m, t = ck.model, ck.task
     tr, te = t.dataset("train"), t.dataset("test")
     summary = head_summary(m, tr, te)
+    from analyses.coalitions import coalition_values
+    from analyses.shapley import shapley
+
+    values = coalition_values(m, te, value="learned-accuracy", task=t)
     return {
+        "CoalitionValues": values,
+        "ShapleyResult": shapley(values),
         "LearnedAccuracy": learned_accuracy(m, te, [["L0H0"], ["L0H1", "L0H2"]]),
         "SeparationAccuracy": separation_accuracy(m, tr, te, [["L0H0"]]),
         "AttentionRatios": attention_ratios(m, te),

@@ -42,7 +42,10 @@ def analyze(ckpt: Checkpoint) -> HeadSummary:
 
 def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> None:
     """Head table, Figures 4, 5, 7, 6 and 8, and activation patching (the report itself adds every head's
-    attention view)."""
+    attention view); Figure 10 first for a model trained with halving heads."""
+    from ..halving import add_halving_section
+
+    add_halving_section(ckpt, report)
     model = ckpt.model
     L, H = model.cfg.n_layers, model.cfg.n_heads
     t0 = time.perf_counter()
