@@ -14,6 +14,7 @@ CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 TASKS = {
     "noisy-majority": "tasks.noisy_majority:NoisyMajority",
     "repeated-tokens": "tasks.repeated_tokens:RepeatedTokens",
+    "integer-addition": "tasks.integer_addition:IntegerAddition",
 }
 # Old names of shipped checkpoints, still accepted.
 CHECKPOINT_ALIASES = {"induction": "repeated-tokens", "induction-1layer": "repeated-tokens-1layer"}
