@@ -37,6 +37,11 @@ _NAMES = {
     "analyses.repeated_tokens.probe": ["probe_tokens"],
     "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],
     "analyses.repeated_tokens.suite": ["InductionAnalysis"],
+    # integer addition (seed 004, seed 000 §4)
+    "analyses.integer_addition.accuracy": ["CaseAccuracy", "LengthAccuracy", "accuracy_by_case", "accuracy_by_length",
+                                           "correct_digits"],
+    "analyses.integer_addition.ablation": ["DigitAblation", "component_ablation"],
+    "analyses.integer_addition.suite": ["AdditionAnalysis"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = sorted(_WHERE) + ["suite_for"]
