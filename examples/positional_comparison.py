@@ -8,7 +8,7 @@ seen in training). Each run's row is written to the results file as soon as it e
 where it stopped (finished runs are skipped).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. nice -n 10 python examples/positional_comparison.py \\
-        --out examples/results/positional_comparison.json [--seeds 0 1] [--steps 1500] [--schemes standard none ...]
+        --out examples/results/positional_comparison.json [--seeds 0 1] [--steps 800] [--schemes standard none ...]
 
 The table printed at the end (and stored in the JSON) gives, per scheme and length, the mean exact match over
 seeds, the spread (min..max over seeds) and a 95% Wilson interval over all the test sums pooled over seeds.
@@ -100,7 +100,7 @@ def main() -> None:
     p.add_argument("--out", default="examples/results/positional_comparison.json")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=800)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workdir", default="runs/positional_comparison")
     p.add_argument("--threads", type=int, default=1)
