@@ -104,6 +104,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workdir", default="runs/positional_comparison")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--table-only", action="store_true", help="no training: rebuild the table (and CSV) from --out")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -116,7 +117,7 @@ def main() -> None:
              "model": "2 layers, d_model 64, 4 heads x 16, d_mlp 256, LayerNorm", "format": "operands and answer units first",
              "train": "AdamW lr 1e-3, wd 0.1, betas (0.9, 0.98), warmup 100 steps, 10% cascade enrichment, last model kept"}
     doc["setup"] = setup
-    for seed in args.seeds:
+    for seed in [] if args.table_only else args.seeds:
         for scheme in args.schemes:
             if any(r["scheme"] == scheme and r["seed"] == seed and r["steps"] >= args.steps for r in doc["runs"]):
                 continue
@@ -128,10 +129,14 @@ def main() -> None:
                   + " ".join(f"{n}:{v['exact_match']:.3f}" for n, v in row["by_length"].items()), flush=True)
     doc["table"] = table(doc["runs"])
     atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n"), "the results")
-    print(f"{'scheme':<10}" + "".join(f"{n:>16}" for n in range(1, MAX_DIGITS + 1)))
+    cols = ["scheme", "digits", "in_training", "seeds", "mean", "min", "max", "wilson_lo", "wilson_hi"]
+    csv = "\n".join([",".join(cols)] + [",".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols)
+                                        for r in doc["table"]]) + "\n"
+    atomic_write(out.with_suffix(".csv"), lambda tmp: Path(tmp).write_text(csv), "the results table")
+    print(f"{'scheme':<10}" + "".join(f"{n:>18}" for n in range(1, MAX_DIGITS + 1)))
     for scheme in dict.fromkeys(r["scheme"] for r in doc["table"]):
         cells = [r for r in doc["table"] if r["scheme"] == scheme]
-        print(f"{scheme:<10}" + "".join(f"{c['mean']:>8.3f} [{c['min']:.2f},{c['max']:.2f}]"[:16].rjust(16) for c in cells))
+        print(f"{scheme:<10}" + "".join(f"{c['mean']:.3f} [{c['wilson_lo']:.2f},{c['wilson_hi']:.2f}]".rjust(18) for c in cells))
 
 
 if __name__ == "__main__":

@@ -355,3 +355,20 @@ def test_suite_on_a_small_checkpoint(small_model, tmp_path):
     report = Report()
     suite.add_report_sections(ckpt, report)
     assert "carry cascade" in report.html()
+
+
+@pytest.mark.parametrize("positional", ["random", "abacus"])
+def test_training_with_hooked_positions_is_reproducible(tmp_path, positional):
+    """The trainer runs the position hook in training mode (random rows / offsets from the seeded RNG): the same
+    seed gives the same weights, and the written checkpoint loads back with its hook."""
+    from interp.training import TrainConfig, train
+
+    task = get_task("integer-addition", digits=[1, 2], reverse_operands=True, train_size=64, val_size=16,
+                    test_size=16, cascades_size=8)
+    spec = _spec(task, positional)
+    cfg = TrainConfig(epochs=2, batch_size=32, seed=0, dropout=0.0)
+    paths = [train(task, spec, cfg, tmp_path / f"{i}.safetensors", progress=False) and tmp_path / f"{i}.safetensors"
+             for i in range(2)]
+    a, b = (load_checkpoint(p, device="cpu") for p in paths)
+    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+    assert position_hook(a.model).scheme == positional
