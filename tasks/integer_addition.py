@@ -123,11 +123,10 @@ class IntegerAddition:
             n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, attn_only=False, d_vocab=len(VOCAB),
             d_vocab_out=VOCAB.n_out, n_ctx=self.n_ctx, positional="standard", output_matrix="learned",
             attn_bias=True, normalization="LN", digit_tokens=list(DIGIT_TOKENS),
-            max_position_offset=self.n_ctx - self.max_digits - 2,  # abacus: offset + index stays below n_ctx
         )
 
     def default_train(self) -> dict[str, Any]:
-        return dict(epochs=14, batch_size=128, lr=1e-3, weight_decay=0.1, dropout=0.0, beta2=0.98)
+        return dict(epochs=6, batch_size=128, lr=1e-3, weight_decay=0.1, dropout=0.0, beta2=0.98)
 
     def split_digits(self, split: str) -> tuple[int, int]:
         return self.test_digits if split in ("test", "cascades") else self.digits
