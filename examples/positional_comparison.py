@@ -78,7 +78,21 @@ def run_one(scheme: str, seed: int, steps: int, batch: int, workdir: Path) -> di
         by_len[str(n)] = {"exact_match": m["accuracy"], "n": 1000,
                           "digit_accuracy": [m[f"digit_{i}"] for i in range(n + 1)]}
     return {"scheme": scheme, "seed": seed, "steps": prov["steps"], "train_seconds": round(seconds, 1),
-            "threads": torch.get_num_threads(), "val_accuracy": prov["accuracy"]["val"], "by_length": by_len}
+            "threads": torch.get_num_threads(), "val_accuracy": prov["accuracy"]["val"], "by_length": by_len,
+            "cascades": cascade_accuracy(ckpt.model)}
+
+
+def cascade_accuracy(model) -> dict:
+    """Per length: accuracy per carry case (BA, UC1, US9-k) and exact match per Quirke class on 200 rare-cascade
+    sums (every sum holds a sum-9 cascade)."""
+    from analyses.integer_addition.accuracy import accuracy_by_case
+
+    out = {}
+    for n in range(2, MAX_DIGITS + 1):
+        t = task_for((n, n), 1)
+        res = accuracy_by_case(model, t.dataset("cascades"))
+        out[str(n)] = {"by_digit_case": res.by_digit_case, "by_complexity": res.by_complexity, "exact_match": res.exact_match}
+    return out
 
 
 def table(rows: list[dict]) -> list[dict]:
@@ -127,6 +141,10 @@ def main() -> None:
             atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n"), "the results")
             print(f"{scheme} seed {seed}: {row['train_seconds']} s; exact match by length "
                   + " ".join(f"{n}:{v['exact_match']:.3f}" for n, v in row["by_length"].items()), flush=True)
+    for r in doc["runs"]:  # runs from before the cascade evaluation existed: add it from their checkpoints
+        path = workdir / f"{r['scheme']}-seed{r['seed']}.safetensors"
+        if "cascades" not in r and path.is_file():
+            r["cascades"] = cascade_accuracy(load_checkpoint(path, device="cpu").model)
     doc["table"] = table(doc["runs"])
     atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n"), "the results")
     cols = ["scheme", "digits", "in_training", "seeds", "mean", "min", "max", "wilson_lo", "wilson_hi"]

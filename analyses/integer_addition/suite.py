@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from interp.checkpoint import Checkpoint
 from interp.evaluate import evaluate
 from interp.results import Result, jsonable
@@ -56,9 +58,16 @@ def _positional(ckpt) -> str:
 
 
 def _ablation_data(task):
-    data = task.dataset("test")
-    n = data.fields["n_digits"]
-    return data.select(n == int(n.max())).select(slice(0, N_ABLATION))
+    """Half uniform test sums, half rare-cascade sums, all of the longest test length (so every carry case has
+    examples)."""
+    parts = []
+    for split in ("test", "cascades"):
+        data = task.dataset(split)
+        n = data.fields["n_digits"]
+        parts.append(data.select(n == int(n.max())).select(slice(0, N_ABLATION // 2)))
+    a, b = (torch.cat([p.fields[k] for p in parts]) for k in ("a", "b"))
+    return make_sums(a, b, torch.cat([p.fields["n_digits"] for p in parts]), reverse_answer=task.reverse_answer,
+                     reverse_operands=task.reverse_operands)
 
 
 def analyze(ckpt: Checkpoint, ablation: bool = True) -> AdditionAnalysis:
@@ -98,7 +107,8 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
     if res.ablation is not None:
         report.section("Which component computes which digit",
                        "Each head (hook_z) and each quarter of each MLP layer's neurons (hook_post) is mean-ablated in turn "
-                       "(mean over the sums at each position); the drop in accuracy per answer digit and per carry case.")
+                       f"(mean over the sums at each position; {N_ABLATION // 2} random and {N_ABLATION // 2} rare-cascade "
+                       "sums); the drop in accuracy per answer digit and per carry case.")
         report.figure(res.ablation.figure())
         report.figure(res.ablation.case_figure())
     ex = cascade_example(task).to(next(model.parameters()).device)
