@@ -109,6 +109,23 @@ def table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def figure(rows: list[dict]):
+    """Exact match by operand length, one line per scheme, bars: the 95% Wilson interval (pooled over seeds)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for scheme in dict.fromkeys(r["scheme"] for r in rows):
+        rs = [r for r in rows if r["scheme"] == scheme]
+        fig.add_scatter(x=[r["digits"] for r in rs], y=[r["mean"] for r in rs], mode="lines+markers", name=scheme,
+                        error_y=dict(type="data", symmetric=False, array=[r["wilson_hi"] - r["mean"] for r in rs],
+                                     arrayminus=[r["mean"] - r["wilson_lo"] for r in rs]))
+    fig.add_vrect(x0=TRAIN_DIGITS[0] - 0.5, x1=TRAIN_DIGITS[1] + 0.5, fillcolor="green", opacity=0.08, line_width=0,
+                  annotation_text="training lengths")
+    fig.update_layout(xaxis_title="operand digits", yaxis_title="exact match", yaxis_range=[-0.02, 1.02],
+                      title="Exact match by operand length per positional scheme", template="plotly_white")
+    return fig
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="examples/results/positional_comparison.json")
@@ -119,6 +136,7 @@ def main() -> None:
     p.add_argument("--workdir", default="runs/positional_comparison")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--table-only", action="store_true", help="no training: rebuild the table (and CSV) from --out")
+    p.add_argument("--figure", default="runs/positional_comparison.html", help="the figure as an offline HTML page")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -151,6 +169,9 @@ def main() -> None:
     csv = "\n".join([",".join(cols)] + [",".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols)
                                         for r in doc["table"]]) + "\n"
     atomic_write(out.with_suffix(".csv"), lambda tmp: Path(tmp).write_text(csv), "the results table")
+    if args.figure:
+        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(args.figure, lambda tmp: figure(doc["table"]).write_html(tmp, include_plotlyjs=True), "the figure")
     print(f"{'scheme':<10}" + "".join(f"{n:>18}" for n in range(1, MAX_DIGITS + 1)))
     for scheme in dict.fromkeys(r["scheme"] for r in doc["table"]):
         cells = [r for r in doc["table"] if r["scheme"] == scheme]
