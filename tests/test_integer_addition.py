@@ -372,3 +372,25 @@ def test_training_with_hooked_positions_is_reproducible(tmp_path, positional):
     a, b = (load_checkpoint(p, device="cpu") for p in paths)
     assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
     assert position_hook(a.model).scheme == positional
+
+
+def test_comparison_table_and_wilson_interval():
+    """The comparison script's table: means / spreads over seeds and the pooled Wilson interval (closed form checked
+    at k = 0, where the upper end is z^2 / (n + z^2), and against the normal approximation for large n)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "positional_comparison.py"
+    spec = importlib.util.spec_from_file_location("positional_comparison", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lo, hi = mod.wilson(0, 1000)
+    assert lo == 0.0 and hi == pytest.approx(1.96 ** 2 / (1000 + 1.96 ** 2), rel=1e-9)
+    lo, hi = mod.wilson(50_000, 100_000)
+    assert (hi - lo) / 2 == pytest.approx(1.96 * 0.5 / 100_000 ** 0.5, rel=1e-3)
+    runs = [{"scheme": "abacus", "seed": s, "by_length": {str(n): {"exact_match": acc, "n": 1000} for n in range(1, 7)}}
+            for s, acc in ((0, 0.5), (1, 0.7))]
+    rows = mod.table(runs)
+    assert len(rows) == 6 and rows[3]["digits"] == 4 and not rows[3]["in_training"]
+    assert rows[0]["mean"] == pytest.approx(0.6) and (rows[0]["min"], rows[0]["max"]) == (0.5, 0.7)
+    assert (rows[0]["wilson_lo"], rows[0]["wilson_hi"]) == pytest.approx(mod.wilson(1200, 2000))
