@@ -3,7 +3,9 @@
 The seed's special shapes (no positional embedding, no output matrix, no attention biases) are
 expressed with the config plus frozen parameters, never a forked model class:
 
-- ``positional="none"``: ``W_pos`` is zeroed and frozen (TransformerLens has no NoPE option).
+- ``positional="none"``: ``W_pos`` is zeroed and frozen (TransformerLens has no NoPE option);
+  ``"rotary"`` is TransformerLens' own; ``"random"`` and ``"abacus"`` add a forward hook on ``pos_embed`` (the
+  ``W_pos`` row each token reads; :mod:`interp.positions`).
 - ``output_matrix="identity"``: ``W_O`` is the fixed block identity (head ``h``'s dimension ``i`` writes
   to residual dimension ``h*d_head + i``); needs ``n_heads * d_head == d_model``.
 - ``attn_bias=False``: ``b_Q, b_K, b_V, b_O`` are zero and frozen. The unembedding bias ``b_U`` (the
