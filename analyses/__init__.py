@@ -54,6 +54,11 @@ _NAMES = {
     "analyses.modular_addition.exhaustive": ["AttentionSplit", "AblationTable", "attention_split", "ablated_accuracy",
                                              "ablated_accuracies", "ablation_table"],
     "analyses.modular_addition.suite": ["ModularAdditionAnalysis"],
+    # integer addition (seed 004, seed 000 §4)
+    "analyses.integer_addition.accuracy": ["CaseAccuracy", "LengthAccuracy", "accuracy_by_case", "accuracy_by_length",
+                                           "correct_digits"],
+    "analyses.integer_addition.ablation": ["DigitAblation", "component_ablation"],
+    "analyses.integer_addition.suite": ["AdditionAnalysis"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = sorted(_WHERE) + ["suite_for"]

@@ -53,9 +53,10 @@ def _add_model_and_training_options(p, TASKS) -> None:
     p.add_argument("--n-heads", type=_positive_int)
     p.add_argument("--d-head", type=_positive_int)
     p.add_argument("--n-layers", type=_positive_int)
-    p.add_argument("--positional", choices=["none", "standard", "shortformer"],
+    p.add_argument("--positional", choices=["none", "standard", "shortformer", "rotary", "random", "abacus"],
                    help="positional embedding: none (zeroed, frozen), standard (added to the residual stream), "
-                        "shortformer (into queries and keys only); default: the task's")
+                        "shortformer (into queries and keys only), rotary, random (randomised positions in training), "
+                        "abacus (index of a digit within its number; see interp.positions); default: the task's")
     p.add_argument("--output-matrix", choices=["identity", "learned"],
                    help="default: the task's (identity when n_heads*d_head == d_model, else learned)")
     p.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's")

@@ -3,7 +3,9 @@
 The seed's special shapes (no positional embedding, no output matrix, no attention biases) are
 expressed with the config plus frozen parameters, never a forked model class:
 
-- ``positional="none"``: ``W_pos`` is zeroed and frozen (TransformerLens has no NoPE option).
+- ``positional="none"``: ``W_pos`` is zeroed and frozen (TransformerLens has no NoPE option);
+  ``"rotary"`` is TransformerLens' own; ``"random"`` and ``"abacus"`` add a forward hook on ``pos_embed`` (the
+  ``W_pos`` row each token reads; :mod:`interp.positions`).
 - ``output_matrix="identity"``: ``W_O`` is the fixed block identity (head ``h``'s dimension ``i`` writes
   to residual dimension ``h*d_head + i``); needs ``n_heads * d_head == d_model``.
 - ``attn_bias=False``: ``b_Q, b_K, b_V, b_O`` are zero and frozen. The unembedding bias ``b_U`` (the
@@ -20,7 +22,7 @@ import torch
 
 from .errors import ConfigError
 
-POSITIONAL = ("none", "standard", "shortformer")
+POSITIONAL = ("none", "standard", "shortformer", "rotary", "random", "abacus")  # see interp.positions
 OUTPUT_MATRIX = ("identity", "learned")
 NORMALIZATION = (None, "LN", "LNPre", "RMS", "RMSPre")
 
@@ -45,6 +47,8 @@ class ModelSpec:
     normalization: str | None = None
     act_fn: str = "relu"
     init_seed: int = 0
+    digit_tokens: tuple[int, ...] | None = None  # positional="abacus": the token ids that form numbers
+    max_position_offset: int = 0  # positional="abacus": training offsets are drawn from 0 .. this
 
     def __post_init__(self):
         for name in ("d_vocab", "n_ctx", "n_layers", "d_model", "n_heads", "d_head"):
@@ -57,6 +61,12 @@ class ModelSpec:
             raise ConfigError(f"positional must be one of {POSITIONAL}, got {self.positional!r}")
         if self.output_matrix not in OUTPUT_MATRIX:
             raise ConfigError(f"output_matrix must be one of {OUTPUT_MATRIX}, got {self.output_matrix!r}")
+        if self.digit_tokens is not None:
+            object.__setattr__(self, "digit_tokens", tuple(int(t) for t in self.digit_tokens))
+        if self.positional == "abacus" and not self.digit_tokens:
+            raise ConfigError("positional='abacus' needs digit_tokens (the token ids whose runs are numbers)")
+        if not isinstance(self.max_position_offset, int) or not 0 <= self.max_position_offset < self.n_ctx:
+            raise ConfigError(f"max_position_offset must be an integer in [0, n_ctx), got {self.max_position_offset!r}")
         if self.normalization not in NORMALIZATION:
             raise ConfigError(f"normalization must be one of {NORMALIZATION}, got {self.normalization!r}")
         if self.output_matrix == "identity" and self.n_heads * self.d_head != self.d_model:
@@ -66,7 +76,10 @@ class ModelSpec:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["digit_tokens"] is not None:
+            d["digit_tokens"] = list(d["digit_tokens"])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
@@ -84,8 +97,9 @@ class ModelSpec:
             d_vocab=self.d_vocab, d_vocab_out=self.d_vocab_out or self.d_vocab, n_ctx=self.n_ctx,
             attn_only=self.attn_only, d_mlp=None if self.attn_only else (self.d_mlp or 4 * self.d_model),
             act_fn=self.act_fn, normalization_type=self.normalization,
-            positional_embedding_type="shortformer" if self.positional == "shortformer" else "standard",
+            positional_embedding_type=self.positional if self.positional in ("shortformer", "rotary") else "standard",
             seed=self.init_seed, device=device,
+            **({"rotary_dim": self.d_head} if self.positional == "rotary" else {}),
         )
 
 
@@ -113,6 +127,10 @@ def build_model(spec: ModelSpec, device: str | None = None):
     finally:
         torch.random.set_rng_state(rng_state)
     apply_frozen(model, spec)
+    if spec.positional in ("random", "abacus"):
+        from .positions import install
+
+        install(model, spec.positional, spec.digit_tokens or (), spec.max_position_offset)
     return model
 
 

@@ -27,8 +27,10 @@ METHODS = ("auto", "fast", "hooks")
 
 
 def supports_query_forward(model) -> bool:
+    from .positions import position_hook
+
     cfg = model.cfg
-    return (
+    return position_hook(model) is None and (
         cfg.n_layers == 1 and cfg.attn_only and cfg.positional_embedding_type == "standard"
         and getattr(cfg, "attn_scores_soft_cap", -1.0) in (-1.0, None, 0)
         and cfg.attention_dir == "causal" and not getattr(cfg, "use_local_attn", False)

@@ -15,6 +15,7 @@ TASKS = {
     "noisy-majority": "tasks.noisy_majority:NoisyMajority",
     "repeated-tokens": "tasks.repeated_tokens:RepeatedTokens",
     "modular-addition": "tasks.modular_addition:ModularAddition",
+    "integer-addition": "tasks.integer_addition:IntegerAddition",
 }
 # Old names of shipped checkpoints, still accepted.
 CHECKPOINT_ALIASES = {"induction": "repeated-tokens", "induction-1layer": "repeated-tokens-1layer"}

@@ -25,7 +25,7 @@ def nm():
     task = get_task("noisy-majority", train_size=200, val_size=20, test_size=80, train_lengths=[0, 20],
                     val_lengths=[21, 25], test_lengths=[26, 30])
     spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
-    return Checkpoint(build_model(spec, device="cpu"), task)
+    return Checkpoint(build_model(spec, device="cpu"), task, spec=spec)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,16 @@ def _nm_results(ck):
     from analyses.shapley import shapley
 
     values = coalition_values(m, te, value="learned-accuracy", task=t)
+    from analyses.halving import halving_history, train_halving
+    from interp.training import TrainConfig
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:  # a short run that halves (threshold 0: at the first validation)
+        cfg = TrainConfig(epochs=3, batch_size=64, lr=1e-2, warmup_steps=5, halving="random", halving_threshold=0.0)
+        halved = train_halving(t, ck.spec, cfg, f"{tmp}/h.safetensors", device="cpu", progress=False)
     return {
+        "HalvingHistory": halving_history(halved),
         "CoalitionValues": values,
         "ShapleyResult": shapley(values),
         "LearnedAccuracy": learned_accuracy(m, te, [["L0H0"], ["L0H1", "L0H2"]]),

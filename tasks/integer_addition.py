@@ -1,0 +1,299 @@
+"""Integer addition (seed 004; seed 000 §4, Quirke & Barez): ``a + b = c`` on digit tokens.
+
+A sentence is ``[BOS] a + b = c [EOS]``. Both operands of one sentence have the same digit count ``n`` (drawn
+per sentence from a range), written with leading zeros, so digit ``i`` of ``a`` and of ``b`` have the same place
+value (Quirke's fixed-width format); the answer always has ``n + 1`` digits (its leading digit is the final carry,
+0 or 1). Operands are written most-significant digit first unless ``reverse_operands``; the answer is written
+least-significant digit first when ``reverse_answer`` (the default: the model then meets the units digit first,
+as a carry ripples), else most-significant first. The model predicts every answer digit and then ``[EOS]``; the
+loss is on those positions only. Sequences are right-padded with ``[PAD]`` (input-only).
+
+Digit tokens have ids 0..9 (id == value). Every example carries its carry structure, per answer digit ``i``
+(place value ``10**i``, units first) with digit-pair sum ``s_i = a_i + b_i``:
+
+- ``pair_kind[i]``: 0 = base add (``s_i < 9``), 1 = make sum 9 (``s_i == 9``, MS9), 2 = make carry 1
+  (``s_i >= 10``, MC1);
+- ``digit_case[i]`` (what answer digit ``i`` needs): 0 = base add only (no carry in, BA), 1 = use carry 1 (the
+  carry comes straight from an MC1 pair ``i-1``, UC1), ``1 + k`` = use sum-9 cascade of length ``k`` (the carry
+  made at ``i-k-1`` ripples through ``k`` sum-9 pairs, US9);
+- ``complexity`` per example (Quirke's S classes): 0 = no carry at all (S0), 1 = carries but no cascade (S1),
+  ``1 + k`` = the longest sum-9 cascade has length ``k`` (S2, S3, ...).
+
+Uniform random digits make cascades rare (P(sum 9) = 0.1 per pair, peers.md R13); ``enrich`` is the fraction of
+training examples built to hold one cascade of random length, and the ``cascades`` split holds only such
+examples (the rare-case test set). ``test`` is uniform random sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.errors import TaskError
+from interp.task import IGNORE, TaskData, Vocab
+
+TOKENS = tuple(str(d) for d in range(10)) + ("[EOS]", "+", "=", "[BOS]", "[PAD]")
+EOS, PLUS, EQ, BOS, PAD = range(10, 15)
+VOCAB = Vocab(tokens=TOKENS, bos=BOS, eos=EOS, pad=PAD, n_out=11)  # predicts digits and [EOS]
+DIGIT_TOKENS = tuple(range(10))
+
+CASE_NAMES = ("BA", "UC1")  # digit_case 0, 1; then "US9-k" for 1 + k
+PAIR_NAMES = ("base", "MS9", "MC1")
+
+
+def case_name(code: int) -> str:
+    """``digit_case`` code -> ``BA``, ``UC1`` or ``US9-k``."""
+    return CASE_NAMES[code] if code < 2 else f"US9-{code - 1}"
+
+
+def complexity_name(code: int) -> str:
+    """``complexity`` code -> Quirke's ``S0``, ``S1``, ``S2`` (cascade of 1), ..."""
+    return f"S{code}"
+
+
+def _range(value, what: str) -> tuple[int, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    if not ok or not 1 <= value[0] <= value[1]:
+        raise TaskError(f"{what} must be a digit count or [lo, hi] digit counts with 1 <= lo <= hi, got {value!r}")
+    return (int(value[0]), int(value[1]))
+
+
+@dataclass(frozen=True)
+class IntegerAddition:
+    """The task: digit-count ranges per split (inclusive), answer order, enrichment, split sizes, data seed."""
+
+    digits: Any = (5, 5)  # operand digit counts of train and val sentences
+    test_digits: Any = None  # of the test and cascades splits (default: ``digits``)
+    max_digits: int | None = None  # the context is sized for operands this long (default: the longest split + 3)
+    reverse_answer: bool = True
+    reverse_operands: bool = False
+    enrich: float = 0.1  # fraction of training / validation sentences built around a sum-9 cascade
+    train_size: int = 100_000
+    val_size: int = 2000
+    test_size: int = 5000
+    cascades_size: int = 2000
+    seed: int = 0
+
+    name = "integer-addition"
+    vocab = VOCAB
+    splits = ("train", "val", "test", "cascades")
+
+    def __post_init__(self):
+        digits = _range(self.digits, "digits")
+        test = digits if self.test_digits is None else _range(self.test_digits, "test_digits")
+        object.__setattr__(self, "digits", digits)
+        object.__setattr__(self, "test_digits", test)
+        longest = max(digits[1], test[1])
+        if self.max_digits is None:
+            object.__setattr__(self, "max_digits", longest + 3)
+        elif not isinstance(self.max_digits, int) or self.max_digits < longest:
+            raise TaskError(f"max_digits must be an integer >= the longest operand of any split ({longest}), "
+                            f"got {self.max_digits!r}")
+        for k in ("reverse_answer", "reverse_operands"):
+            if not isinstance(getattr(self, k), bool):
+                raise TaskError(f"{k} must be true or false, got {getattr(self, k)!r}")
+        if not isinstance(self.enrich, (int, float)) or isinstance(self.enrich, bool) or not 0 <= self.enrich <= 1:
+            raise TaskError(f"enrich must be a fraction in [0, 1], got {self.enrich!r}")
+        for split in self.splits:
+            size = getattr(self, f"{split}_size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise TaskError(f"{split}_size must be a positive integer, got {size!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise TaskError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def n_ctx(self) -> int:
+        """Context for operands of ``max_digits``: [BOS], 2n digits, '+', '=', n + 1 answer digits, [EOS]."""
+        return seq_len(self.max_digits)
+
+    def params(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def default_spec(self) -> dict[str, Any]:
+        """Two layers with MLPs and LayerNorm, learned absolute positions (Quirke's 2-layer models solve 5 digits);
+        small enough to train on one CPU thread in about 20 minutes."""
+        return dict(
+            n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, attn_only=False, d_vocab=len(VOCAB),
+            d_vocab_out=VOCAB.n_out, n_ctx=self.n_ctx, positional="standard", output_matrix="learned",
+            attn_bias=True, normalization="LN", digit_tokens=list(DIGIT_TOKENS),
+        )
+
+    def default_train(self) -> dict[str, Any]:
+        return dict(epochs=6, batch_size=128, lr=1e-3, weight_decay=0.1, dropout=0.0, beta2=0.98)
+
+    def split_digits(self, split: str) -> tuple[int, int]:
+        return self.test_digits if split in ("test", "cascades") else self.digits
+
+    def dataset(self, split: str, seed: int | None = None) -> TaskData:
+        """The sums of ``split`` from ``seed`` (default: the task's data seed)."""
+        if split not in self.splits:
+            raise TaskError(f"unknown split {split!r} for task {self.name}; expected one of {self.splits}")
+        size = getattr(self, f"{split}_size")
+        base = self.seed if seed is None else seed
+        gen = torch.Generator().manual_seed(int(base) * 1000 + 17 + self.splits.index(split))
+        enrich = {"train": self.enrich, "val": self.enrich, "test": 0.0, "cascades": 1.0}[split]
+        a, b, n = random_operands(size, self.split_digits(split), enrich, gen)
+        return make_sums(a, b, n, reverse_answer=self.reverse_answer, reverse_operands=self.reverse_operands)
+
+    def metrics(self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData) -> dict[str, float]:
+        """``accuracy``: exact match (every answer digit right; teacher-forced argmax, which equals greedy decoding's
+        exact match); ``digit_i``: accuracy of the answer digit of place value ``10**i``; ``eos_accuracy``; ``loss``:
+        mean loss on the answer and [EOS] positions."""
+        ok = digit_correct(preds, data)
+        valid = data.fields["digit_case"][:, : ok.shape[1]].to(ok.device) >= 0
+        out = {"accuracy": (ok | ~valid).all(1).float().mean().item()}
+        for i in range(ok.shape[1]):
+            m = valid[:, i]
+            if bool(m.any()):
+                out[f"digit_{i}"] = ok[m, i].float().mean().item()
+        rows = torch.arange(len(data), device=preds.device)
+        eos_pos = data.fields["answer_start"] + data.fields["n_digits"] + 1
+        out["eos_accuracy"] = (preds[rows, eos_pos - 1] == EOS).float().mean().item()
+        mask = data.targets != IGNORE
+        out["loss"] = (loss[mask].sum() / mask.sum()).item()
+        return out
+
+    def check_data(self, data: TaskData) -> None:
+        if data.task != self.name:
+            raise TaskError(f"data of task {data.task!r} was given where {self.name!r} data is expected")
+        missing = {"a", "b", "answer", "digit_case", "answer_start", "n_digits"} - set(data.fields)
+        if missing:
+            raise TaskError(f"integer-addition data needs the fields {sorted(missing)} (build it with make_sums)")
+
+
+def seq_len(n: int) -> int:
+    """Tokens of a sentence with ``n``-digit operands: [BOS] n '+' n '=' (n + 1) [EOS]."""
+    return 3 * n + 5
+
+
+def random_operands(size: int, digits: tuple[int, int], enrich: float, gen: torch.Generator):
+    """``a, b [size, hi]`` (digit ``i`` = place value ``10**i``, zero beyond ``n``) and digit counts ``n [size]``;
+    a fraction ``enrich`` of the rows holds a make-carry pair followed by a sum-9 cascade of random length
+    ``1 .. n - 1`` at a random place (one-digit rows: just a make-carry pair)."""
+    lo, hi = digits
+    n = torch.randint(lo, hi + 1, (size,), generator=gen)
+    a = torch.randint(0, 10, (size, hi), generator=gen)
+    b = torch.randint(0, 10, (size, hi), generator=gen)
+    place = torch.arange(hi)
+    rich = torch.rand(size, generator=gen) < enrich
+    k = (torch.rand(size, generator=gen) * (n - 1).clamp(min=0)).long() + 1  # 1 .. n-1
+    k = torch.where(n > 1, k.clamp(max=n - 1), torch.zeros_like(k))
+    j = (torch.rand(size, generator=gen) * (n - k)).long()  # the MC1 place: 0 .. n-k-1
+    mc_a = torch.randint(1, 10, (size,), generator=gen)
+    mc_b = 10 - mc_a + (torch.rand(size, generator=gen) * mc_a).long()  # s in [10, 9 + mc_a]
+    nine_a = torch.randint(0, 10, (size, hi), generator=gen)
+    is_mc = rich[:, None] & (place[None] == j[:, None])
+    is_nine = rich[:, None] & (place[None] > j[:, None]) & (place[None] <= (j + k)[:, None])
+    a = torch.where(is_mc, mc_a[:, None], torch.where(is_nine, nine_a, a))
+    b = torch.where(is_mc, mc_b[:, None], torch.where(is_nine, 9 - nine_a, b))
+    inside = place[None] < n[:, None]
+    return a * inside, b * inside, n
+
+
+def carry_structure(a: Int[Tensor, "batch digit"], b: Int[Tensor, "batch digit"], n: Int[Tensor, "batch"]):
+    """Answer digits and carry labels of ``a + b`` (digits units first, zero beyond ``n``).
+
+    Returns ``answer [batch, digit+1]``, ``pair_kind [batch, digit]`` (0 base, 1 MS9, 2 MC1; -1 beyond n),
+    ``digit_case [batch, digit+1]`` (0 BA, 1 UC1, 1+k US9 cascade of k; -1 beyond the answer's n + 1 digits) and
+    ``complexity [batch]`` (Quirke's S class)."""
+    bsz, d = a.shape
+    s = a + b
+    answer = torch.zeros(bsz, d + 1, dtype=torch.long)
+    case = torch.zeros(bsz, d + 1, dtype=torch.long)
+    carry = torch.zeros(bsz, dtype=torch.long)
+    depth = torch.zeros(bsz, dtype=torch.long)  # 0: no carry in; else 1 + number of sum-9 pairs it rippled through
+    for i in range(d + 1):
+        si = s[:, i] if i < d else torch.zeros(bsz, dtype=torch.long)
+        total = si + carry
+        answer[:, i] = total % 10
+        case[:, i] = depth
+        out = total >= 10
+        # the carry out of i: made here (si >= 10, depth 1) or passed on by a sum-9 pair (depth + 1)
+        depth = torch.where(si >= 10, torch.ones_like(depth), torch.where(out, depth + 1, torch.zeros_like(depth)))
+        carry = out.long()
+    kind = torch.where(s >= 10, 2, torch.where(s == 9, 1, 0))
+    place = torch.arange(d + 1)
+    kind = torch.where(place[None, :d] < n[:, None], kind, -1)
+    case = torch.where(place[None] <= n[:, None], case, -1)
+    complexity = torch.where((kind == 2).any(1), case.max(1).values.clamp(min=1), torch.zeros(bsz, dtype=torch.long))
+    return answer, kind, case, complexity
+
+
+def make_sums(a, b, n=None, *, reverse_answer: bool = True, reverse_operands: bool = False) -> TaskData:
+    """Integer-addition data from operand digits ``a, b [batch, digit]`` (units first; ``n [batch]`` digit counts,
+    default: all columns) or from lists of Python ints (``make_sums([99999], [1], [5])``)."""
+    if not isinstance(a, Tensor):
+        a, b, n = digits_of(a, b, n)
+    a, b = torch.as_tensor(a, dtype=torch.long), torch.as_tensor(b, dtype=torch.long)
+    if a.ndim != 2 or a.shape != b.shape or a.shape[0] == 0:
+        raise TaskError(f"operand digits must be two [batch, digit] tensors of one shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if int(torch.cat([a, b]).min()) < 0 or int(torch.cat([a, b]).max()) > 9:
+        raise TaskError("operand digits must lie in 0..9")
+    n = torch.full((a.shape[0],), a.shape[1]) if n is None else torch.as_tensor(n, dtype=torch.long)
+    if int(n.min()) < 1 or int(n.max()) > a.shape[1]:
+        raise TaskError(f"digit counts must lie in 1..{a.shape[1]}, got {n.tolist()[:8]}")
+    answer, kind, case, complexity = carry_structure(a, b, n)
+    bsz = a.shape[0]
+    t = seq_len(int(n.max()))
+    tokens = torch.full((bsz, t), PAD, dtype=torch.long)
+    targets = torch.full((bsz, t), IGNORE, dtype=torch.long)
+    for m in n.unique().tolist():
+        rows = (n == m).nonzero().squeeze(1)
+        ops = [a[rows, :m], b[rows, :m]]
+        ops = [x if reverse_operands else x.flip(1) for x in ops]
+        ans = answer[rows, : m + 1]
+        ans = ans if reverse_answer else ans.flip(1)
+        col = lambda v: torch.full((len(rows), 1), v, dtype=torch.long)
+        seq = torch.cat([col(BOS), ops[0], col(PLUS), ops[1], col(EQ), ans, col(EOS)], 1)
+        tokens[rows, : seq.shape[1]] = seq
+        start = 2 * m + 3  # position of the first answer digit
+        targets[rows, start - 1 : start + m + 1] = seq[:, start : start + m + 2]
+    start = 2 * n + 3
+    return TaskData(
+        task=IntegerAddition.name, tokens=tokens, targets=targets, answer_pos=start - 1, labels=tokens[torch.arange(bsz), start],
+        lengths=seq_len(n), vocab=VOCAB,
+        fields={"a": a, "b": b, "n_digits": n, "answer": answer, "pair_kind": kind, "digit_case": case,
+                "complexity": complexity, "answer_start": start,
+                "reverse_answer": torch.full((bsz,), int(reverse_answer))},
+    )
+
+
+def digits_of(a: list[int], b: list[int], n: list[int] | None = None):
+    """Python ints -> units-first digit tensors ``[batch, width]`` and digit counts (default: the longer operand)."""
+    a, b = [int(x) for x in a], [int(x) for x in b]
+    if len(a) != len(b) or not a or min(a + b) < 0:
+        raise TaskError("give two equally long, non-empty lists of non-negative integers")
+    need = [max(len(str(x)), len(str(y))) for x, y in zip(a, b)]
+    n = need if n is None else [int(x) for x in n]
+    if any(m < k for m, k in zip(n, need)):
+        raise TaskError(f"digit counts {n} are too small for the operands (need {need})")
+    w = max(n)
+    to = lambda xs: torch.tensor([[(x // 10 ** i) % 10 for i in range(w)] for x in xs], dtype=torch.long)
+    return to(a), to(b), torch.tensor(n)
+
+
+def answer_positions(data: TaskData) -> Int[Tensor, "batch digit"]:
+    """``[batch, max n + 1]``: the position whose prediction is the answer digit of place value ``10**i`` (column
+    ``i``); columns beyond an example's ``n + 1`` digits repeat its last valid position (mask with digit_case >= 0)."""
+    n = data.fields["n_digits"]
+    start = data.fields["answer_start"]
+    i = torch.arange(int(n.max()) + 1, device=n.device)[None]
+    i = torch.minimum(i, n[:, None])
+    rev = data.fields["reverse_answer"][:, None].bool()
+    offset = torch.where(rev, i, n[:, None] - i)
+    return start[:, None] - 1 + offset
+
+
+def digit_correct(preds: Int[Tensor, "batch pos"], data: TaskData) -> Tensor:
+    """``[batch, max n + 1]`` bool: the prediction of answer digit ``10**i`` is right (False beyond the answer)."""
+    pos = answer_positions(data).to(preds.device)
+    got = preds.gather(1, pos)
+    want = data.fields["answer"][:, : pos.shape[1]].to(preds.device)
+    return (got == want) & (data.fields["digit_case"][:, : pos.shape[1]].to(preds.device) >= 0)
