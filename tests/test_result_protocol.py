@@ -53,8 +53,8 @@ def _nm_results(ck):
 
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:  # a short run that halves (threshold 0: at the first validation)
-        cfg = TrainConfig(epochs=3, batch_size=64, lr=1e-2, warmup_steps=5, halving="random", halving_threshold=0.0)
+    with tempfile.TemporaryDirectory() as tmp:  # a short run that halves (threshold 0.01: at the first validation)
+        cfg = TrainConfig(epochs=3, batch_size=64, lr=1e-2, warmup_steps=5, halving="random", halving_threshold=0.01)
         halved = train_halving(t, ck.spec, cfg, f"{tmp}/h.safetensors", device="cpu", progress=False)
     return {
         "HalvingHistory": halving_history(halved),
@@ -115,6 +115,23 @@ def _ma_results():
     }
 
 
+def _ia_results():
+    from analyses.integer_addition.ablation import component_ablation
+    from analyses.integer_addition.accuracy import accuracy_by_case, accuracy_by_length
+    from analyses.integer_addition.suite import analyze
+
+    task = get_task("integer-addition", digits=[3, 3], train_size=64, val_size=16, test_size=64, cascades_size=32)
+    spec = ModelSpec(**{**task.default_spec(), "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32})
+    ck = Checkpoint(build_model(spec, device="cpu"), task, spec=spec)
+    test = task.dataset("test")
+    return {
+        "CaseAccuracy": accuracy_by_case(ck.model, test),
+        "LengthAccuracy": accuracy_by_length(ck.model, task, [1, 2, 3], n=16),
+        "DigitAblation": component_ablation(ck.model, test),
+        "AdditionAnalysis": analyze(ck),
+    }
+
+
 def _result_classes() -> set[str]:
     names = set()
     for info in pkgutil.walk_packages(analyses.__path__, "analyses."):
@@ -127,7 +144,7 @@ def _result_classes() -> set[str]:
 
 @pytest.fixture(scope="module")
 def results(nm, rt):
-    return {**_nm_results(nm), **_rt_results(rt), **_ma_results()}
+    return {**_nm_results(nm), **_rt_results(rt), **_ma_results(), **_ia_results()}
 
 
 def test_every_result_type_is_covered(results):
