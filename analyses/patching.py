@@ -243,14 +243,7 @@ def _last_layer_rows(model, resid: Float[Tensor, "row pos d_model"], at: Int[Ten
             v[changed] = torch.einsum("md,hde->mhe", hc, a.W_V) + a.b_V
     hq = blk.ln1(resid[rows, at][:, None])[:, 0]
     q = torch.einsum("rd,hde->rhe", hq + shortformer[rows, at] if shortformer is not None else hq, a.W_Q) + a.b_Q
-    scores = torch.einsum("rhe,rthe->rht", q, k) / a.attn_scale
-    future = torch.arange(T, device=resid.device)[None, :] > at[:, None]
-    pattern = scores.masked_fill(future[:, None, :], float("-inf")).softmax(-1)
-    z = torch.einsum("rht,rthe->rhe", pattern, v)
-    out = resid[rows, at] + torch.einsum("rhe,hed->rd", z, a.W_O) + a.b_O
-    if not model.cfg.attn_only:
-        out = out + blk.mlp(blk.ln2(out[:, None]))[:, 0]
-    return out
+    return _attend_from_row(model, resid, at, q, k, v)
 
 
 def _last_layer_rows_split(model, resid, at, shortformer, adds) -> Tensor:
@@ -266,8 +259,18 @@ def _last_layer_rows_split(model, resid, at, shortformer, adds) -> Tensor:
     q = torch.einsum("rhd,hde->rhe", hq, a.W_Q) + a.b_Q
     k = torch.einsum("rthd,hde->rthe", blk.ln1(inp["k"]) + sf, a.W_K) + a.b_K
     v = torch.einsum("rthd,hde->rthe", blk.ln1(inp["v"]), a.W_V) + a.b_V
+    return _attend_from_row(model, resid, at, q, k, v)
+
+
+def _attend_from_row(model, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, "row"],
+                     q: Float[Tensor, "row head d_head"], k: Float[Tensor, "row pos head d_head"],
+                     v: Float[Tensor, "row pos head d_head"]) -> Float[Tensor, "row d_model"]:
+    """The last layer's output at position ``at`` of each row from its query there and every key and value:
+    causal attention, W_O, the residual, and the MLP when the model has one."""
+    blk, a = model.blocks[-1], model.blocks[-1].attn
+    rows = torch.arange(resid.shape[0], device=resid.device)
     scores = torch.einsum("rhe,rthe->rht", q, k) / a.attn_scale
-    future = torch.arange(T, device=resid.device)[None, :] > at[:, None]
+    future = torch.arange(resid.shape[1], device=resid.device)[None, :] > at[:, None]
     pattern = scores.masked_fill(future[:, None, :], float("-inf")).softmax(-1)
     z = torch.einsum("rht,rthe->rhe", pattern, v)
     out = resid[rows, at] + torch.einsum("rhe,hed->rd", z, a.W_O) + a.b_O

@@ -14,19 +14,15 @@ Batched paths timed (each includes its own forward pass over the data):
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from analyses.ablation import head_subsets, learned_accuracy, learned_accuracy_loop
 from analyses.answer_cache import cache_answer
 from interp.checkpoint import load_checkpoint
+from timing import timed  # benchmarks/timing.py (the script's folder is on sys.path)
 
 
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
 
 
 def main() -> None:

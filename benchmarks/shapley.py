@@ -17,7 +17,6 @@ extrapolated. Both include their own forward passes. The values on the sampled c
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
@@ -25,12 +24,9 @@ from analyses.ablation import learned_accuracy_loop
 from analyses.coalitions import coalition_evaluator, coalition_values
 from analyses.shapley import shapley
 from interp.checkpoint import load_checkpoint
+from timing import timed  # benchmarks/timing.py (the script's folder is on sys.path)
 
 
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
 
 
 def main() -> None:
