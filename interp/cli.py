@@ -127,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", required=True, help="the sweep directory (runs/ and results.jsonl); rerun to resume")
     sw.add_argument("--group", type=_positive_int, default=100,
                     help="models trained together as one batched computation (one-layer attention-only; default 100)")
+    sw.add_argument("--halving", choices=["random", "svc", "learned", "shapley-svc", "shapley-learned",
+                                          "mask-all-but-one"], default=None,
+                    help="halving heads for every run (or vary it: --grid halving=svc,random)")
+    sw.add_argument("--halving-threshold", type=_threshold, default=None)
+    sw.add_argument("--backend", choices=["local", "ray"], default="local",
+                    help="local: groups one after another here; ray: each group a Ray task (local Ray instance, or "
+                         "--ray-address of a running cluster)")
+    sw.add_argument("--ray-address", default=None, help="e.g. auto, or ray://host:10001 (default: start a local one)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(sw)
 
@@ -187,7 +195,7 @@ def _train_setup(args):
     spec = ModelSpec(**{**spec_kw, "init_seed": seed})
     train_kw = dict(task.default_train())
     for key in TRAIN_KEYS:
-        if getattr(args, key, None) is not None:  # (sweep has no halving options)
+        if getattr(args, key, None) is not None:
             train_kw[key] = getattr(args, key)
     cfg = TrainConfig(**{**train_kw, "seed": seed, "save_every": args.save_every or 5})
     out = Path(args.out) if args.out else Path("runs") / f"{task.name}-seed{seed}.safetensors"
@@ -348,8 +356,11 @@ def cmd_sweep(args) -> int:
     seeds, grid = parse_seeds(args.seeds), parse_grid(args.grid)
     args.seed, args.save_every = seeds[0], None
     task, spec, cfg, _ = _train_setup(args)
+    from analyses.halving import scorer  # the CLI wires interp to analyses: halving runs score heads with it
+
     rows = run_sweep(task, spec, cfg, seeds, grid, args.out, group=args.group, device=args.device,
-                     progress=not args.quiet)
+                     progress=not args.quiet, backend=args.backend, ray_address=args.ray_address,
+                     threads=args.threads, scorer_for=scorer)
     print(f"{args.out}: {len(rows)} runs; `interp table {args.out}` summarises them")
     return 0
 

@@ -6,6 +6,9 @@ finished run, rewritten atomically after every group of runs). Runs that can be 
 seed and learning rate, a one-layer attention-only model) are trained together by :func:`interp.population.
 train_population`, in groups of ``group`` models; others one at a time by :func:`interp.training.train`.
 
+Groups can also run as Ray tasks (``backend="ray"``: a local Ray instance, or a cluster's address), each writing
+its own checkpoints; the driver writes the rows as groups finish.
+
 Nothing is lost: a sweep started again with the same arguments skips every run whose checkpoint exists (and adds
 its row if the table lacks it), so after ``kill -9`` only the group in flight is trained again (to the same
 weights: every run is deterministic for its seed). Nothing is deleted.
@@ -18,14 +21,15 @@ import json
 import math
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from tqdm.auto import tqdm
 
 from .errors import ConfigError
 
 SPEC_GRID = ("d_model", "n_heads", "d_head", "n_layers", "positional", "output_matrix")
-TRAIN_GRID = ("lr", "weight_decay", "dropout", "dropout_at", "batch_size", "epochs", "keep", "patience")
+TRAIN_GRID = ("lr", "weight_decay", "dropout", "dropout_at", "batch_size", "epochs", "keep", "patience", "halving",
+              "halving_threshold")
 RESULTS = "results.jsonl"
 
 
@@ -98,7 +102,7 @@ def _batch_key(run) -> tuple:
 def _row(run, prov: dict[str, Any], path: Path) -> dict[str, Any]:
     return {"name": run["name"], **run["point"], "seed": run["seed"], "checkpoint": str(path),
             "accuracy": prov["accuracy"], "kept_epoch": prov["kept_epoch"], "epochs_run": prov["epochs_run"],
-            "population": prov.get("population")}
+            "population": prov.get("population"), "halving_result": prov.get("halving")}
 
 
 def read_results(directory) -> list[dict[str, Any]]:
@@ -122,15 +126,56 @@ def _write_results(directory: Path, rows: list[dict[str, Any]]) -> None:
                  "the sweep's results table")
 
 
-def run_sweep(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, list], directory, *,
-              group: int = 100, device: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
-    """Train every run of the sweep not yet in ``directory``; return the results table (one row per run)."""
-    from .checkpoint import read_metadata
+def train_group(task, specs, cfgs, paths, *, device: str | None = None, threads: int | None = None,
+                scorer_for: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
+    """Train one group of runs: as one population where they can be batched, else one at a time (halving runs get
+    ``scorer_for(strategy)`` as their head scorer). What a sweep runs locally, or as one Ray task."""
+    import torch
+
     from .population import check_population, train_population
     from .training import train
 
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        check_population(specs, cfgs)
+        batchable = True
+    except ConfigError:  # another shape or recipe: one at a time
+        batchable = False
+    if batchable:
+        return train_population(task, specs, cfgs, paths, device=device, progress=False)
+    provs = []
+    for s, c, p in zip(specs, cfgs, paths):
+        if c.halving is not None and scorer_for is None:
+            raise ConfigError("halving runs in a sweep need a head scorer (the CLI passes analyses.halving.scorer)")
+        scorer = scorer_for(c.halving) if c.halving is not None else None
+        provs.append(train(task, s, c, p, device=device, progress=False, head_scorer=scorer))
+    return provs
+
+
+def _ray_train_group(task_name, task_params, specs, cfgs, paths, device, threads, scorer_for):
+    """:func:`train_group` in a Ray worker (the task is rebuilt there from its name and parameters)."""
+    from tasks import get_task
+
+    return train_group(get_task(task_name, **task_params), specs, cfgs, paths, device=device, threads=threads,
+                       scorer_for=scorer_for)
+
+
+def run_sweep(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, list], directory, *,
+              group: int = 100, device: str | None = None, progress: bool = True, backend: str = "local",
+              ray_address: str | None = None, threads: int | None = None,
+              scorer_for: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
+    """Train every run of the sweep not yet in ``directory``; return the results table (one row per run).
+
+    ``backend="local"`` trains the groups one after another in this process; ``"ray"`` submits each group as one
+    Ray task (to the cluster at ``ray_address``, or to a local one started here) and writes each group's rows as
+    it finishes. Either way a rerun resumes: finished runs are skipped."""
+    from .checkpoint import read_metadata
+
     if group < 1:
         raise ConfigError(f"group must be at least 1, got {group}")
+    if backend not in ("local", "ray"):
+        raise ConfigError(f"unknown sweep backend {backend!r}; expected 'local' or 'ray'")
     directory = Path(directory)
     (directory / "runs").mkdir(parents=True, exist_ok=True)
     runs = plan(task, base_spec, base_cfg, seeds, grid)
@@ -146,29 +191,49 @@ def run_sweep(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, l
     _write_results(directory, [rows[r["name"]] for r in runs if r["name"] in rows])
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc=f"sweep {task.name}", unit="run",
                disable=not progress)
-    groups: dict[tuple, list] = {}
+    by_key: dict[tuple, list] = {}
     for run in todo:
-        groups.setdefault(_batch_key(run), []).append(run)
-    for members in groups.values():
-        for start in range(0, len(members), group):
-            chunk = members[start:start + group]
-            paths = [directory / "runs" / f"{r['name']}.safetensors" for r in chunk]
-            specs, cfgs = [r["spec"] for r in chunk], [r["cfg"] for r in chunk]
-            try:
-                check_population(specs, cfgs)
-                batched = True
-            except ConfigError:
-                batched = False
-            if batched:
-                provs = train_population(task, specs, cfgs, paths, device=device, progress=False)
-            else:
-                provs = [train(task, s, c, p, device=device, progress=False) for s, c, p in zip(specs, cfgs, paths)]
-            for run, prov, path in zip(chunk, provs, paths):
-                rows[run["name"]] = _row(run, prov, path)
-            _write_results(directory, [rows[r["name"]] for r in runs if r["name"] in rows])
-            bar.update(len(chunk))
+        by_key.setdefault(_batch_key(run), []).append(run)
+    chunks = [members[i:i + group] for members in by_key.values() for i in range(0, len(members), group)]
+
+    def finished(chunk, provs) -> None:
+        for run, prov in zip(chunk, provs):
+            rows[run["name"]] = _row(run, prov, directory / "runs" / f"{run['name']}.safetensors")
+        _write_results(directory, [rows[r["name"]] for r in runs if r["name"] in rows])
+        bar.update(len(chunk))
+
+    def args_of(chunk):
+        return ([r["spec"] for r in chunk], [r["cfg"] for r in chunk],
+                [directory / "runs" / f"{r['name']}.safetensors" for r in chunk])
+
+    if backend == "local":
+        for chunk in chunks:
+            finished(chunk, train_group(task, *args_of(chunk), device=device, threads=threads, scorer_for=scorer_for))
+    elif chunks:
+        _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ray_address)
     bar.close()
     return [rows[r["name"]] for r in runs]
+
+
+def _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, address) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("the ray backend needs Ray: pip install 'ray>=2.9'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        remote = ray.remote(num_cpus=1)(_ray_train_group)
+        pending = {remote.remote(task.name, task.params(), *args_of(chunk), device, threads or 1, scorer_for): chunk
+                   for chunk in chunks}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                finished(pending.pop(ref), ray.get(ref))
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -185,15 +250,17 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
 def population_table(rows: Sequence[dict[str, Any]], *, split: str = "test", threshold: float = 1.0
                      ) -> list[dict[str, Any]]:
     """Table 1's statistic per configuration: the share of runs whose ``split`` accuracy reaches ``threshold``
-    (the seed: 100% test accuracy), with its 95% Wilson interval, and the mean accuracy."""
+    (the seed: 100% test accuracy; a failed halving run counts 0), with its 95% Wilson interval, and the mean."""
     configs: dict[str, list] = {}
     for r in rows:
         point = {k: v for k, v in r.items() if k not in ("name", "seed", "checkpoint", "accuracy", "kept_epoch",
-                                                          "epochs_run", "population")}
+                                                          "epochs_run", "population", "halving_result")}
         configs.setdefault(json.dumps(point, sort_keys=True), []).append(r)
     table = []
     for key, members in configs.items():
-        accs = [m["accuracy"][split] for m in members]
+        # a halving run that did not end with one head is a failure and scores 0 (seed 000 §5.5)
+        accs = [0.0 if (m.get("halving_result") or {}).get("success") is False else m["accuracy"][split]
+                for m in members]
         hits = sum(a >= threshold for a in accs)
         lo, hi = wilson_interval(hits, len(accs))
         table.append({**json.loads(key), "runs": len(accs), f"share_{split}_at_{threshold:g}": hits / len(accs),

@@ -107,3 +107,42 @@ def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task
     assert main(["table", str(killed), "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
     assert table[0]["runs"] == 4 and 0 <= table[0]["ci_low"] <= table[0]["ci_high"] <= 1
+
+
+def test_ray_backend_on_a_real_local_cluster_equals_local(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    """Groups as Ray tasks on a real local Ray instance (2 CPUs): the same rows and weights as the local backend."""
+    ray = pytest.importorskip("ray")
+    cfg = tiny_cfg(epochs=2)
+    local = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path / "local", group=1,
+                      device="cpu", progress=False, threads=1)
+    before = torch.get_num_threads()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path / "ray", group=1,
+                           device="cpu", progress=False, backend="ray", threads=1)
+    finally:
+        ray.shutdown()
+        torch.set_num_threads(before)
+    assert [r["name"] for r in remote] == [r["name"] for r in local]
+    assert [r["accuracy"] for r in remote] == [r["accuracy"] for r in local]
+    assert read_results(tmp_path / "ray") == remote
+    for a, b in zip(local, remote):
+        wa, wb = load_file(a["checkpoint"]), load_file(b["checkpoint"])
+        for k in wa:
+            if wa[k].is_floating_point():
+                torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=0, equal_nan=True)
+
+
+def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    from analyses.halving import scorer
+
+    cfg = tiny_cfg(epochs=3, halving="random", halving_threshold=0.01)
+    rows = run_sweep(tiny_task, tiny_spec, cfg, [0], {"halving": ["random", "learned"]}, tmp_path, group=4,
+                     device="cpu", progress=False, scorer_for=scorer)
+    assert [r["halving"] for r in rows] == ["random", "learned"]
+    assert all(r["halving_result"]["success"] for r in rows)  # 4 heads -> 2 -> 1 in three epochs
+    failed = [{**rows[0], "halving_result": {**rows[0]["halving_result"], "success": False},
+               "accuracy": {"test": 1.0}}]
+    assert population_table(failed)[0]["mean_test_accuracy"] == 0.0  # the seed: a run left with > 1 head scores 0
+    with pytest.raises(ConfigError, match="head scorer"):
+        run_sweep(tiny_task, tiny_spec, cfg, [1], {}, tmp_path / "x", device="cpu", progress=False)
