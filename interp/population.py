@@ -125,20 +125,27 @@ def stacked_count_logits(P: dict[str, Tensor], query_tok: Int[Tensor, "K batch k
     before attention, from token counts: attention to a token is shared by all its occurrences, so the softmax
     over positions is a softmax over the vocabulary with ``log(count)`` added to the scores. Cost per query
     ``O(vocab x heads x d_head)`` instead of ``O(pos x heads x d_head)``; equal up to float rounding."""
-    K = query_tok.shape[0]
-    E = P["embed.W_E"]
-    ks = torch.arange(K, device=query_tok.device)[:, None, None]
-    xq = P["embed.W_E"][ks, query_tok]  # [K, b, k, d]
-    q = torch.einsum("Kbkd,Khde->Kbkhe", xq, P["blocks.0.attn.W_Q"]) + P["blocks.0.attn.b_Q"][:, None, None]
-    keys = torch.einsum("Kvd,Khde->Khve", E, P["blocks.0.attn.W_K"]) + P["blocks.0.attn.b_K"][:, :, None]
-    vals = torch.einsum("Kvd,Khde->Khve", E, P["blocks.0.attn.W_V"]) + P["blocks.0.attn.b_V"][:, :, None]
-    # vocabulary before heads: PyTorch's CPU softmax is ~10x slower over a short last dimension than over another
-    scores = torch.einsum("Kbkhe,Khve->Kbkvh", q, keys) / attn_scale + counts.log()[..., None]
-    z = torch.einsum("Kbkvh,Khve->Kbkhe", scores.softmax(-2), vals)
-    out = torch.einsum("Kbkhe,Khed->Kbkd", z, P["blocks.0.attn.W_O"]) + P["blocks.0.attn.b_O"][:, None, None]
+    K, b, k = query_tok.shape
+    W_E, W_Q, W_K, W_V, W_O = (P[n] for n in ("embed.W_E", "blocks.0.attn.W_Q", "blocks.0.attn.W_K",
+                                               "blocks.0.attn.W_V", "blocks.0.attn.W_O"))
+    H, d, e = W_Q.shape[1:]
+    V = W_E.shape[1]
+    # laid out for batched matmuls: heads outside, then vocabulary / queries; the softmax runs over the vocabulary
+    # as the second-to-last axis (PyTorch's CPU softmax is ~10x slower over a short last axis)
+    ks = torch.arange(K, device=query_tok.device)[:, None]
+    xq = W_E[ks, query_tok.reshape(K, b * k)]  # [K, bk, d]
+    q = torch.matmul(xq[:, None], W_Q) + P["blocks.0.attn.b_Q"][:, :, None]  # [K, H, bk, e]
+    keys = torch.matmul(W_E[:, None], W_K) + P["blocks.0.attn.b_K"][:, :, None]  # [K, H, V, e]
+    vals = torch.matmul(W_E[:, None], W_V) + P["blocks.0.attn.b_V"][:, :, None]  # [K, H, V, e]
+    scores = torch.matmul(keys, q.transpose(-1, -2)) / attn_scale  # [K, H, V, bk]
+    scores = scores + counts.reshape(K, b * k, V).log().transpose(1, 2)[:, None]
+    z = torch.matmul(vals.transpose(-1, -2), scores.softmax(-2))  # [K, H, e, bk]
+    out = torch.matmul(z.permute(0, 3, 1, 2).reshape(K, b * k, H * e), W_O.reshape(K, H * e, d))
+    out = (out + P["blocks.0.attn.b_O"][:, None]).view(K, b, k, d)
     if out_mask is not None:
         out = out * out_mask
-    return torch.einsum("Kbkd,Kdv->Kbkv", xq + out, P["unembed.W_U"]) + P["unembed.b_U"][:, None, None]
+    resid = xq.view(K, b, k, d) + out
+    return torch.matmul(resid.view(K, b * k, d), P["unembed.W_U"]).view(K, b, k, -1) + P["unembed.b_U"][:, None, None]
 
 
 def _dropout_mask(shape, p: float, gen: torch.Generator, device) -> Tensor:
