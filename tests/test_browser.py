@@ -81,7 +81,7 @@ def box(element) -> tuple[float, float]:
     return (b["width"], b["height"]) if b else (0.0, 0.0)
 
 
-@pytest.mark.parametrize("name", ["noisy-majority", "repeated-tokens"])
+@pytest.mark.parametrize("name", ["noisy-majority", "repeated-tokens", "modular-addition", "integer-addition"])
 def test_report_renders_offline_in_chromium(name, browser, shipped_report):
     path, _ = shipped_report(name)
     text = path.read_text(encoding="utf-8")
