@@ -100,7 +100,7 @@ def evaluate(model, task, data: TaskData, *, full_forward: bool = False) -> dict
     """The task's metrics (``accuracy`` first) of ``model`` on ``data``.
 
     One-layer attention-only models on tasks with a few target positions per sequence use the exact
-    query-restricted forward of :mod:`interp.fast` (tested equal to ``model(tokens)``, ~50x faster);
+    query-restricted forward of :mod:`interp.query_forward` (tested equal to ``model(tokens)``, ~50x faster);
     ``full_forward=True`` forces TransformerLens' full forward."""
     task.check_data(data)
     check_model_task(model, task)
