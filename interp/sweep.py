@@ -127,7 +127,7 @@ def _write_results(directory: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def train_group(task, specs, cfgs, paths, *, device: str | None = None, threads: int | None = None,
-                scorer_for: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
+                scorer_for: Callable[[str], Any] | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """Train one group of runs: as one population where they can be batched, else one at a time (halving runs get
     ``scorer_for(strategy)`` as their head scorer). What a sweep runs locally, or as one Ray task."""
     import torch
@@ -143,7 +143,7 @@ def train_group(task, specs, cfgs, paths, *, device: str | None = None, threads:
     except ConfigError:  # another shape or recipe: one at a time
         batchable = False
     if batchable:
-        return train_population(task, specs, cfgs, paths, device=device, progress=False)
+        return train_population(task, specs, cfgs, paths, device=device, progress=progress)
     provs = []
     for s, c, p in zip(specs, cfgs, paths):
         if c.halving is not None and scorer_for is None:
@@ -208,7 +208,8 @@ def run_sweep(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, l
 
     if backend == "local":
         for chunk in chunks:
-            finished(chunk, train_group(task, *args_of(chunk), device=device, threads=threads, scorer_for=scorer_for))
+            finished(chunk, train_group(task, *args_of(chunk), device=device, threads=threads, scorer_for=scorer_for,
+                                        progress=progress))
     elif chunks:
         _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ray_address)
     bar.close()
