@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
                    help="override a task parameter, e.g. --set 'test_lengths=[201,400]' (length generalisation; a model "
                         "without positional embedding takes sequences longer than its training context)")
+    e.add_argument("--splits", default=None, metavar="S1,S2",
+                   help="only these splits, e.g. --splits test,val (default: every split of the task)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     _add_common(e)
 
@@ -288,7 +290,15 @@ def cmd_eval(args) -> int:
     _set_threads(args)
     params = _parse_task_params(args.task_params)
     ckpt = load_checkpoint(args.checkpoint, device=args.device, task_params=params or None)
-    metrics = evaluate_splits(ckpt.model, ckpt.task)
+    splits = None
+    if args.splits:
+        from interp.errors import TaskError
+
+        splits = [x.strip() for x in args.splits.split(",") if x.strip()]
+        unknown = [x for x in splits if x not in ckpt.task.splits]
+        if unknown or not splits:
+            raise TaskError(f"--splits {args.splits!r}: {ckpt.task.name} has the splits {', '.join(ckpt.task.splits)}")
+    metrics = evaluate_splits(ckpt.model, ckpt.task, splits)
     if args.json:
         print(json.dumps({
             "task": ckpt.task.name, "checkpoint": str(ckpt.path), "task_params": ckpt.task.params(),

@@ -96,3 +96,14 @@ def test_errors_from_a_real_process_have_no_traceback():
     assert proc.stderr.strip().startswith("interp: error: no checkpoint file") and "Traceback" not in proc.stderr
     proc = run_cli("train", "noisy-majority", "--lr", "abc")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "--lr" in proc.stderr
+
+
+def test_eval_of_chosen_splits(capsys):
+    from interp.cli import main
+
+    assert main(["eval", "noisy-majority", "--splits", "test,val", "--json", "--threads", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["accuracy"]) == ["test", "val"]
+    assert main(["eval", "noisy-majority", "--splits", "tset"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train, val, test" in err
