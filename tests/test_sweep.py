@@ -75,8 +75,9 @@ def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_sp
 
 
 def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task, capsys):
-    args = [sys.executable, "-m", "interp", "sweep", "noisy-majority", "--seeds", "0..3", "--group", "1",
-            "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--epochs", "2", "--batch-size", "64", "--lr", "0.01",
+    # 8 runs of 4 epochs, killed as soon as the first row is written: the other 7 cannot finish within one poll
+    args = [sys.executable, "-m", "interp", "sweep", "noisy-majority", "--seeds", "0..7", "--group", "1",
+            "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--epochs", "4", "--batch-size", "64", "--lr", "0.01",
             "--threads", "1", "--quiet"]
     for k in ("train_size", "val_size", "test_size", "train_lengths", "val_lengths", "test_lengths"):
         args += ["--set", f"{k}={json.dumps(tiny_task.params()[k]).replace(' ', '')}"]
@@ -86,11 +87,11 @@ def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task
     deadline = time.time() + 300
     while time.time() < deadline and len(read_results(killed) if (killed / "results.jsonl").exists() else []) < 1:
         assert proc.poll() is None, proc.stderr.read().decode()[-800:]
-        time.sleep(0.2)
+        time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     done_before = len(read_results(killed))
-    assert 1 <= done_before < 4
+    assert 1 <= done_before < 8
     assert subprocess.run(args + ["--out", str(killed)], env=env, cwd=tmp_path).returncode == 0
     from interp.cli import main
     from interp.model import ModelSpec
@@ -98,7 +99,7 @@ def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task
 
     whole = tmp_path / "whole"  # the same sweep, uninterrupted, in this process
     spec = ModelSpec(**{**tiny_task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
-    run_sweep(tiny_task, spec, TrainConfig(epochs=2, batch_size=64, lr=0.01), [0, 1, 2, 3], {}, whole, group=1,
+    run_sweep(tiny_task, spec, TrainConfig(epochs=4, batch_size=64, lr=0.01), list(range(8)), {}, whole, group=1,
               device="cpu", progress=False)
     a, b = read_results(killed), read_results(whole)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "checkpoint"} for r in rows]  # noqa: E731
@@ -106,7 +107,7 @@ def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task
     capsys.readouterr()
     assert main(["table", str(killed), "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
-    assert table[0]["runs"] == 4 and 0 <= table[0]["ci_low"] <= table[0]["ci_high"] <= 1
+    assert table[0]["runs"] == 8 and 0 <= table[0]["ci_low"] <= table[0]["ci_high"] <= 1
 
 
 def test_ray_backend_on_a_real_local_cluster_equals_local(tmp_path, tiny_task, tiny_spec, tiny_cfg):
