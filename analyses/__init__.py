@@ -31,7 +31,8 @@ _NAMES = {
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
     "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
-    "analyses.patching": ["ActivationPatching", "PathPatching", "activation_patching", "path_patching", "variant_metric"],
+    "analyses.patching": ["ActivationPatching", "PathPatching", "activation_patching", "path_patching",
+                          "path_patching_loop", "variant_metric"],
     # noisy majority (seed 000 §5)
     "analyses.noisy_majority.attention_ratios": ["AttentionRatios", "attention_ratios", "measured_attention_ratios",
                                                  "exact_attention_ratios"],

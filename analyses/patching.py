@@ -681,3 +681,35 @@ def path_patching(model, clean, corrupted, metric: "str | Callable" = "logit_dif
         model.set_use_split_qkv_input(was)
     return PathPatching(values=values, senders=senders, receivers=receivers, direction=direction, metric=metric.name,
                         clean=clean_m, corrupted=corr_m, qkv=qkv, n_examples=B)
+
+
+def path_patching_loop(model, clean, corrupted, metric: Callable, senders, receivers,
+                       direction: str = "denoising") -> Float[Tensor, "sender receiver qkv"]:
+    """The slow reference for :func:`path_patching`: one ``run_with_hooks`` per (sender, receiver, input), adding the
+    sender head's change of output (``hook_z`` through its ``W_O``) to that one receiver's query, key or value input
+    only. ``metric`` maps logits to a number; ``senders``/``receivers`` are ``(layer, head)`` pairs. Used by the
+    tests and ``benchmarks/patching.py``."""
+    base, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
+    out = torch.full((len(senders), len(receivers), 3), float("nan"))
+    with torch.inference_mode():
+        _, bc = model.run_with_cache(base.tokens)
+        _, sc = model.run_with_cache(source.tokens)
+    model.set_use_split_qkv_input(True)
+    try:
+        with torch.inference_mode():
+            for i, (sl, sh) in enumerate(senders):
+                z = f"blocks.{sl}.attn.hook_z"
+                delta = (sc[z][:, :, sh] - bc[z][:, :, sh]) @ model.W_O[sl, sh]
+                for j, (rl, rh) in enumerate(receivers):
+                    if rl <= sl:
+                        continue
+                    for k, letter in enumerate(QKV):
+                        def add(x, hook, rh=rh, delta=delta):
+                            x = x.clone()
+                            x[:, :, rh] += delta
+                            return x
+                        logits = model.run_with_hooks(base.tokens, fwd_hooks=[(f"blocks.{rl}.hook_{letter}_input", add)])
+                        out[i, j, k] = float(metric(logits))
+    finally:
+        model.set_use_split_qkv_input(False)
+    return out

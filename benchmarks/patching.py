@@ -27,7 +27,7 @@ import time
 import torch
 
 import transformer_lens.patching as tl_patching
-from analyses.patching import activation_patching, path_patching, variant_metric
+from analyses.patching import activation_patching, path_patching, path_patching_loop, variant_metric
 from analyses.repeated_tokens.corrupt import corrupted_pair
 from interp.checkpoint import load_checkpoint
 
@@ -49,31 +49,6 @@ def best_of(fn, repeats: int):
     return out, best
 
 
-def serial_path_patching(model, clean, corrupted, metric):
-    """One ``run_with_hooks`` per (layer-0 sender, layer-1 receiver, input): the naive way."""
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    with torch.inference_mode():
-        _, base = model.run_with_cache(corrupted.tokens)
-        _, src = model.run_with_cache(clean.tokens)
-    out = torch.full((H, (L - 1) * H, 3), float("nan"))
-    model.set_use_split_qkv_input(True)
-    try:
-        with torch.inference_mode():
-            for s in range(H):
-                delta = (src["blocks.0.attn.hook_z"][:, :, s] - base["blocks.0.attn.hook_z"][:, :, s]) @ model.W_O[0, s]
-                for j, (rl, rh) in enumerate((l, h) for l in range(1, L) for h in range(H)):
-                    for k, letter in enumerate("qkv"):
-                        def add(x, hook, rh=rh, delta=delta):
-                            x = x.clone()
-                            x[:, :, rh] += delta
-                            return x
-                        logits = model.run_with_hooks(corrupted.tokens, fwd_hooks=[(f"blocks.{rl}.hook_{letter}_input", add)])
-                        out[s, j, k] = float(metric(logits))
-    finally:
-        model.set_use_split_qkv_input(False)
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", default="repeated-tokens")
@@ -86,6 +61,7 @@ def main() -> None:
     tl_patching.tqdm = lambda it, **kw: it  # no progress bar in the timed loop
     ckpt = load_checkpoint(args.checkpoint, device=args.device)
     model, task = ckpt.model, ckpt.task
+    L, H = model.cfg.n_layers, model.cfg.n_heads
     cfg = model.cfg
     print(f"{ckpt.path.name}: {cfg.n_layers} layers x {cfg.n_heads} heads, {task.n_ctx} tokens, on "
           f"{next(model.parameters()).device} ({torch.get_num_threads()} thread(s)); best of {args.repeats}")
@@ -109,7 +85,8 @@ def main() -> None:
             print(f"{where + ' ' + per:<20}{n:>6}{ours.values.numel():>9}{t_tl:>13.3f}{t_ours:>11.3f}"
                   f"{t_tl / t_ours:>7.1f}x{diff:>12.2e}")
         ours, t_ours = best_of(lambda: path_patching(model, clean, corrupted, "logit_diff"), args.repeats)
-        slow, t_slow = best_of(lambda: serial_path_patching(model, clean, corrupted, metric), args.repeats)
+        slow, t_slow = best_of(lambda: path_patching_loop(model, clean, corrupted, metric, [(0, h) for h in range(H)],
+                                                          [(l, h) for l in range(1, L) for h in range(H)]), args.repeats)
         diff = float((ours.values - slow).abs().max())
         print(f"{'path q/k/v (loop)':<20}{n:>6}{ours.values.numel():>9}{t_slow:>13.3f}{t_ours:>11.3f}"
               f"{t_slow / t_ours:>7.1f}x{diff:>12.2e}")

@@ -17,7 +17,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens import patching as tl_patching
 
-from analyses.patching import activation_patching, path_patching, variant_metric
+from analyses.patching import activation_patching, path_patching, path_patching_loop, variant_metric
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.task import IGNORE, TaskData
 
@@ -184,31 +184,6 @@ def test_per_layer_equals_a_loop_of_run_with_hooks():
             assert float(r.values[l]) == pytest.approx(float(vm.of_logits(logits.detach())), abs=ATOL)
 
 
-def slow_path_patching(model, clean, corrupted, metric, senders, receivers, direction="denoising"):
-    """One run_with_hooks per (sender, receiver, input): the sender's output change added to that input only."""
-    base, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
-    _, bc = model.run_with_cache(base.tokens)
-    _, sc = model.run_with_cache(source.tokens)
-    out = torch.full((len(senders), len(receivers), 3), float("nan"))
-    model.set_use_split_qkv_input(True)
-    try:
-        for i, (sl, sh) in enumerate(senders):
-            delta = (sc[f"blocks.{sl}.attn.hook_z"][:, :, sh] - bc[f"blocks.{sl}.attn.hook_z"][:, :, sh]) @ model.W_O[sl, sh]
-            for j, (rl, rh) in enumerate(receivers):
-                if rl <= sl:
-                    continue
-                for k, letter in enumerate("qkv"):
-                    def hook(x, hook, rh=rh, delta=delta):
-                        x = x.clone()
-                        x[:, :, rh] += delta
-                        return x
-                    logits = model.run_with_hooks(base.tokens, fwd_hooks=[(f"blocks.{rl}.hook_{letter}_input", hook)])
-                    out[i, j, k] = float(metric(logits.detach()))
-    finally:
-        model.set_use_split_qkv_input(False)
-    return out
-
-
 @pytest.mark.parametrize("spec", [dict(n_layers=2, n_heads=1), dict(n_layers=2, n_heads=3),
                                   dict(n_layers=3, n_heads=2, attn_only=False, normalization="LN")],
                          ids=["2L1H", "2L3H", "3L2H-mlp-ln"])
@@ -221,7 +196,7 @@ def test_path_patching_equals_a_slow_loop(spec, direction):
     receivers = [(l, h) for l in range(1, L) for h in range(H)]
     vm = variant_metric("logit_diff", clean, corrupted)
     ours = path_patching(model, clean, corrupted, "logit_diff", senders=senders, receivers=receivers, direction=direction)
-    slow = slow_path_patching(model, clean, corrupted, vm.of_logits, senders, receivers, direction)
+    slow = path_patching_loop(model, clean, corrupted, vm.of_logits, senders, receivers, direction)
     torch.testing.assert_close(ours.values, slow, atol=ATOL, rtol=RTOL, equal_nan=True)
     assert not model.cfg.use_split_qkv_input  # restored
 
