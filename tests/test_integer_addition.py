@@ -218,17 +218,23 @@ def test_rotary_and_none_configs():
         _spec(task, "abacus", digit_tokens=None)
 
 
-@pytest.mark.parametrize("positional", ["standard", "none", "rotary", "random", "abacus"])
-def test_checkpoint_round_trip_per_scheme(tmp_path, positional):
-    task = get_task("integer-addition", digits=2, reverse_operands=True, val_size=50, test_size=50, cascades_size=20)
-    spec = _spec(task, positional)
-    torch.manual_seed(0)
+def _perturbed(spec, seed: int, scale: float):
+    """A model of ``spec`` with noise of ``scale`` added to its trainable weights (so outputs are not near-uniform),
+    in eval mode."""
+    torch.manual_seed(seed)
     model = build_model(spec, "cpu")
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
-                p.add_(0.1 * torch.randn_like(p))
-    model.eval()
+                p.add_(scale * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.mark.parametrize("positional", ["standard", "none", "rotary", "random", "abacus"])
+def test_checkpoint_round_trip_per_scheme(tmp_path, positional):
+    task = get_task("integer-addition", digits=2, reverse_operands=True, val_size=50, test_size=50, cascades_size=20)
+    spec = _spec(task, positional)
+    model = _perturbed(spec, seed=0, scale=0.1)
     path = save_checkpoint(tmp_path / f"{positional}.safetensors", model, spec, task, {"seed": 0})
     ckpt = load_checkpoint(path, device="cpu")
     assert ckpt.spec == spec and ckpt.spec.positional == positional
@@ -260,13 +266,7 @@ def test_training_mode_positions_differ_only_for_random_schemes():
 def small_model():
     task = get_task("integer-addition", digits=[1, 3], max_digits=4, test_size=300, cascades_size=100, val_size=100)
     spec = _spec(task, "standard")
-    torch.manual_seed(1)
-    model = build_model(spec, "cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.3 * torch.randn_like(p))
-    return task, spec, model.eval()
+    return task, spec, _perturbed(spec, seed=1, scale=0.3)
 
 
 def _loop_correct(model, data):
