@@ -111,3 +111,72 @@ def test_a_saved_one_head_checkpoint_round_trips(tmp_path):
     tokens = task.dataset("test").tokens[:4]
     with torch.no_grad():
         assert torch.equal(back.model(tokens), model(tokens))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_shapley_patching_and_population_on_every_shape(shape, tmp_path):
+    """The analyses added after the restructuring on each shape: Shapley values (exact up to 24 heads, sampled for 64;
+    efficiency holds), activation patching of every head (all heads at once restore the clean metric in one-layer
+    models), path patching (two layers), and batched population training (one-layer shapes; two layers refused)."""
+    from analyses.coalitions import coalition_values
+    from analyses.noisy_majority.corrupt import corrupted_pair
+    from analyses.patching import activation_patching, path_patching
+    from analyses.shapley import sampled_shapley, shapley
+    from interp.errors import ConfigError
+    from interp.population import seed_population, train_population
+    from interp.training import TrainConfig
+
+    task = small_task("noisy-majority")
+    model, spec = shaped(task, shape)
+    test = task.dataset("test")
+    n = model.cfg.n_layers * model.cfg.n_heads
+    if n <= 24:
+        res = shapley(coalition_values(model, test, value="learned-accuracy", task=task))
+        assert float(res.shapley.sum()) == pytest.approx(res.v_all - res.v_empty, abs=1e-9)
+    else:
+        res = sampled_shapley(model, test, value="learned-accuracy", samples=4, task=task)
+    assert len(res.names) == n and json.loads(res.to_json())["heads"][0]["head"] == "L0H0"
+    clean, corrupted = corrupted_pair(task, 4, n_digits=20)
+    heads = activation_patching(model, clean, corrupted, "logit_diff", where="z", per="head")
+    assert tuple(heads.values.shape) == (model.cfg.n_layers, model.cfg.n_heads)
+    if model.cfg.n_layers == 1:
+        every = activation_patching(model, clean, corrupted, "logit_diff", where="z", per="layer")
+        assert float(every.normalized[0]) == pytest.approx(1.0, abs=1e-4)
+    else:
+        paths = path_patching(model, clean, corrupted, "logit_diff")
+        assert paths.values.shape[-1] == 3
+    cfg = TrainConfig(epochs=1, batch_size=64, lr=1e-2, warmup_steps=5)
+    specs, cfgs = seed_population(task, spec, cfg, [0, 1])
+    outs = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    if model.cfg.n_layers == 1:
+        provs = train_population(task, specs, cfgs, outs, device="cpu", progress=False)
+        assert [p["population"]["size"] for p in provs] == [2, 2]
+    else:
+        with pytest.raises(ConfigError, match="one-layer"):
+            train_population(task, specs, cfgs, outs, device="cpu", progress=False)
+
+
+def test_the_shapley_cli_on_a_one_head_checkpoint(tmp_path, capsys):
+    from interp.cli import main
+
+    task = small_task("noisy-majority")
+    model, spec = shaped(task, "1-head")
+    path = save_checkpoint(tmp_path / "one.safetensors", model, spec, task)
+    capsys.readouterr()
+    assert main(["shapley", str(path), "--json", "--threads", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [h["head"] for h in out["heads"]] == ["L0H0"]
+    assert out["heads"][0]["shapley"] == pytest.approx(out["v_all"] - out["v_empty"], abs=1e-9)
+
+
+def test_sweep_and_table_cli_on_one_head_models(tmp_path, capsys):
+    from interp.cli import main
+
+    args = ["sweep", "noisy-majority", "--seeds", "0..1", "--d-model", "2", "--n-heads", "1", "--d-head", "2",
+            "--epochs", "1", "--set", "train_size=300", "--set", "val_size=30", "--set", "test_size=60",
+            "--set", "test_lengths=[151,160]", "--out", str(tmp_path / "sw"), "--quiet", "--threads", "1"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["table", str(tmp_path / "sw"), "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert table[0]["runs"] == 2
