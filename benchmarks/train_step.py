@@ -1,5 +1,5 @@
 """Training-step time of the noisy-majority model: TransformerLens' full forward vs the exact
-query-restricted forward (interp/fast.py), measured in the same run on the same batches.
+query-restricted forward (interp/query_forward.py), measured in the same run on the same batches.
 
     .venv/bin/python benchmarks/train_step.py [--steps 20] [--device cpu]
 """
