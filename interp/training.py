@@ -301,8 +301,7 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
     gen = torch.Generator().manual_seed(cfg.seed)
     state = _State(model, opt, gen)
     identity = {"task": {"name": task.name, "params": task.params()}, "spec": spec.to_dict(),
-                **{k: v for k, v in asdict(cfg).items() if k not in RUN_OPTIONS
-                   and not (k.startswith("halving") and cfg.halving is None)}}
+                **{k: v for k, v in asdict(cfg).items() if k not in RUN_OPTIONS}}
     if cfg.halving is not None:
         state.halving = Halving(cfg.halving, cfg.halving_threshold, spec.n_layers, spec.n_heads, cfg.seed)
     options = {k: getattr(cfg, k) for k in RUN_OPTIONS}
