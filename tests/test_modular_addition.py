@@ -407,7 +407,8 @@ def test_resume_file_without_loss_dtype_still_resumes(tmp_path):
     with safe_open(str(rpath), "pt") as f:
         meta = dict(f.metadata())
     ident = json.loads(meta["identity"])
-    del ident["loss_dtype"]
+    for newer in ("loss_dtype", "dropout_at", "halving", "halving_threshold"):  # options added in this stop
+        del ident[newer]
     meta["identity"] = json.dumps(ident, sort_keys=True)
     save_file(load_file(str(rpath)), str(rpath), metadata=meta)
     prov = train(task, small_spec(task), cfg, out, progress=False, device="cpu", resume=True)
