@@ -94,8 +94,11 @@ def plan(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, list])
 
 
 def _batch_key(run) -> tuple:
+    """Runs with equal keys may share a population (what interp.population.check_population allows to differ)."""
+    from .population import VARYING_CONFIG
+
     spec = {k: v for k, v in asdict(run["spec"]).items() if k != "init_seed"}
-    cfg = {k: v for k, v in asdict(run["cfg"]).items() if k not in ("seed", "lr")}
+    cfg = {k: v for k, v in asdict(run["cfg"]).items() if k not in VARYING_CONFIG}
     return json.dumps(spec, sort_keys=True), json.dumps(cfg, sort_keys=True)
 
 
