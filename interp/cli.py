@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="local: groups one after another here; ray: each group a Ray task (local Ray instance, or "
                          "--ray-address of a running cluster)")
     sw.add_argument("--ray-address", default=None, help="e.g. auto, or ray://host:10001 (default: start a local one)")
+    sw.add_argument("--compile", action="store_true",
+                    help="torch.compile each population's token-count training step (--dropout-at attention; "
+                         "~1.5x faster steps after seconds of compilation; needs a C++ compiler)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(sw)
 
@@ -370,7 +373,7 @@ def cmd_sweep(args) -> int:
 
     rows = run_sweep(task, spec, cfg, seeds, grid, args.out, group=args.group, device=args.device,
                      progress=not args.quiet, backend=args.backend, ray_address=args.ray_address,
-                     threads=args.threads, scorer_for=scorer)
+                     threads=args.threads, scorer_for=scorer, compile=args.compile)
     print(f"{args.out}: {len(rows)} runs; `interp table {args.out}` summarises them")
     return 0
 
