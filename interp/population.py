@@ -23,6 +23,7 @@ of the same seed up to float error, not a solo CUDA run, whose dropout uses the 
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import time
@@ -38,9 +39,9 @@ from tqdm.auto import tqdm
 
 from .checkpoint import save_checkpoint
 from .device import pick_device
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError
 from .evaluate import target_positions
-from .files import AtomicFile
+from .files import AtomicFile, atomic_write
 from .halving import HEAD_PARAMS, SELF_SCORED, Halving, Scorer
 from .model import ModelSpec, build_model
 from .query_forward import supports_query_forward
@@ -294,7 +295,7 @@ def _val_metrics(task, P, data, attn_scale: float, counted: TokenCounts | None =
 
 def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig], outs: Sequence, *,
                      device: str | None = None, progress: bool = True, compile: bool = False,
-                     head_scorer: Scorer | None = None) -> list[dict[str, Any]]:
+                     head_scorer: Scorer | None = None, resume_file=None) -> list[dict[str, Any]]:
     """Train ``len(specs)`` models as one batched computation; write model k to ``outs[k]`` as an ordinary
     checkpoint; return each model's provenance (the keys :func:`interp.training.train` returns, plus
     ``population``). Only ``init_seed`` (specs) and ``seed`` / ``lr`` (configs) may differ between models.
@@ -307,6 +308,12 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
     threshold, its current weights are scored in a HookedTransformer by ``head_scorer`` (strategies other than
     ``random`` and ``mask-all-but-one``; the CLI passes ``analyses.halving.scorer``) and half of its heads masked.
 
+    ``resume_file``: where the whole population's state (weights, Adam moments, best and last states, random
+    generators, histories, halving schedules) is saved every ``cfg.save_every`` epochs, atomically; if it exists
+    when training starts, training continues from it (to the same models as an uninterrupted run: tested after
+    ``kill -9``). It must belong to the same population (task, specs, configs), and is removed once every
+    checkpoint is written.
+
     ``compile=True`` compiles the token-count training step with ``torch.compile`` (fused elementwise kernels;
     ~1.5x faster per step on one CPU core, after ~5-20 s of compilation per batch shape); the models equal the
     eager ones to float rounding. It applies where the token-count forward is used (see ``dropout_at``)."""
@@ -314,12 +321,13 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         return _train_population(task, specs, cfgs, outs, device=device, progress=progress, compile=compile,
-                                 head_scorer=head_scorer)
+                                 head_scorer=head_scorer, resume_file=resume_file)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
-def _train_population(task, specs, cfgs, outs, *, device, progress, compile, head_scorer) -> list[dict[str, Any]]:
+def _train_population(task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file
+                      ) -> list[dict[str, Any]]:
     check_population(specs, cfgs)
     device = pick_device(device)
     outs = [Path(o) for o in outs]
@@ -373,9 +381,31 @@ def _train_population(task, specs, cfgs, outs, *, device, progress, compile, hea
     if halvings is not None:
         head_on = torch.stack([h.mask[0] for h in halvings]).to(device)
         masked = [short for short in HEAD_PARAMS if f"blocks.0.attn.{short}" in trainable]
-    step, started = 0, time.time()
-    bar = tqdm(total=cfg0.epochs, desc=f"train {K} x {task.name}", unit="epoch", disable=not progress)
-    for epoch in range(1, cfg0.epochs + 1):
+    step, started, first_epoch = 0, time.time(), 1
+    identity = {"task": {"name": task.name, "params": task.params()}, "specs": [sp.to_dict() for sp in specs],
+                "configs": [asdict(c) for c in cfgs]}
+    if resume_file is not None and Path(resume_file).is_file():
+        t, prog = _load_resume(Path(resume_file), identity)
+        with torch.no_grad():
+            for n_ in PARAMS:
+                P[n_].copy_(t[f"model.{n_}"])
+                best_state[n_].copy_(t[f"best.{n_}"])
+                last_state[n_].copy_(t[f"last.{n_}"])
+            for n_ in opt.params:
+                opt.exp_avg[n_].copy_(t[f"adam.exp_avg.{n_}"])
+                opt.exp_avg_sq[n_].copy_(t[f"adam.exp_avg_sq.{n_}"])
+        for gens, key in ((data_gens, "rng.data"), (drop_gens, "rng.dropout")):
+            for g, st in zip(gens, t[key]):
+                g.set_state(st.clone())
+        opt.t, step, first_epoch = prog["adam_t"], prog["step"], prog["epoch"] + 1
+        history, active, epochs_run, steps = prog["history"], prog["active"], prog["epochs_run"], prog["steps"]
+        best = [tuple(b) for b in prog["best"]]
+        if halvings is not None:
+            halvings = [Halving.from_dict(h) for h in prog["halving"]]
+            head_on = t["head_on"].to(device)
+    bar = tqdm(total=cfg0.epochs, initial=first_epoch - 1, desc=f"train {K} x {task.name}", unit="epoch",
+               disable=not progress)
+    for epoch in range(first_epoch, cfg0.epochs + 1):
         if not any(active):
             break
         perms = torch.stack([torch.randperm(n, generator=g) for g in data_gens]).to(device)  # [K, n]
@@ -447,6 +477,19 @@ def _train_population(task, specs, cfgs, outs, *, device, progress, compile, hea
                 active[k] = False
                 for n_ in PARAMS:
                     last_state[n_][k] = P[n_].detach()[k]
+        if resume_file is not None and cfg0.save_every and epoch % cfg0.save_every == 0 and epoch < cfg0.epochs:
+            tensors = {**{f"{part}.{n_}": st[n_] for part, st in (("model", P), ("best", best_state),
+                                                                  ("last", last_state)) for n_ in PARAMS},
+                       **{f"adam.exp_avg.{n_}": v for n_, v in opt.exp_avg.items()},
+                       **{f"adam.exp_avg_sq.{n_}": v for n_, v in opt.exp_avg_sq.items()},
+                       "rng.data": torch.stack([g.get_state() for g in data_gens]),
+                       "rng.dropout": torch.stack([g.get_state() for g in drop_gens])}
+            if head_on is not None:
+                tensors["head_on"] = head_on
+            _save_resume(Path(resume_file), identity, tensors, {
+                "epoch": epoch, "step": step, "adam_t": opt.t, "history": history, "active": active,
+                "epochs_run": epochs_run, "steps": steps, "best": best,
+                "halving": [h.to_dict() for h in halvings] if halvings is not None else None})
         bar.update(1)
         bar.set_postfix(active=sum(active), best=f"{min(b[0] for b in best):.3f}-{max(b[0] for b in best):.3f}",
                         **({"one_head": sum(h.done for h in halvings)} if halvings is not None else {}))
@@ -482,14 +525,43 @@ def _train_population(task, specs, cfgs, outs, *, device, progress, compile, hea
             "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
             "machine": platform.machine(),
             "population": {"size": K, "index": k, "forward": "token counts" if use_counts else "positions",
-                           "compiled": bool(compile and use_counts)},
+                           "compiled": bool(compile and use_counts), "resumed_at_epoch": first_epoch - 1},
         }
         if halvings is not None:  # the seed scores a run that ends with more than one head as 0
             h = halvings[k]
             prov["halving"] = {**h.summary(), "score": metrics.get("test", {}).get("accuracy") if h.done else 0.0}
         save_checkpoint(out, model, spec, task, prov)
         results.append(prov)
+    if resume_file is not None:
+        Path(resume_file).unlink(missing_ok=True)
     return results
+
+
+def _save_resume(path: Path, identity: dict[str, Any], tensors: dict[str, Tensor], progress: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    meta = {"identity": json.dumps(identity, sort_keys=True), "progress": json.dumps(progress)}
+    atomic_write(path, lambda tmp: save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp,
+                                             metadata=meta), "the population's resume file")
+
+
+def _load_resume(path: Path, identity: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(path))
+        saved, progress = json.loads(meta["identity"]), json.loads(meta["progress"])
+    except Exception as e:
+        raise CheckpointError(f"population resume file {path} is corrupt ({e}); delete it to start over") from None
+    if saved != json.loads(json.dumps(identity, sort_keys=True)):
+        diff = sorted(k for k in set(saved) | set(identity) if json.dumps(saved.get(k), sort_keys=True)
+                      != json.dumps(identity.get(k), sort_keys=True))
+        raise CheckpointError(f"population resume file {path} belongs to another population (differs in: "
+                              f"{', '.join(diff)}); use the same runs or delete it")
+    return tensors, progress
 
 
 def seed_population(task, spec: ModelSpec, cfg: TrainConfig, seeds: Sequence[int]):

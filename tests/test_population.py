@@ -50,7 +50,7 @@ def test_each_batched_model_equals_its_seed_trained_alone(tmp_path, tiny_task, t
         solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False)
         _compare(out, solo_out, pop, solo)
         assert pop["population"] == {"size": len(seeds), "index": seeds.index(s), "forward": "positions",
-                                     "compiled": False}
+                                     "compiled": False, "resumed_at_epoch": 0}
 
 
 def test_the_token_count_forward_equals_the_positional_one(tiny_task, tiny_spec):
@@ -220,3 +220,94 @@ def test_halving_population_needs_a_scorer(tmp_path, tiny_task, tiny_spec, tiny_
     with pytest.raises(ConfigError, match="needs a head scorer"):
         train_population(tiny_task, specs, cfgs, [tmp_path / "a.safetensors", tmp_path / "b.safetensors"],
                          device="cpu", progress=False)
+
+
+_KILLED_POPULATION = """
+import sys, torch
+from pathlib import Path
+torch.set_num_threads(1)
+from tasks import get_task
+from interp.model import ModelSpec
+from interp.population import seed_population, train_population
+from interp.training import TrainConfig
+task = get_task("noisy-majority", train_size=512, val_size=128, test_size=128, train_lengths=[0, 20],
+                val_lengths=[21, 30], test_lengths=[31, 40])
+spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
+cfg = TrainConfig(epochs=int(sys.argv[2]), batch_size=64, lr=1e-2, warmup_steps=10, save_every=1,
+                  halving="random", halving_threshold=0.9, dropout_at=sys.argv[3])
+d = Path(sys.argv[1])
+specs, cfgs = seed_population(task, spec, cfg, [0, 1, 2])
+train_population(task, specs, cfgs, [d / f"m{s}.safetensors" for s in range(3)], device="cpu", progress=False,
+                 resume_file=d / "population.resume")
+"""
+
+
+@pytest.mark.parametrize("dropout_at", ["attention", "embedding+attention"])
+def test_population_killed_with_sigkill_resumes_to_the_same_models(tmp_path, dropout_at):
+    """A population killed with SIGKILL mid-training continues from its resume file (weights, Adam moments, random
+    generators, best states, histories, halving schedules) to the models an uninterrupted run trains."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "pop.py"
+    script.write_text(_KILLED_POPULATION)
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    killed.mkdir()
+    whole.mkdir()
+    epochs = "12"
+    proc = subprocess.Popen([sys.executable, str(script), str(killed), epochs, dropout_at], env=env,
+                            stderr=subprocess.PIPE)
+    resume, deadline, at = killed / "population.resume", time.time() + 300, 0
+    while time.time() < deadline and at < 3:
+        assert proc.poll() is None, proc.stderr.read().decode()[-800:]
+        if resume.is_file():
+            try:
+                with safe_open(str(resume), "pt") as f:
+                    at = json.loads(f.metadata()["progress"])["epoch"]
+            except Exception:  # replaced while being read: try again
+                pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert resume.is_file() and not any(killed.glob("m*.safetensors")), "killed before the end"
+    for d in (killed, whole):
+        assert subprocess.run([sys.executable, str(script), str(d), epochs, dropout_at], env=env).returncode == 0
+    assert not resume.is_file()  # removed once the checkpoints are written
+    for s in range(3):
+        a = load_checkpoint(killed / f"m{s}.safetensors", device="cpu").training
+        b = load_checkpoint(whole / f"m{s}.safetensors", device="cpu").training
+        assert a["population"]["resumed_at_epoch"] >= 3 and b["population"]["resumed_at_epoch"] == 0
+        wa, wb = load_file(killed / f"m{s}.safetensors"), load_file(whole / f"m{s}.safetensors")
+        for name in wa:  # the same computation, on the same thread count: equal bit for bit
+            assert torch.equal(wa[name], wb[name]), name
+        assert a["history"] == b["history"] and a["halving"] == b["halving"] and a["kept_epoch"] == b["kept_epoch"]
+
+
+def test_population_resume_file_of_another_population_is_refused(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    from interp.errors import CheckpointError
+
+    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=3, save_every=1, dropout_at="attention"),
+                                  [0, 1])
+    resume = tmp_path / "p.resume"
+    specs2, cfgs2 = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=3, save_every=1, dropout_at="attention"),
+                                    [0, 1, 2])
+    import interp.population as pop
+
+    # a resume file written by one population and offered to another
+    pop._save_resume(resume, {"task": {"name": tiny_task.name, "params": tiny_task.params()},
+                              "specs": [s.to_dict() for s in specs], "configs": []}, {}, {})
+    with pytest.raises(CheckpointError, match="belongs to another population"):
+        train_population(tiny_task, specs2, cfgs2, [tmp_path / f"b{s}.safetensors" for s in range(3)], device="cpu",
+                         progress=False, resume_file=resume)
+    resume.write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train_population(tiny_task, specs2, cfgs2, [tmp_path / f"b{s}.safetensors" for s in range(3)], device="cpu",
+                         progress=False, resume_file=resume)
