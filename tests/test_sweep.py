@@ -1,4 +1,4 @@
-"""Sweeps (interp.sweep, `interp sweep`, `interp table`): one checkpoint and one row per run, batched groups equal to
+"""Sweeps (interp.sweeps, `interp sweep`, `interp table`): one checkpoint and one row per run, batched groups equal to
 solo runs, a rerun skips finished runs, a sweep killed with SIGKILL ends, when rerun, with the same table."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from interp.errors import ConfigError
-from interp.sweep import parse_grid, parse_seeds, population_table, read_results, run_sweep, wilson_interval
+from interp.sweeps import parse_grid, parse_seeds, population_table, read_results, run_sweep, wilson_interval
 from interp.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
