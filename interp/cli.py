@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", default=None, help="also save the JSON to this file")
     _add_common(a)
 
-    r = sub.add_parser("report", help="write one self-contained HTML report of a checkpoint")
-    r.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
+    r = sub.add_parser("report", help="write one self-contained HTML report of a checkpoint, or of a sweep directory")
+    r.add_argument("checkpoint", help="a .safetensors path, the name of a shipped checkpoint, or a sweep directory "
+                                      "(Table 1, accuracy figures, the head census)")
     r.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(r)
@@ -350,10 +351,13 @@ class _nothing:
 
 
 def cmd_report(args) -> int:
-    from interp.report import write_report
+    from interp.report import write_report, write_sweep_report
 
     _set_threads(args)
-    path = write_report(args.checkpoint, args.out, device=args.device, progress=not args.quiet)
+    if Path(args.checkpoint).is_dir():  # a sweep directory: its population report
+        path = write_sweep_report(args.checkpoint, args.out, progress=not args.quiet)
+    else:
+        path = write_report(args.checkpoint, args.out, device=args.device, progress=not args.quiet)
     print(f"wrote {path}")
     return 0
 

@@ -91,10 +91,11 @@ def plan(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, list])
         point = dict(zip(keys, values))
         spec_kw = {k: v for k, v in point.items() if k in SPEC_GRID}
         cfg_kw = {k: v for k, v in point.items() if k in TRAIN_GRID}
+        shape = {k: spec_kw.get(k, getattr(base_spec, k)) for k in ("n_heads", "d_head", "d_model")}
+        if "output_matrix" not in spec_kw and base_spec.output_matrix == "identity" \
+                and shape["n_heads"] * shape["d_head"] != shape["d_model"]:
+            spec_kw["output_matrix"] = "learned"  # as `interp train` does (before the spec is checked)
         spec0 = replace(base_spec, **spec_kw)
-        if "output_matrix" not in spec_kw and spec0.output_matrix == "identity" \
-                and spec0.n_heads * spec0.d_head != spec0.d_model:
-            spec0 = replace(spec0, output_matrix="learned")  # as `interp train` does
         for seed in seeds:
             runs.append({"name": run_name(task.name, point, seed), "point": point, "seed": seed,
                          "spec": replace(spec0, init_seed=seed), "cfg": replace(base_cfg, **cfg_kw, seed=seed)})

@@ -89,7 +89,7 @@ def census(directory, *, train_size: int | None = TRAIN_SIZE, test_size: int | N
     sizes = {"train_size": train_size, "test_size": test_size}
     todo = [i for i, name in enumerate(frame["name"])
             if not (name in cached and all(cached[name].get(k) == v for k, v in sizes.items()))]
-    for i in tqdm(todo, desc="head census", unit="run", disable=not progress):
+    for i in tqdm(todo, desc="head census", unit="run", disable=not progress or not todo):
         row = frame.iloc[i]
         path = Path(row["checkpoint"])
         path = path if path.is_file() else directory / "runs" / path.name
