@@ -54,6 +54,8 @@ class Survival(Result):
                 continue
             xs, ys = self.curve(label)
             start = min(0.0, xs[0]) if x_min is None else x_min
+            if xs[-1] < 1.0:  # nothing above the largest value: the curve drops to 0 there
+                xs, ys = xs + [1.0], ys + [0.0]
             fig.add_trace(go.Scatter(x=[start] + xs, y=[1.0] + ys, mode="lines+markers", line_shape="vh",
                                      name=f"{label} ({len(values)} {self.unit})", marker=dict(size=4)))
         fig.update_layout(title=self.title, xaxis_title=self.xlabel, yaxis_title=f"share of {self.unit} >= x",

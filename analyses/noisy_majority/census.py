@@ -156,8 +156,7 @@ class Census(Result):
         hs = self.heads()
         return ratio_figure([h["w01"] for h in hs], [h["w02"] for h in hs], [f"{h['name']} {h['head']}" for h in hs],
                             torch.tensor([h["separation_accuracy"] for h in hs]),
-                            title=f"w01 and w02 of every head of {len(self.runs)} runs, coloured by separation "
-                                  "accuracy (Figure 7 over the population)")
+                            title=f"Figure 7 over the population: every head of {len(self.runs)} runs")
 
     def table_html(self) -> str:
         from interp.visualize import render_table
