@@ -379,7 +379,11 @@ def cmd_sweep(args) -> int:
     from interp.errors import ConfigError
     from interp.sweeps import parse_grid, parse_seeds, planned_runs, read_plan, run_sweep, sweep_status
 
+    from tasks import TASKS
+
     directory = Path(args.task) if Path(args.task).is_dir() else None  # interp sweep DIR --status|--resume
+    if directory is None and args.task not in TASKS:
+        raise ConfigError(f"{args.task!r} is neither a task ({', '.join(sorted(TASKS))}) nor a sweep directory")
     if directory is None and args.out is None:
         raise ConfigError("interp sweep TASK ... needs --out DIR (or: interp sweep DIR --status / --resume)")
     if args.status:
