@@ -154,9 +154,10 @@ class Census(Result):
         from .attention_ratios import ratio_figure
 
         hs = self.heads()
-        return ratio_figure([h["w01"] for h in hs], [h["w02"] for h in hs], [f"{h['name']} {h['head']}" for h in hs],
+        fig = ratio_figure([h["w01"] for h in hs], [h["w02"] for h in hs], [f"{h['name']} {h['head']}" for h in hs],
                             torch.tensor([h["separation_accuracy"] for h in hs]),
                             title=f"Figure 7 over the population: every head of {len(self.runs)} runs")
+        return fig.update_traces(mode="markers")  # run names crowd each other: they are in the hover text
 
     def table_html(self) -> str:
         from interp.visualize import render_table
