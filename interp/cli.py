@@ -132,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--batch", dest="group", type=_positive_int, default=100, metavar="K",
                     help="models trained together as one batched computation (one-layer attention-only; default 100)")
     sw.add_argument("--group", dest="group", type=_positive_int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    sw.add_argument("--halving", choices=["random", "svc", "learned", "shapley-svc", "shapley-learned",
-                                          "mask-all-but-one"], default=None,
-                    help="halving heads for every run (or vary it: --grid halving=svc,random)")
+    sw.add_argument("--halving", default=None, metavar="S1,S2",
+                    help="halving strategies, comma-separated, each a row of Table 1: none (normal runs), random, svc, "
+                         "learned, shapley-svc, shapley-learned, mask-all-but-one (e.g. --halving none,svc,shapley-svc)")
     sw.add_argument("--halving-threshold", type=_threshold, default=None)
     sw.add_argument("--backend", choices=["local", "ray"], default="local",
                     help="local: batches one after another here; ray: each batch a Ray task (local Ray instance, or "
@@ -421,6 +421,13 @@ def cmd_sweep(args) -> int:
         seeds, grid, out = p["seeds"], p["grid"], directory
     else:
         seeds, grid, out = parse_seeds(args.seeds), parse_grid(args.grid), args.out
+        if args.halving is not None:
+            if "halving" in grid:
+                raise ConfigError("give the halving strategies once: --halving S1,S2 or --grid halving=S1,S2")
+            strategies = parse_grid([f"halving={args.halving}"])["halving"]
+            args.halving = None
+            if strategies != [None]:
+                grid["halving"] = strategies
         args.seed, args.save_every = seeds[0], None
         task, spec, cfg, _ = _train_setup(args)
     from analyses.halving import scorer  # the CLI wires interp to analyses: halving runs score heads with it

@@ -74,12 +74,20 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
                 parsed.append(json.loads(v))
             except json.JSONDecodeError:
                 parsed.append(v)
+        if key == "halving":  # "none" (or "normal"): a run without halving, a row of Table 1 like the strategies
+            from .halving import STRATEGIES
+
+            parsed = [None if v in ("none", "normal", None) else v for v in parsed]
+            bad = [v for v in parsed if v is not None and v not in STRATEGIES]
+            if bad:
+                raise ConfigError(f"unknown halving strateg{'y' if len(bad) == 1 else 'ies'} {bad}; expected none or "
+                                  f"one of {', '.join(STRATEGIES)}")
         grid[key] = parsed
     return grid
 
 
 def run_name(task_name: str, point: dict[str, Any], seed: int) -> str:
-    parts = [task_name] + [f"{k}{v}" for k, v in point.items()] + [f"seed{seed}"]
+    parts = [task_name] + [f"{k}{'none' if v is None else v}" for k, v in point.items()] + [f"seed{seed}"]
     return "-".join(str(p).replace("/", "_").replace(" ", "") for p in parts)
 
 

@@ -142,6 +142,12 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
                      device="cpu", progress=False, scorer_for=scorer)
     assert [r["halving"] for r in rows] == ["random", "learned"]
     assert all(r["halving_result"]["success"] for r in rows)  # 4 heads -> 2 -> 1 in three epochs
+    assert [r["strategy"] for r in rows] == ["random", "learned"] and [r["final_active_heads"] for r in rows] == [1, 1]
+    from analyses.noisy_majority.census import census
+
+    heads = census(tmp_path, train_size=100, test_size=50, progress=False).heads()
+    assert [sum(h["active"] for h in heads if h["name"] == r["name"]) for r in rows] == [1, 1]
+    assert all(h["separation_accuracy"] <= 0.75 for h in heads if not h["active"])  # masked heads output exactly 0
     failed = [{**rows[0], "halving_result": {**rows[0]["halving_result"], "success": False},
                "accuracy": {"test": 1.0}, "metrics": {"test": {"accuracy": 1.0}}}]
     assert population_table(failed)[0]["mean_test_accuracy"] == 0.0  # the seed: a run left with > 1 head scores 0

@@ -136,6 +136,12 @@ def test_status_resume_and_option_aliases(sweep, tmp_path, capsys):
     old = p.parse_args(base + ["--group", "7", "--ray-address", "auto"])
     assert old.group == 7 and old.ray_address == "auto" and p.parse_args(base).group == 100
     assert main(["sweep", str(d)]) == 1  # a directory takes --status or --resume
+    from interp.errors import ConfigError
+    from interp.sweeps import parse_grid
+
+    assert parse_grid(["halving=none,svc,shapley-svc"]) == {"halving": [None, "svc", "shapley-svc"]}
+    with pytest.raises(ConfigError, match="unknown halving strategy"):
+        parse_grid(["halving=none,svd"])
 
 
 def test_population_figures_against_hand_and_pandas(sweep):

@@ -9,7 +9,8 @@ would make a census of hundreds of runs take hours; pass ``None`` for the full s
 positional embedding ``w01``/``w02`` are the exact values from the QK circuit.
 
 The results are cached per run in ``DIR/census.jsonl`` (rewritten atomically after each run): a rerun computes only
-the runs not in it (or computed with other sizes), so a killed census resumes where it stopped.
+the runs not in it, computed with other sizes, or whose checkpoint changed since (its weights' checksum), so a killed
+census resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -80,23 +81,29 @@ def census(directory, *, train_size: int | None = TRAIN_SIZE, test_size: int | N
     not yet cached in ``directory/census.jsonl`` with these sizes."""
     from tqdm.auto import tqdm
 
-    from interp.checkpoint import load_checkpoint
+    from interp.checkpoint import load_checkpoint, read_metadata
     from interp.sweeps import load_results
 
     directory = Path(directory)
     frame = load_results(directory)
     cached = read_census(directory)
     sizes = {"train_size": train_size, "test_size": test_size}
-    todo = [i for i, name in enumerate(frame["name"])
-            if not (name in cached and all(cached[name].get(k) == v for k, v in sizes.items()))]
-    for i in tqdm(todo, desc="head census", unit="run", disable=not progress or not todo):
-        row = frame.iloc[i]
+    paths, todo = [], []
+    for i, row in frame.iterrows():
         path = Path(row["checkpoint"])
-        path = path if path.is_file() else directory / "runs" / path.name
+        path = path if path.is_file() else directory / "runs" / path.name  # a moved sweep directory
         if not path.is_file():
             raise ConfigError(f"the census needs run {row['name']}'s checkpoint, and {path} is missing")
-        cached[row["name"]] = {"name": row["name"], **sizes, **run_heads(load_checkpoint(path, device=device),
-                                                                         train_size, test_size)}
+        paths.append(path)
+        entry = cached.get(row["name"])
+        if entry is None or any(entry.get(k) != v for k, v in sizes.items()) \
+                or entry.get("checksum") != read_metadata(path).get("checksum"):  # other sizes, or retrained
+            todo.append(len(paths) - 1)
+    for i in tqdm(todo, desc="head census", unit="run", disable=not progress or not todo):
+        ckpt = load_checkpoint(paths[i], device=device)
+        name = frame["name"].iloc[i]
+        cached[name] = {"name": name, **sizes, "checksum": ckpt.metadata.get("checksum"),
+                        **run_heads(ckpt, train_size, test_size)}
         _write_census(directory, list(cached.values()))
     runs = []
     for _, row in frame.iterrows():
