@@ -377,7 +377,7 @@ def cmd_list(args) -> int:
 
 def cmd_sweep(args) -> int:
     from interp.errors import ConfigError
-    from interp.sweeps import parse_grid, parse_seeds, planned_runs, read_plan, run_sweep, sweep_status
+    from interp.sweeps import parse_grid, parse_seeds, planned_runs, run_sweep, sweep_status
 
     from tasks import TASKS
 
@@ -413,12 +413,17 @@ def cmd_sweep(args) -> int:
             raise ConfigError(f"{directory} is a directory: interp sweep DIR takes --status or --resume; a new sweep "
                               "is interp sweep TASK ... --out DIR")
         from interp.model import ModelSpec
-        from interp.training import TrainConfig
+        from interp.sweeps import read_plans
         from tasks import get_task
+        from interp.training import TrainConfig
+        from analyses.halving import scorer
 
-        p = read_plan(directory)
-        task, spec, cfg = get_task(p["task"], **p["task_params"]), ModelSpec(**p["spec"]), TrainConfig(**p["cfg"])
-        seeds, grid, out = p["seeds"], p["grid"], directory
+        for p in read_plans(directory):  # every sweep into DIR, in order
+            run_sweep(get_task(p["task"], **p["task_params"]), ModelSpec(**p["spec"]), TrainConfig(**p["cfg"]),
+                      p["seeds"], p["grid"], directory, group=args.group, device=args.device, progress=not args.quiet,
+                      backend=args.backend, ray_address=args.ray_address, threads=args.threads, scorer_for=scorer)
+        print(f"{directory}: resumed; `interp table {directory}` summarises it")
+        return 0
     else:
         seeds, grid, out = parse_seeds(args.seeds), parse_grid(args.grid), args.out
         if args.halving is not None:

@@ -362,13 +362,14 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     varies the learning rate, then the task suite's ``add_sweep_sections`` (when its suite has one)."""
     from .errors import TaskError
     from .population_figures import accuracy_survival, grid_accuracy, lr_accuracy
-    from .sweeps import PLAN, format_table, load_results, population_table, read_plan
+    from .sweeps import PLAN, format_table, load_results, population_table, read_plans
 
     directory = Path(directory)
     frame = load_results(directory)
     if frame.empty:
         raise InterpError(f"{directory} holds no finished runs (no results.jsonl rows)")
-    plan = read_plan(directory) if (directory / PLAN).is_file() else None
+    plans = read_plans(directory) if (directory / PLAN).is_file() else []
+    plan = plans[-1] if plans else None
     if plan:
         task_name, task_params = plan["task"], plan["task_params"]
     else:  # a sweep written before sweep.json: the task as its first checkpoint records it
@@ -381,9 +382,11 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
                     subtitle=f"interp report of the sweep in {directory} ({len(frame)} runs), written "
                              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     report.section("Sweep", "What was trained: the sweep's plan (sweep.json) and how far it got.")
-    if plan:
-        report.table([{"task": plan["task"], "seeds": f"{min(plan['seeds'])}..{max(plan['seeds'])} ({len(plan['seeds'])})",
-                       "grid": _short(plan["grid"]), "task parameters": _short(plan["task_params"])}])
+    if plans:
+        report.table([{"task": p["task"], "seeds": f"{min(p['seeds'])}..{max(p['seeds'])} ({len(p['seeds'])})",
+                       "grid": _short(p["grid"]), "halving": p["cfg"].get("halving") or "none",
+                       "task parameters": _short(p["task_params"])} for p in plans],
+                     caption="One row per interp sweep into this directory")
     wall = (frame["wall_seconds"] / frame["population_size"]).sum() if "wall_seconds" in frame else float("nan")
     report.text(f"{len(frame)} finished runs; training wall time {wall:.0f} s (the rows' wall_seconds, each batched "
                 "population's time counted once).")

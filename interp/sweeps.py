@@ -3,8 +3,9 @@ run; and the population table read back from it (issue 11).
 
 A sweep directory holds ``runs/<name>.safetensors`` (ordinary checkpoints), ``results.jsonl`` (one JSON row per
 finished run, rewritten atomically after every group of runs) with ``results.csv`` beside it (the same rows, flat,
-rewritten with it), and ``sweep.json`` (the sweep's task, base model and training options, seeds and grid: what
-``interp sweep DIR --status`` and ``--resume`` read). :func:`load_results` reads the rows as one pandas DataFrame,
+rewritten with it), and ``sweep.json`` (per ``interp sweep`` into the directory, its task, base model and training
+options, seeds and grid: what ``interp sweep DIR --status`` and ``--resume`` read). Several sweeps may share a
+directory (Table 1's normal rows, then its halving rows): each keeps the others' rows. :func:`load_results` reads the rows as one pandas DataFrame,
 :func:`population_table` summarises them per configuration and strategy (Table 1 of seed 000). Runs that can be batched (one shape and recipe up to
 seed and learning rate, a one-layer attention-only model) are trained together by :func:`interp.population.
 train_population`, in groups of ``group`` models; others one at a time by :func:`interp.training.train`.
@@ -221,7 +222,13 @@ def run_sweep(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, l
                 rows[run["name"]] = _row(run, read_metadata(path)["training"], path)
         else:
             todo.append(run)
-    _write_results(directory, [rows[r["name"]] for r in runs if r["name"] in rows])
+    planned = {r["name"] for r in runs}
+    others = [name for name in rows if name not in planned]  # rows of earlier sweeps into this directory: kept
+
+    def all_rows() -> list[dict[str, Any]]:
+        return [rows[n] for n in others] + [rows[r["name"]] for r in runs if r["name"] in rows]
+
+    _write_results(directory, all_rows())
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc=f"sweep {task.name}", unit="run",
                disable=not progress)
     by_key: dict[tuple, list] = {}
@@ -232,7 +239,7 @@ def run_sweep(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, l
     def finished(chunk, provs) -> None:
         for run, prov in zip(chunk, provs):
             rows[run["name"]] = _row(run, prov, directory / "runs" / f"{run['name']}.safetensors")
-        _write_results(directory, [rows[r["name"]] for r in runs if r["name"] in rows])
+        _write_results(directory, all_rows())
         bar.update(len(chunk))
 
     def args_of(chunk):
@@ -282,31 +289,44 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
 
 
 def _write_plan(directory: Path, task, base_spec, base_cfg, seeds, grid) -> None:
+    """Add this sweep's arguments to ``sweep.json`` (``{"plans": [...]}``, one entry per distinct ``interp sweep``
+    into the directory, e.g. Table 1's normal rows, then its halving rows)."""
     from .files import atomic_write_text
 
-    text = json.dumps({"task": task.name, "task_params": task.params(), "spec": asdict(base_spec),
-                       "cfg": asdict(base_cfg), "seeds": list(seeds), "grid": grid}, indent=1)
-    atomic_write_text(directory / PLAN, text + "\n", "the sweep's plan")
+    entry = json.loads(json.dumps({"task": task.name, "task_params": task.params(), "spec": asdict(base_spec),
+                                   "cfg": asdict(base_cfg), "seeds": list(seeds), "grid": grid}))
+    plans = read_plans(directory) if (directory / PLAN).is_file() else []
+    if entry not in plans:
+        atomic_write_text(directory / PLAN, json.dumps({"plans": plans + [entry]}, indent=1) + "\n", "the sweep's plan")
 
 
-def read_plan(directory) -> dict[str, Any]:
-    """``sweep.json`` of a sweep directory (the arguments of its latest ``interp sweep``), or a ConfigError."""
+def read_plans(directory) -> list[dict[str, Any]]:
+    """The plans in ``sweep.json`` (the arguments of every ``interp sweep`` into ``directory``), or a ConfigError."""
     path = Path(directory) / PLAN
     if not path.is_file():
         raise ConfigError(f"{directory} is not a sweep directory with a plan (no {PLAN}; sweeps written before it "
                           "existed need their original command, with --status)")
-    return json.loads(path.read_text())
+    return json.loads(path.read_text())["plans"]
+
+
+def read_plan(directory) -> dict[str, Any]:
+    """The latest plan of ``sweep.json``."""
+    return read_plans(directory)[-1]
 
 
 def planned_runs(directory) -> list[dict[str, Any]]:
-    """The runs of the sweep whose plan ``directory`` holds (names, grid points, specs, configs)."""
+    """The runs of every plan ``directory`` holds (names, grid points, specs, configs; a run in two plans once)."""
     from types import SimpleNamespace
 
     from .model import ModelSpec
     from .training import TrainConfig
 
-    p = read_plan(directory)
-    return plan(SimpleNamespace(name=p["task"]), ModelSpec(**p["spec"]), TrainConfig(**p["cfg"]), p["seeds"], p["grid"])
+    runs: dict[str, dict[str, Any]] = {}
+    for p in read_plans(directory):
+        for run in plan(SimpleNamespace(name=p["task"]), ModelSpec(**p["spec"]), TrainConfig(**p["cfg"]), p["seeds"],
+                        p["grid"]):
+            runs.setdefault(run["name"], run)
+    return list(runs.values())
 
 
 def sweep_status(directory, runs: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:

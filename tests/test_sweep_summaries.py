@@ -241,3 +241,26 @@ def test_sweep_report_renders_offline_in_chromium(sweep, tmp_path, browser):
         plots[0].scroll_into_view_if_needed()
         assert pixel_std(browser, plots[0].screenshot()) > 5, "the first figure is blank"
         assert blocked == [] and errors == [], (blocked[:3], errors[:3])
+
+
+def test_two_sweeps_into_one_directory_keep_both(tmp_path, capsys):
+    """Table 1's rows come from several sweeps (normal runs, then halving runs): the second keeps the first's rows,
+    sweep.json holds both plans, --status counts both and --resume retrains a lost run of the first."""
+    from interp.model import ModelSpec
+    from interp.sweeps import read_plans
+    from interp.training import TrainConfig
+    from tasks import get_task
+
+    task = get_task("noisy-majority", **PARAMS)
+    spec = ModelSpec(**{**task.default_spec(), "d_model": 4, "n_heads": 2, "d_head": 2})
+    cfg = TrainConfig(epochs=1, batch_size=64, lr=1e-2, warmup_steps=5)
+    run_sweep(task, spec, cfg, [0, 1], {}, tmp_path, device="cpu", progress=False)
+    run_sweep(task, spec, cfg, [0], {"lr": [3e-3]}, tmp_path, device="cpu", progress=False)
+    assert len(read_plans(tmp_path)) == 2 and len(load_results(tmp_path)) == 3
+    first = tmp_path / "runs" / "noisy-majority-seed1.safetensors"
+    first.unlink()
+    capsys.readouterr()
+    assert main(["sweep", str(tmp_path), "--status"]) == 0
+    assert "2 of 3 runs done, 1 to do" in capsys.readouterr().out
+    assert main(["sweep", str(tmp_path), "--resume", "--quiet", "--device", "cpu", "--threads", "1"]) == 0
+    assert first.is_file() and len(load_results(tmp_path)) == 3 and len(read_plans(tmp_path)) == 2
