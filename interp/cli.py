@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(r)
 
-    sw = sub.add_parser("sweep", help="train many seeds x a grid of configurations into one directory (resumable)")
+    sw = sub.add_parser("sweep", help="train many seeds x a grid of configurations into one directory (resumable)",
+                        description="interp sweep TASK [options] --out DIR trains the sweep into DIR; "
+                                    "interp sweep DIR --status says what is done, interp sweep DIR --resume continues it.")
     _add_model_and_training_options(sw, TASKS)
     sw.add_argument("--seeds", default="0..9", help="'A..B' (inclusive) or a comma-separated list (default 0..9)")
     sw.add_argument("--grid", nargs="*", default=[], metavar="KEY=V1,V2",

@@ -107,6 +107,17 @@ def test_table_against_hand_computed_values(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines}) == 1  # aligned
     assert "0.30 [0.11, 0.60]" in lines[1] and "0.50 [0.09, 0.91]" in lines[2]
+    # bad input: one clear error each
+    assert main(["table", str(tmp_path), "--split", "nope"]) == 1
+    assert "no nope_accuracy" in capsys.readouterr().err
+    assert main(["table", str(tmp_path / "missing")]) == 1
+    assert "no sweep results" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "results.jsonl").write_text("")
+    assert main(["table", str(tmp_path / "empty")]) == 1
+    assert "no finished runs" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html")]) == 1
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_status_resume_and_option_aliases(sweep, tmp_path, capsys):
