@@ -4,8 +4,9 @@ and ``w01``/``w02`` of every head of every run, how many runs have k good heads,
 
 Each run's heads come from :func:`head_summary` with ``pairs=False`` (the per-model head table, graded by the
 same rule: good at separation accuracy >= 0.95), on the **first** ``train_size`` train and ``test_size`` test
-sequences of the run's own task (default 2000 and 500, the sizes the report's Figure 8 uses: the task's full splits
-would make a census of hundreds of runs take hours; pass ``None`` for the full split). For one-layer models without
+sequences of the run's own task (default 2000 and 500, the sizes the report's Figure 8 uses; pass ``None`` for the
+full splits, as ``interp analyze`` uses: measured on the shipped d = 32, 16-head model on one thread, 0.3 s per run
+subsampled against 0.85 s on the full 7500 train / 1000 test sequences). For one-layer models without
 positional embedding ``w01``/``w02`` are the exact values from the QK circuit.
 
 The results are cached per run in ``DIR/census.jsonl`` (rewritten atomically after each run): a rerun computes only
