@@ -400,6 +400,12 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     surv = accuracy_survival(frame)
     report.figure(surv.figure(), caption="All runs; at x = 1 the curve is Table 1's share at 100%.")
     report.figure(surv.figure(x_min=0.98), caption="The same, on [0.98, 1] as the seed plots it.")
+    if "strategy" in frame and frame["strategy"].nunique() > 1:  # Figure 11: the strategies of one shape together
+        for (d, h), members in frame.groupby(["d_model", "n_heads"], sort=False):
+            if members["strategy"].nunique() > 1:
+                report.figure(accuracy_survival(members).figure(x_min=0.98),
+                              caption=f"d_model = {d}, n_heads = {h}: the halving strategies on [0.98, 1] "
+                                      "(seed 000 Figure 11).")
     grid = grid_accuracy(frame)
     if len(grid.d_models) * len(grid.n_heads) > 1:
         report.section("Accuracy over d_model and n_heads", "Seed 000 Figure 2: normal runs (no halving) per cell of "

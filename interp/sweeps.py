@@ -306,7 +306,11 @@ def read_plans(directory) -> list[dict[str, Any]]:
     if not path.is_file():
         raise ConfigError(f"{directory} is not a sweep directory with a plan (no {PLAN}; sweeps written before it "
                           "existed need their original command, with --status)")
-    return json.loads(path.read_text())["plans"]
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise ConfigError(f"{path} is not JSON (it is written atomically: was it edited?)") from None
+    return d["plans"] if "plans" in d else [d]  # a single plan
 
 
 def read_plan(directory) -> dict[str, Any]:

@@ -148,6 +148,10 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
     heads = census(tmp_path, train_size=100, test_size=50, progress=False).heads()
     assert [sum(h["active"] for h in heads if h["name"] == r["name"]) for r in rows] == [1, 1]
     assert all(h["separation_accuracy"] <= 0.75 for h in heads if not h["active"])  # masked heads output exactly 0
+    from interp.report import build_sweep_report
+
+    page = build_sweep_report(tmp_path, progress=False).html()  # Figure 11: the strategies of one shape together
+    assert "the halving strategies on [0.98, 1]" in page and "random" in page and "learned" in page
     failed = [{**rows[0], "halving_result": {**rows[0]["halving_result"], "success": False},
                "accuracy": {"test": 1.0}, "metrics": {"test": {"accuracy": 1.0}}}]
     assert population_table(failed)[0]["mean_test_accuracy"] == 0.0  # the seed: a run left with > 1 head scores 0
