@@ -93,6 +93,7 @@ class GridAccuracy(Result):
     mean: list[list[float]]
     split: str = "test"
     strategy: str = "normal"
+    val_mean: list[list[float]] | None = None  # mean validation accuracy (the seed's Figure 2 shows both)
 
     @property
     def cells(self) -> int:
@@ -100,25 +101,28 @@ class GridAccuracy(Result):
 
     def to_dict(self) -> dict:
         return jsonable({"d_model": self.d_models, "n_heads": self.n_heads, "runs": self.runs, "share_at_1": self.share,
-                         "mean_accuracy": self.mean, "split": self.split, "strategy": self.strategy})
+                         "mean_accuracy": self.mean, "mean_val_accuracy": self.val_mean, "split": self.split,
+                         "strategy": self.strategy})
 
     def figure(self):
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        fig = make_subplots(rows=1, cols=2, subplot_titles=(f"share of runs at 100% {self.split} accuracy",
-                                                            f"mean {self.split} accuracy"), horizontal_spacing=0.15)
+        panels = [(f"share of runs at 100% {self.split} accuracy", self.share), (f"mean {self.split} accuracy", self.mean)]
+        if self.val_mean is not None:
+            panels.append(("mean validation accuracy", self.val_mean))
+        fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels], horizontal_spacing=0.12)
         x = [str(h) for h in self.n_heads]
         y = [str(d) for d in self.d_models]
-        for col, z in ((1, self.share), (2, self.mean)):
+        for col, (_, z) in enumerate(panels, 1):
             text = [[("" if math.isnan(v) else f"{v:.2f}<br>n={n}") for v, n in zip(zr, nr)] for zr, nr in zip(z, self.runs)]
             fig.add_trace(go.Heatmap(z=[[None if math.isnan(v) else v for v in zr] for zr in z], x=x, y=y, zmin=0,
                                      zmax=1, colorscale="Viridis", text=text, texttemplate="%{text}",
-                                     showscale=col == 2), row=1, col=col)
+                                     showscale=col == len(panels)), row=1, col=col)
             fig.update_xaxes(title_text="n_heads", type="category", row=1, col=col)
             fig.update_yaxes(title_text="d_model", type="category", row=1, col=col)
         fig.update_layout(title=f"Accuracy over the d_model x n_heads grid ({self.strategy} runs; seed 000 Figure 2)",
-                          template="plotly_white", width=860, height=420)
+                          template="plotly_white", width=430 * len(panels), height=420)
         return fig
 
     def table_html(self) -> str:
@@ -141,12 +145,16 @@ def grid_accuracy(frame, split: str = "test", strategy: str = "normal") -> GridA
     runs = [[0] * len(hs) for _ in ds]
     share = [[math.nan] * len(hs) for _ in ds]
     mean = [[math.nan] * len(hs) for _ in ds]
+    val = [[math.nan] * len(hs) for _ in ds] if "val_accuracy" in rows else None
     for i, d in enumerate(ds):
         for j, h in enumerate(hs):
-            acc = score[(rows["d_model"] == d) & (rows["n_heads"] == h)]
+            cell = (rows["d_model"] == d) & (rows["n_heads"] == h)
+            acc = score[cell]
             if len(acc):
                 runs[i][j], share[i][j], mean[i][j] = len(acc), float((acc >= 1.0).mean()), float(acc.mean())
-    return GridAccuracy(ds, hs, runs, share, mean, split, strategy)
+                if val is not None:
+                    val[i][j] = float(rows.loc[cell, "val_accuracy"].astype(float).mean())
+    return GridAccuracy(ds, hs, runs, share, mean, split, strategy, val)
 
 
 @dataclass

@@ -169,6 +169,7 @@ def test_population_figures_against_hand_and_pandas(sweep):
     by = frame.groupby("n_heads")["test_accuracy"]
     assert grid.mean[0] == pytest.approx([by.mean()[1], by.mean()[2]], abs=1e-12)
     assert grid.share[0] == [float((by.get_group(h) >= 1).mean()) for h in (1, 2)] and grid.runs == [[2, 2]]
+    assert grid.val_mean[0] == pytest.approx(list(frame.groupby("n_heads")["val_accuracy"].mean()), abs=1e-12)
     lrs = lr_accuracy(frame)
     assert lrs.varies and len(lrs.series) == 2
     for label, by_lr in lrs.series.items():
