@@ -3,7 +3,10 @@ with interp.training.train, measured in the same run on the seed's configuration
 7,500 training sentences, batch 128): model-epochs per second, and the ratio.
 
     .venv/bin/python benchmarks/population.py [--models 100] [--epochs 1] [--solo 2] [--threads 1]
-        [--dropout-at embedding+attention|attention]
+        [--dropout-at embedding+attention|attention] [--compile]
+
+``--compile`` also times the population trained with ``compile=True`` (torch.compile of the token-count step; its
+compilation time is included).
 
 With ``--dropout-at attention`` (dropout on the attention output only) the population trains through the token-count
 forward, O(vocab) per sequence instead of O(length); the solo runs use the same placement, so the ratio compares
@@ -37,6 +40,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dropout-at", default="embedding+attention", choices=["embedding+attention", "attention"])
+    parser.add_argument("--compile", action="store_true", help="also time compile=True")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     task = get_task("noisy-majority")
@@ -49,16 +53,20 @@ def main() -> None:
                   Path(tmp) / f"solo{s}.safetensors", device=args.device, progress=False)
         solo = (time.perf_counter() - t0) / (args.solo * args.epochs)  # seconds per model-epoch
         specs, cfgs = seed_population(task, spec, cfg, range(args.models))
-        t0 = time.perf_counter()
-        train_population(task, specs, cfgs, [Path(tmp) / f"pop{s}.safetensors" for s in range(args.models)],
-                         device=args.device, progress=True)
-        batched = (time.perf_counter() - t0) / (args.models * args.epochs)
+        rates = {}
+        for compiled in (False, True) if args.compile else (False,):
+            t0 = time.perf_counter()
+            train_population(task, specs, cfgs, [Path(tmp) / f"pop{s}.safetensors" for s in range(args.models)],
+                             device=args.device, progress=True, compile=compiled)
+            rates[compiled] = (time.perf_counter() - t0) / (args.models * args.epochs)
     print(f"device {args.device}, {torch.get_num_threads()} thread(s); seed config, {args.epochs} epoch(s), "
           f"dropout at {args.dropout_at}")
     print(f"one at a time (interp train, {args.solo} models): {solo:8.3f} s per model-epoch")
-    print(f"batched population of {args.models}:              {batched:8.3f} s per model-epoch")
-    print(f"speed-up: {solo / batched:.1f}x; 100 models x 900 epochs would take {batched * 100 * 900 / 3600:.1f} h "
-          f"batched, {solo * 100 * 900 / 3600:.1f} h one at a time")
+    for compiled, batched in rates.items():
+        name = f"batched population of {args.models}" + (", compiled" if compiled else "")
+        print(f"{name + ':':40s} {batched:8.3f} s per model-epoch; speed-up {solo / batched:.1f}x; 100 models x 900 "
+              f"epochs: {batched * 100 * 900 / 60:.0f} min on these threads")
+    print(f"100 models x 900 epochs one at a time: {solo * 100 * 900 / 3600:.1f} h")
 
 
 if __name__ == "__main__":

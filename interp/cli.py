@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--resume", action="store_true",
                     help="interp sweep DIR --resume: continue the sweep saved in DIR/sweep.json (a rerun of the "
                          "original command resumes too)")
+    sw.add_argument("--compile", action="store_true",
+                    help="torch.compile each population's token-count training step (--dropout-at attention; "
+                         "~1.5x faster steps after seconds of compilation; needs a C++ compiler)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(sw)
 
@@ -423,7 +426,8 @@ def cmd_sweep(args) -> int:
         for p in read_plans(directory):  # every sweep into DIR, in order
             run_sweep(get_task(p["task"], **p["task_params"]), ModelSpec(**p["spec"]), TrainConfig(**p["cfg"]),
                       p["seeds"], p["grid"], directory, group=args.group, device=args.device, progress=not args.quiet,
-                      backend=args.backend, ray_address=args.ray_address, threads=args.threads, scorer_for=scorer)
+                      backend=args.backend, ray_address=args.ray_address, threads=args.threads, scorer_for=scorer,
+                      compile=args.compile)
         print(f"{directory}: resumed; `interp table {directory}` summarises it")
         return 0
     else:
@@ -441,7 +445,7 @@ def cmd_sweep(args) -> int:
 
     rows = run_sweep(task, spec, cfg, seeds, grid, out, group=args.group, device=args.device,
                      progress=not args.quiet, backend=args.backend, ray_address=args.ray_address,
-                     threads=args.threads, scorer_for=scorer)
+                     threads=args.threads, scorer_for=scorer, compile=args.compile)
     print(f"{out}: {len(rows)} runs; `interp table {out}` summarises them")
     return 0
 

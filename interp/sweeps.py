@@ -5,10 +5,13 @@ A sweep directory holds ``runs/<name>.safetensors`` (ordinary checkpoints), ``re
 finished run, rewritten atomically after every group of runs) with ``results.csv`` beside it (the same rows, flat,
 rewritten with it), and ``sweep.json`` (per ``interp sweep`` into the directory, its task, base model and training
 options, seeds and grid: what ``interp sweep DIR --status`` and ``--resume`` read). Several sweeps may share a
-directory (Table 1's normal rows, then its halving rows): each keeps the others' rows. :func:`load_results` reads the rows as one pandas DataFrame,
-:func:`population_table` summarises them per configuration and strategy (Table 1 of seed 000). Runs that can be batched (one shape and recipe up to
-seed and learning rate, a one-layer attention-only model) are trained together by :func:`interp.population.
-train_population`, in groups of ``group`` models; others one at a time by :func:`interp.training.train`.
+directory (Table 1's normal rows, then its halving rows): each keeps the others' rows. :func:`load_results` reads the
+rows as one pandas DataFrame; :func:`population_table` summarises them per configuration and strategy (Table 1 of
+seed 000).
+
+Runs that can be batched (one shape and recipe up to seed and learning rate, a one-layer attention-only model,
+halving or not) are trained together by :func:`interp.population.train_population`, in groups of ``group`` models;
+others one at a time by :func:`interp.training.train`.
 
 Groups can also run as Ray tasks (``backend="ray"``: a local Ray instance, or a cluster's address), each writing
 its own checkpoints; the driver writes the rows as groups finish.
@@ -160,7 +163,8 @@ def _write_results(directory: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def train_group(task, specs, cfgs, paths, *, device: str | None = None, threads: int | None = None,
-                scorer_for: Callable[[str], Any] | None = None, progress: bool = False) -> list[dict[str, Any]]:
+                scorer_for: Callable[[str], Any] | None = None, progress: bool = False,
+                compile: bool = False) -> list[dict[str, Any]]:
     """Train one group of runs: as one population where they can be batched, else one at a time (halving runs get
     ``scorer_for(strategy)`` as their head scorer). What a sweep runs locally, or as one Ray task."""
     import torch
@@ -175,8 +179,11 @@ def train_group(task, specs, cfgs, paths, *, device: str | None = None, threads:
         batchable = True
     except ConfigError:  # another shape or recipe: one at a time
         batchable = False
-    if batchable:
-        return train_population(task, specs, cfgs, paths, device=device, progress=progress)
+    if batchable:  # halving included: each model of the population keeps its own head mask
+        strategy = cfgs[0].halving
+        scorer = scorer_for(strategy) if strategy is not None and scorer_for is not None else None
+        return train_population(task, specs, cfgs, paths, device=device, progress=progress, compile=compile,
+                                head_scorer=scorer)
     provs = []
     for s, c, p in zip(specs, cfgs, paths):
         if c.halving is not None and scorer_for is None:
@@ -186,18 +193,18 @@ def train_group(task, specs, cfgs, paths, *, device: str | None = None, threads:
     return provs
 
 
-def _ray_train_group(task_name, task_params, specs, cfgs, paths, device, threads, scorer_for):
+def _ray_train_group(task_name, task_params, specs, cfgs, paths, device, threads, scorer_for, compile=False):
     """:func:`train_group` in a Ray worker (the task is rebuilt there from its name and parameters)."""
     from tasks import get_task
 
     return train_group(get_task(task_name, **task_params), specs, cfgs, paths, device=device, threads=threads,
-                       scorer_for=scorer_for)
+                       scorer_for=scorer_for, compile=compile)
 
 
 def run_sweep(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, list], directory, *,
               group: int = 100, device: str | None = None, progress: bool = True, backend: str = "local",
               ray_address: str | None = None, threads: int | None = None,
-              scorer_for: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
+              scorer_for: Callable[[str], Any] | None = None, compile: bool = False) -> list[dict[str, Any]]:
     """Train every run of the sweep not yet in ``directory``; return the results table (one row per run).
 
     ``backend="local"`` trains the groups one after another in this process; ``"ray"`` submits each group as one
@@ -249,14 +256,14 @@ def run_sweep(task, base_spec, base_cfg, seeds: Sequence[int], grid: dict[str, l
     if backend == "local":
         for chunk in chunks:
             finished(chunk, train_group(task, *args_of(chunk), device=device, threads=threads, scorer_for=scorer_for,
-                                        progress=progress))
+                                        progress=progress, compile=compile))
     elif chunks:
-        _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ray_address)
+        _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ray_address, compile)
     bar.close()
     return [rows[r["name"]] for r in runs]
 
 
-def _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, address) -> None:
+def _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, address, compile=False) -> None:
     try:
         import ray
     except ImportError:
@@ -266,7 +273,8 @@ def _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ad
         ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         remote = ray.remote(num_cpus=1)(_ray_train_group)
-        pending = {remote.remote(task.name, task.params(), *args_of(chunk), device, threads or 1, scorer_for): chunk
+        pending = {remote.remote(task.name, task.params(), *args_of(chunk), device, threads or 1, scorer_for,
+                                compile): chunk
                    for chunk in chunks}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)

@@ -4,6 +4,7 @@ alone by interp.training.train, to float tolerance, in weights and in history; c
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -48,7 +49,8 @@ def test_each_batched_model_equals_its_seed_trained_alone(tmp_path, tiny_task, t
         solo_out = tmp_path / f"solo{s}.safetensors"
         solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False)
         _compare(out, solo_out, pop, solo)
-        assert pop["population"] == {"size": len(seeds), "index": seeds.index(s), "forward": "positions"}
+        assert pop["population"] == {"size": len(seeds), "index": seeds.index(s), "forward": "positions",
+                                     "compiled": False}
 
 
 def test_the_token_count_forward_equals_the_positional_one(tiny_task, tiny_spec):
@@ -68,10 +70,15 @@ def test_the_token_count_forward_equals_the_positional_one(tiny_task, tiny_spec)
     P = {n: torch.stack([m.state_dict()[n] for m in models]) for n in PARAMS}
     data = tiny_task.dataset("val").select(slice(0, 50))
     qpos = target_positions(data)
-    qtok, counts = token_counts(data, models[0].cfg.d_vocab)
+    counted = token_counts(data, models[0].cfg.d_vocab)
+    # tokens that never occur before a target ([PAD], [EOS]) are left out of the softmax: exact, they get no attention
+    assert set(counted.present.tolist()) == set(data.tokens[:, 0].tolist()) | set(
+        data.tokens.gather(1, qpos).flatten().tolist()) | set(range(1, 5))
+    assert tiny_task.vocab.pad not in counted.present.tolist()
     scale = float(models[0].blocks[0].attn.attn_scale)
     with torch.no_grad():
-        by_counts = stacked_count_logits(P, qtok.expand(2, -1, -1), counts.expand(2, -1, -1, -1), scale)
+        by_counts = stacked_count_logits(P, counted.query_tok.expand(2, -1, -1),
+                                         counted.log_counts.expand(2, -1, -1, -1), counted.present, scale)
         by_pos = stacked_logits_at(P, data.tokens.expand(2, -1, -1), qpos.expand(2, -1, -1), scale)
         solo = torch.stack([logits_at(m, data.tokens, qpos) for m in models])
     torch.testing.assert_close(by_pos, solo, atol=1e-5, rtol=1e-5)
@@ -88,6 +95,21 @@ def test_attention_only_dropout_population_equals_solo(tmp_path, tiny_task, tiny
         solo_out = tmp_path / f"solo{s}.safetensors"
         _compare(out, solo_out, pop, train(tiny_task, spec, c, solo_out, device="cpu", progress=False))
     assert load_checkpoint(outs[0], device="cpu").training["config"]["dropout_at"] == "attention"
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
+def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    """compile=True (torch.compile of the token-count step) trains the same models as the eager code, to float
+    rounding (fused kernels sum in another order): the solo-equality tolerances."""
+    seeds = [0, 3]
+    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=2, dropout_at="attention"), seeds)
+    eager = train_population(tiny_task, specs, cfgs, [tmp_path / f"e{s}.safetensors" for s in seeds],
+                             device="cpu", progress=False)
+    comp = train_population(tiny_task, specs, cfgs, [tmp_path / f"c{s}.safetensors" for s in seeds],
+                            device="cpu", progress=False, compile=True)
+    for s, e, c in zip(seeds, eager, comp):
+        assert c["population"]["compiled"] and not e["population"]["compiled"]
+        _compare(tmp_path / f"c{s}.safetensors", tmp_path / f"e{s}.safetensors", c, e)
 
 
 def test_learning_rates_patience_and_keep_last_per_model(tmp_path, tiny_task, tiny_spec, tiny_cfg):
@@ -143,3 +165,58 @@ def test_mixed_populations_are_refused(tmp_path, tiny_task, tiny_spec, tiny_cfg)
         train_population(tiny_task, [tiny_spec, tiny_spec], [tiny_cfg(), tiny_cfg(seed=1)],
                          [tmp_path / "a.safetensors"] * 2, device="cpu", progress=False)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_evaluation_in_chunks_equals_one_chunk(tiny_task, tiny_spec):
+    """Validation of a population runs in chunks of rows (bounded memory); the chunking changes nothing."""
+    from interp.model import build_model
+    from interp.population import PARAMS, _val_metrics, token_counts
+
+    models = [build_model(tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1, 2)]
+    P = {n: torch.stack([m.state_dict()[n] for m in models]) for n in PARAMS}
+    data = tiny_task.dataset("val")
+    scale = float(models[0].blocks[0].attn.attn_scale)
+    counted = token_counts(data, models[0].cfg.d_vocab)
+    for c in (None, counted):
+        whole = _val_metrics(tiny_task, P, data, scale, c)
+        chunked = _val_metrics(tiny_task, P, data, scale, c, budget=1)  # one row per chunk
+        for a, b in zip(whole, chunked):
+            assert a.keys() == b.keys() and a["accuracy"] == b["accuracy"]
+            assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["random", "mask-all-but-one", "svc"])
+def test_halving_population_equals_halving_runs_alone(tmp_path, tiny_task, tiny_spec, tiny_cfg, strategy):
+    """Halving inside a population: each model keeps its own head mask and schedule, and ends where the same seed's
+    halving run trained alone ends (weights, history, the halving steps and their scores, the kept epoch). The
+    threshold is low so that 4 heads halve to 2 and to 1 within the few epochs; svc scores the heads of each
+    model's current weights with analyses.halving.scorer, as the solo run does."""
+    from analyses.halving import scorer
+
+    seeds = [0, 2, 5]
+    cfg = tiny_cfg(epochs=4, halving=strategy, halving_threshold=0.5, dropout_at="attention")
+    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, seeds)
+    head_scorer = scorer(strategy) if strategy == "svc" else None
+    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
+    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False, head_scorer=head_scorer)
+    assert any(len(p["halving"]["steps"]) > 0 for p in pops)
+    for s, spec, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
+        solo_out = tmp_path / f"solo{s}.safetensors"
+        solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False, head_scorer=head_scorer)
+        _compare(out, solo_out, pop, solo)
+        hp, hs = pop["halving"], solo["halving"]
+        assert [st["kept"] for st in hp["steps"]] == [st["kept"] for st in hs["steps"]]
+        assert [st["epoch"] for st in hp["steps"]] == [st["epoch"] for st in hs["steps"]]
+        for a, b in zip(hp["steps"], hs["steps"]):
+            assert a["scores"].keys() == b["scores"].keys()
+            assert all(a["scores"][h] == pytest.approx(b["scores"][h], abs=1e-6) for h in a["scores"])
+        assert (hp["active"], hp["success"], hp["score"]) == (hs["active"], hs["success"], hs["score"])
+        assert [h.get("kept_heads") for h in pop["history"]] == [h.get("kept_heads") for h in solo["history"]]
+        assert pop["kept"] == solo["kept"]
+
+
+def test_halving_population_needs_a_scorer(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=1, halving="svc"), [0, 1])
+    with pytest.raises(ConfigError, match="needs a head scorer"):
+        train_population(tiny_task, specs, cfgs, [tmp_path / "a.safetensors", tmp_path / "b.safetensors"],
+                         device="cpu", progress=False)

@@ -155,5 +155,5 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
     failed = [{**rows[0], "halving_result": {**rows[0]["halving_result"], "success": False},
                "accuracy": {"test": 1.0}, "metrics": {"test": {"accuracy": 1.0}}}]
     assert population_table(failed)[0]["mean_test_accuracy"] == 0.0  # the seed: a run left with > 1 head scores 0
-    with pytest.raises(ConfigError, match="head scorer"):
-        run_sweep(tiny_task, tiny_spec, cfg, [1], {}, tmp_path / "x", device="cpu", progress=False)
+    with pytest.raises(ConfigError, match="head scorer"):  # svc scores heads with analyses: a scorer is needed
+        run_sweep(tiny_task, tiny_spec, cfg, [1], {"halving": ["svc"]}, tmp_path / "x", device="cpu", progress=False)
