@@ -276,3 +276,28 @@ def test_two_sweeps_into_one_directory_keep_both(tmp_path, capsys):
     assert "2 of 3 runs done, 1 to do" in capsys.readouterr().out
     assert main(["sweep", str(tmp_path), "--resume", "--quiet", "--device", "cpu", "--threads", "1"]) == 0
     assert first.is_file() and len(load_results(tmp_path)) == 3 and len(read_plans(tmp_path)) == 2
+
+
+def test_a_results_table_without_checkpoints_still_reports(sweep, tmp_path):
+    """A shipped results table (rows and census.jsonl, no checkpoints): load_results, the table and the report work;
+    the census uses its cache, and runs with neither a checkpoint nor a cached entry are left out, or refused."""
+    from analyses.noisy_majority.census import CENSUS, census, read_census
+    from interp.errors import ConfigError
+    from interp.report import build_sweep_report
+
+    census(sweep, progress=False)  # the default sizes, cached in the sweep
+    d = tmp_path / "shipped"
+    d.mkdir()
+    shutil.copy(sweep / "sweep.json", d / "sweep.json")
+    rows = [json.loads(line) for line in (sweep / "results.jsonl").read_text().splitlines()]
+    (d / "results.jsonl").write_text("".join(  # the paths of the machine that ran it
+        json.dumps({**r, "checkpoint": f"/elsewhere/runs/{r['name']}.safetensors"}) + "\n" for r in rows))
+    entries = list(read_census(sweep).values())
+    (d / CENSUS).write_text("".join(json.dumps(e) + "\n" for e in entries[:3]))  # the last run's entry lost
+    assert len(load_results(d)) == 4 and population_table(load_results(d))
+    c = census(d, progress=False, missing="skip")
+    assert c.skipped == [entries[3]["name"]] and [r["heads"] for r in c.runs] == [e["heads"] for e in entries[:3]]
+    with pytest.raises(ConfigError, match="checkpoint"):
+        census(d, progress=False)
+    page = build_sweep_report(d, progress=False).html()
+    assert "Table 1" in page and "Left out: 1 runs" in page

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,40 +77,45 @@ def _write_census(directory: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def census(directory, *, train_size: int | None = TRAIN_SIZE, test_size: int | None = TEST_SIZE,
-           device: str | None = "cpu", progress: bool = True) -> "Census":
+           device: str | None = "cpu", progress: bool = True, missing: str = "error") -> "Census":
     """The census of every finished run of the sweep in ``directory`` (see the module doc), computing only the runs
-    not yet cached in ``directory/census.jsonl`` with these sizes."""
+    not yet cached in ``directory/census.jsonl`` with these sizes. A run whose checkpoint is gone (e.g. a results
+    table shipped without its checkpoints) uses its cached entry; without one, ``missing="error"`` raises and
+    ``"skip"`` leaves the run out (listed in ``Census.skipped``)."""
     from tqdm.auto import tqdm
 
     from interp.checkpoint import load_checkpoint, read_metadata
     from interp.sweeps import load_results
 
+    if missing not in ("error", "skip"):
+        raise ConfigError(f"missing must be 'error' or 'skip', got {missing!r}")
     directory = Path(directory)
     frame = load_results(directory)
     cached = read_census(directory)
     sizes = {"train_size": train_size, "test_size": test_size}
-    paths, todo = [], []
-    for i, row in frame.iterrows():
+    todo, skipped = [], []
+    for _, row in frame.iterrows():
         path = Path(row["checkpoint"])
         path = path if path.is_file() else directory / "runs" / path.name  # a moved sweep directory
-        if not path.is_file():
-            raise ConfigError(f"the census needs run {row['name']}'s checkpoint, and {path} is missing")
-        paths.append(path)
         entry = cached.get(row["name"])
-        if entry is None or any(entry.get(k) != v for k, v in sizes.items()) \
-                or entry.get("checksum") != read_metadata(path).get("checksum"):  # other sizes, or retrained
-            todo.append(len(paths) - 1)
-    for i in tqdm(todo, desc="head census", unit="run", disable=not progress or not todo):
-        ckpt = load_checkpoint(paths[i], device=device)
-        name = frame["name"].iloc[i]
+        fits = entry is not None and all(entry.get(k) == v for k, v in sizes.items())
+        if not path.is_file():
+            if fits:
+                continue
+            if missing == "skip":
+                skipped.append(row["name"])
+                continue
+            raise ConfigError(f"the census needs run {row['name']}'s checkpoint, and {path} is missing")
+        if not fits or entry.get("checksum") != read_metadata(path).get("checksum"):  # other sizes, or retrained
+            todo.append((row["name"], path))
+    for name, path in tqdm(todo, desc="head census", unit="run", disable=not progress or not todo):
+        ckpt = load_checkpoint(path, device=device)
         cached[name] = {"name": name, **sizes, "checksum": ckpt.metadata.get("checksum"),
                         **run_heads(ckpt, train_size, test_size)}
         _write_census(directory, list(cached.values()))
-    runs = []
-    for _, row in frame.iterrows():
-        entry = cached[row["name"]]
-        runs.append({**{k: _plain(row.get(k)) for k in ("name", *RUN_COLUMNS)}, **entry})
-    return Census(runs, train_size, test_size)
+    runs = [{**{k: _plain(row.get(k)) for k in ("name", *RUN_COLUMNS)}, **cached[row["name"]]}
+            for _, row in frame.iterrows() if row["name"] not in skipped]
+    return Census(runs, train_size, test_size, skipped)
 
 
 def _plain(x):
@@ -126,6 +131,7 @@ class Census(Result):
     runs: list[dict[str, Any]]
     train_size: int | None = TRAIN_SIZE
     test_size: int | None = TEST_SIZE
+    skipped: list[str] = field(default_factory=list)  # runs left out: no checkpoint and no cached entry
 
     def heads(self) -> list[dict[str, Any]]:
         """One row per head of every run, with the run's configuration."""
@@ -183,7 +189,7 @@ class Census(Result):
 
     def to_dict(self) -> dict:
         return jsonable({"train_size": self.train_size, "test_size": self.test_size, "good_threshold": GOOD,
-                         "good_heads": self.good_heads(), "runs": self.runs})
+                         "good_heads": self.good_heads(), "runs": self.runs, "skipped": self.skipped})
 
 
 __all__ = ["Census", "census", "run_heads", "read_census"]

@@ -209,7 +209,7 @@ def add_sweep_sections(directory, report, progress: bool = False) -> None:
     from .census import census
 
     t0 = time.perf_counter()
-    c = census(directory, progress=progress)
+    c = census(directory, progress=progress, missing="skip")
     secs = time.perf_counter() - t0
     report.section("Heads across the population",
                    "Seed 000 §5.4 over every run: each head's separation accuracy (linear SVC, C=1000, centred, fitted on "
@@ -217,7 +217,10 @@ def add_sweep_sections(directory, report, progress: bool = False) -> None:
                    "learned accuracy and w01/w02, as in each model's head summary; a head is good at separation "
                    "accuracy >= 0.95. Cached per run in census.jsonl beside the results.")
     report.text(f"{len(c.runs)} runs, {sum(len(r['heads']) for r in c.runs)} heads ({secs:.1f} s, cached runs "
-                "included).")
+                "included)." + (f" Left out: {len(c.skipped)} runs whose checkpoints are not in the directory and that "
+                                "census.jsonl does not hold." if c.skipped else ""))
+    if not c.runs:
+        return
     report.result(c, caption="Figure 7 over the population: w01 against w02 of every head (log axes; 0 and inf "
                              "clipped), coloured by separation accuracy.")
     report.figure(c.separation_survival().figure(),
