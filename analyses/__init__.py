@@ -42,6 +42,7 @@ _NAMES = {
     "analyses.noisy_majority.head_summary": ["HeadSummary", "PairMatrix", "head_summary"],
     "analyses.noisy_majority.handbuilt": ["minimal_majority_transformer", "attention_preference_model"],
     "analyses.noisy_majority.corrupt": ["flip_answer"],
+    "analyses.noisy_majority.census": ["Census", "census"],
     # repeated tokens (seed 003)
     "analyses.repeated_tokens.probe": ["probe_tokens"],
     "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],

@@ -115,38 +115,53 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", default=None, help="also save the JSON to this file")
     _add_common(a)
 
-    r = sub.add_parser("report", help="write one self-contained HTML report of a checkpoint")
-    r.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
+    r = sub.add_parser("report", help="write one self-contained HTML report of a checkpoint, or of a sweep directory")
+    r.add_argument("checkpoint", help="a .safetensors path, the name of a shipped checkpoint, or a sweep directory "
+                                      "(Table 1, accuracy figures, the head census)")
     r.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(r)
 
-    sw = sub.add_parser("sweep", help="train many seeds x a grid of configurations into one directory (resumable)")
+    sw = sub.add_parser("sweep", help="train many seeds x a grid of configurations into one directory (resumable)",
+                        description="interp sweep TASK [options] --out DIR trains the sweep into DIR; "
+                                    "interp sweep DIR --status says what is done, interp sweep DIR --resume continues it.")
     _add_model_and_training_options(sw, TASKS)
     sw.add_argument("--seeds", default="0..9", help="'A..B' (inclusive) or a comma-separated list (default 0..9)")
     sw.add_argument("--grid", nargs="*", default=[], metavar="KEY=V1,V2",
                     help="options to vary, e.g. --grid d_model=8,32 n_heads=4,16 lr=1e-3,3e-3")
-    sw.add_argument("--out", required=True, help="the sweep directory (runs/ and results.jsonl); rerun to resume")
-    sw.add_argument("--group", type=_positive_int, default=100,
+    sw.add_argument("--out", default=None, help="the sweep directory (runs/, results.jsonl, results.csv, sweep.json); "
+                                                "rerun to resume")
+    sw.add_argument("--batch", dest="group", type=_positive_int, default=100, metavar="K",
                     help="models trained together as one batched computation (one-layer attention-only; default 100)")
-    sw.add_argument("--halving", choices=["random", "svc", "learned", "shapley-svc", "shapley-learned",
-                                          "mask-all-but-one"], default=None,
-                    help="halving heads for every run (or vary it: --grid halving=svc,random)")
+    sw.add_argument("--group", dest="group", type=_positive_int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sw.add_argument("--halving", default=None, metavar="S1,S2",
+                    help="halving strategies, comma-separated, each a row of Table 1: none (normal runs), random, svc, "
+                         "learned, shapley-svc, shapley-learned, mask-all-but-one (e.g. --halving none,svc,shapley-svc)")
     sw.add_argument("--halving-threshold", type=_threshold, default=None)
     sw.add_argument("--backend", choices=["local", "ray"], default="local",
-                    help="local: groups one after another here; ray: each group a Ray task (local Ray instance, or "
-                         "--ray-address of a running cluster)")
-    sw.add_argument("--ray-address", default=None, help="e.g. auto, or ray://host:10001 (default: start a local one)")
+                    help="local: batches one after another here; ray: each batch a Ray task (local Ray instance, or "
+                         "--address of a running cluster)")
+    sw.add_argument("--address", dest="ray_address", default=None, metavar="ADDR",
+                    help="a Ray cluster, e.g. auto, or ray://host:10001 (default: start a local one)")
+    sw.add_argument("--ray-address", dest="ray_address", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sw.add_argument("--status", action="store_true",
+                    help="train nothing: per configuration, the runs done and to do (interp sweep DIR --status reads "
+                         "DIR/sweep.json; with the sweep's own arguments and --out it plans them)")
+    sw.add_argument("--resume", action="store_true",
+                    help="interp sweep DIR --resume: continue the sweep saved in DIR/sweep.json (a rerun of the "
+                         "original command resumes too)")
     sw.add_argument("--compile", action="store_true",
                     help="torch.compile each population's token-count training step (--dropout-at attention; "
                          "~1.5x faster steps after seconds of compilation; needs a C++ compiler)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(sw)
 
-    tb = sub.add_parser("table", help="Table 1 of a sweep directory: share of runs at 100%% test accuracy, 95%% CI")
+    tb = sub.add_parser("table", help="Table 1 of a sweep directory: per configuration and strategy, the share of runs "
+                                      "at 100%% and >= 98%% test accuracy with Wilson 95%% intervals, and the mean")
     tb.add_argument("directory", help="a sweep directory (written by interp sweep)")
     tb.add_argument("--split", default="test")
-    tb.add_argument("--threshold", type=float, default=1.0, help="accuracy counted as reached (default 1.0)")
+    tb.add_argument("--threshold", dest="thresholds", type=_threshold, action="append", default=None,
+                    help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)")
     tb.add_argument("--json", action="store_true", help="print JSON rows")
 
     sub.add_parser("list", help="list tasks and shipped checkpoints")
@@ -341,10 +356,13 @@ class _nothing:
 
 
 def cmd_report(args) -> int:
-    from interp.report import write_report
+    from interp.report import write_report, write_sweep_report
 
     _set_threads(args)
-    path = write_report(args.checkpoint, args.out, device=args.device, progress=not args.quiet)
+    if Path(args.checkpoint).is_dir():  # a sweep directory: its population report
+        path = write_sweep_report(args.checkpoint, args.out, progress=not args.quiet)
+    else:
+        path = write_report(args.checkpoint, args.out, device=args.device, progress=not args.quiet)
     print(f"wrote {path}")
     return 0
 
@@ -363,36 +381,90 @@ def cmd_list(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from interp.sweep import parse_grid, parse_seeds, run_sweep
+    from interp.errors import ConfigError
+    from interp.sweeps import parse_grid, parse_seeds, planned_runs, run_sweep, sweep_status
 
+    from tasks import TASKS
+
+    directory = Path(args.task) if Path(args.task).is_dir() else None  # interp sweep DIR --status|--resume
+    if directory is None and args.task not in TASKS:
+        raise ConfigError(f"{args.task!r} is neither a task ({', '.join(sorted(TASKS))}) nor a sweep directory")
+    if directory is None and args.out is None:
+        raise ConfigError("interp sweep TASK ... needs --out DIR (or: interp sweep DIR --status / --resume)")
+    if args.status:
+        if directory is not None:
+            runs = planned_runs(directory)
+        else:
+            directory = Path(args.out)
+            args.seed, args.save_every = 0, None
+            task, spec, cfg, _ = _train_setup(args)
+            from interp.sweeps import plan
+
+            runs = plan(task, spec, cfg, parse_seeds(args.seeds), parse_grid(args.grid))
+        status = sweep_status(directory, runs)
+        keys = [k for k in status[0] if k not in ("runs", "done", "rows", "todo")] if status else []
+        cols = keys + ["runs", "done", "todo"]
+        cells = [[str(e[k]) for k in cols] for e in status]
+        width = [max(len(c), *(len(r[j]) for r in cells)) for j, c in enumerate(cols)]
+        print("  ".join(c.rjust(w) for c, w in zip(cols, width)))
+        for r in cells:
+            print("  ".join(c.rjust(w) for c, w in zip(r, width)))
+        done, total = sum(e["done"] for e in status), sum(e["runs"] for e in status)
+        print(f"{directory}: {done} of {total} runs done, {total - done} to do")
+        return 0
     _set_threads(args)
-    seeds, grid = parse_seeds(args.seeds), parse_grid(args.grid)
-    args.seed, args.save_every = seeds[0], None
-    task, spec, cfg, _ = _train_setup(args)
+    if directory is not None:
+        if not args.resume:
+            raise ConfigError(f"{directory} is a directory: interp sweep DIR takes --status or --resume; a new sweep "
+                              "is interp sweep TASK ... --out DIR")
+        from interp.model import ModelSpec
+        from interp.sweeps import read_plans
+        from tasks import get_task
+        from interp.training import TrainConfig
+        from analyses.halving import scorer
+
+        for p in read_plans(directory):  # every sweep into DIR, in order
+            run_sweep(get_task(p["task"], **p["task_params"]), ModelSpec(**p["spec"]), TrainConfig(**p["cfg"]),
+                      p["seeds"], p["grid"], directory, group=args.group, device=args.device, progress=not args.quiet,
+                      backend=args.backend, ray_address=args.ray_address, threads=args.threads, scorer_for=scorer,
+                      compile=args.compile)
+        print(f"{directory}: resumed; `interp table {directory}` summarises it")
+        return 0
+    else:
+        seeds, grid, out = parse_seeds(args.seeds), parse_grid(args.grid), args.out
+        if args.halving is not None:
+            if "halving" in grid:
+                raise ConfigError("give the halving strategies once: --halving S1,S2 or --grid halving=S1,S2")
+            strategies = parse_grid([f"halving={args.halving}"])["halving"]
+            args.halving = None
+            if strategies != [None]:
+                grid["halving"] = strategies
+        args.seed, args.save_every = seeds[0], None
+        task, spec, cfg, _ = _train_setup(args)
     from analyses.halving import scorer  # the CLI wires interp to analyses: halving runs score heads with it
 
-    rows = run_sweep(task, spec, cfg, seeds, grid, args.out, group=args.group, device=args.device,
+    rows = run_sweep(task, spec, cfg, seeds, grid, out, group=args.group, device=args.device,
                      progress=not args.quiet, backend=args.backend, ray_address=args.ray_address,
                      threads=args.threads, scorer_for=scorer, compile=args.compile)
-    print(f"{args.out}: {len(rows)} runs; `interp table {args.out}` summarises them")
+    print(f"{out}: {len(rows)} runs; `interp table {out}` summarises them")
     return 0
 
 
 def cmd_table(args) -> int:
     from interp.errors import ConfigError
-    from interp.sweep import population_table, read_results
+    from interp.sweeps import format_table, load_results, population_table
 
-    rows = read_results(args.directory)
-    if not rows:
+    frame = load_results(args.directory)
+    if frame.empty:
         raise ConfigError(f"{args.directory} holds no finished runs (no results.jsonl rows)")
-    table = population_table(rows, split=args.split, threshold=args.threshold)
+    if f"{args.split}_accuracy" not in frame:
+        raise ConfigError(f"--split {args.split!r}: the rows have no {args.split}_accuracy; splits: "
+                          + ", ".join(c[:-9] for c in frame.columns if c.endswith("_accuracy") and "_" not in c[:-9]))
+    table = population_table(frame, split=args.split, thresholds=tuple(args.thresholds or (1.0, 0.98)))
     if args.json:
         print(json.dumps(table))
         return 0
-    keys = list(table[0])
-    print("  ".join(f"{k:>14}" for k in keys))
-    for r in table:
-        print("  ".join(f"{r[k]:>14.3f}" if isinstance(r[k], float) else f"{str(r[k]):>14}" for k in keys))
+    print(format_table(table))
     return 0
 
 

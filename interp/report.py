@@ -343,3 +343,92 @@ def _short(value, limit: int = 120) -> str:
     """A compact one-line rendering of a metadata value."""
     text = value if isinstance(value, str) else json.dumps(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- the report of a sweep directory --------------------------------------------------------------------------------
+def write_sweep_report(directory, out, progress: bool = True) -> Path:
+    """``interp report DIR`` for a sweep directory: Table 1, the accuracy figures and the task suite's population
+    sections, as one offline page written atomically to ``out``."""
+    with AtomicFile(out, "the report") as output:
+        report = build_sweep_report(directory, progress=progress)
+        html_text = report.html()
+        output.commit(lambda tmp: Path(tmp).write_text(html_text, encoding="utf-8"))
+    return output.path
+
+
+def build_sweep_report(directory, progress: bool = True) -> Report:
+    """The :class:`Report` of a sweep: what ran, Table 1 (shares at 100% and >= 98% with Wilson 95% intervals),
+    1 - CDF of test accuracy per configuration, Figure 2 when the sweep varies d_model or n_heads, Figure 3 when it
+    varies the learning rate, then the task suite's ``add_sweep_sections`` (when its suite has one)."""
+    from .errors import TaskError
+    from .population_figures import accuracy_survival, grid_accuracy, lr_accuracy
+    from .sweeps import PLAN, format_table, load_results, population_table, read_plans
+
+    directory = Path(directory)
+    frame = load_results(directory)
+    if frame.empty:
+        raise InterpError(f"{directory} holds no finished runs (no results.jsonl rows)")
+    plans = read_plans(directory) if (directory / PLAN).is_file() else []
+    plan = plans[-1] if plans else None
+    if plan:
+        task_name, task_params = plan["task"], plan["task_params"]
+    else:  # a sweep written before sweep.json: the task as its first checkpoint records it
+        from .checkpoint import read_metadata
+
+        first = Path(frame["checkpoint"].iloc[0])
+        meta = read_metadata(first if first.is_file() else directory / "runs" / first.name)["task"]
+        task_name, task_params = meta["name"], meta.get("params", {})
+    report = Report(title=f"sweep {directory.name}",
+                    subtitle=f"interp report of the sweep in {directory} ({len(frame)} runs), written "
+                             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    report.section("Sweep", "What was trained: the sweep's plan (sweep.json) and how far it got.")
+    if plans:
+        report.table([{"task": p["task"], "seeds": f"{min(p['seeds'])}..{max(p['seeds'])} ({len(p['seeds'])})",
+                       "grid": _short(p["grid"]), "halving": p["cfg"].get("halving") or "none",
+                       "task parameters": _short(p["task_params"])} for p in plans],
+                     caption="One row per interp sweep into this directory")
+    wall = (frame["wall_seconds"] / frame["population_size"]).sum() if "wall_seconds" in frame else float("nan")
+    report.text(f"{len(frame)} finished runs; training wall time {wall:.0f} s (the rows' wall_seconds, each batched "
+                "population's time counted once).")
+    table = population_table(frame)
+    report.section("Table 1", "Seed 000 Table 1 per configuration and halving strategy: runs, the share of runs "
+                   "reaching 100% and >= 98% test accuracy, each with its Wilson 95% interval, and the mean test "
+                   "accuracy. A halving run that does not end with one head counts 0.")
+    report._add(f"<pre>{html.escape(format_table(table))}</pre>")
+    report.section("Test accuracy, 1 - CDF", "The share of runs at or above each test accuracy, one curve per "
+                   "configuration and strategy (seed 000 Figure 9, left: 1 vs 64 heads; Figure 11: halving strategies).")
+    surv = accuracy_survival(frame)
+    report.figure(surv.figure(), caption="All runs; at x = 1 the curve is Table 1's share at 100%.")
+    report.figure(surv.figure(x_min=0.98), caption="The same, on [0.98, 1] as the seed plots it.")
+    if "strategy" in frame and frame["strategy"].nunique() > 1:  # Figure 11: the strategies of one shape together
+        for (d, h), members in frame.groupby(["d_model", "n_heads"], sort=False):
+            if members["strategy"].nunique() > 1:
+                report.figure(accuracy_survival(members).figure(x_min=0.98),
+                              caption=f"d_model = {d}, n_heads = {h}: the halving strategies on [0.98, 1] "
+                                      "(seed 000 Figure 11).")
+    grid = grid_accuracy(frame)
+    if len(grid.d_models) * len(grid.n_heads) > 1:
+        report.section("Accuracy over d_model and n_heads", "Seed 000 Figure 2: normal runs (no halving) per cell of "
+                       "the grid, other options pooled.")
+        report.result(grid)
+    lrs = lr_accuracy(frame)
+    if lrs.varies:
+        report.section("Accuracy over learning rates", "Seed 000 Figure 3: each run's test accuracy and the mean, "
+                       "per configuration, against its learning rate.")
+        report.figure(lrs.figure())
+    try:
+        from analyses import suite_for  # only the report and the CLI wire interp to analyses
+        from tasks import get_task
+
+        suite = suite_for(get_task(task_name, **task_params))
+    except TaskError as e:
+        report.section("Population analyses", "")
+        report.text(f"No task-specific sections: {e}.")
+        return report
+    add = getattr(suite, "add_sweep_sections", None)
+    if add is None:
+        report.section("Population analyses", "")
+        report.text(f"The {task_name} suite has no population sections.")
+    else:
+        add(directory, report, progress)
+    return report

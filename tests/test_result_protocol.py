@@ -142,9 +142,26 @@ def _result_classes() -> set[str]:
     return names
 
 
+def _population_results(ck):
+    """The sweep summaries (interp.population_figures) on hand-written rows, and a census entry of a small model."""
+    from analyses.noisy_majority.census import Census, run_heads
+    from interp.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
+    from interp.sweeps import results_frame
+
+    rows = [{"name": f"r{i}", "d_model": d, "n_heads": h, "lr": lr, "strategy": "normal", "seed": i,
+             "metrics": {"test": {"accuracy": acc}}}
+            for i, (d, h, lr, acc) in enumerate([(8, 4, 1e-3, 1.0), (8, 4, 3e-3, 0.9), (2, 1, 1e-3, 0.6),
+                                                 (2, 1, 3e-3, float("nan"))])]
+    frame = results_frame(rows)
+    census = Census([{"name": "r0", "d_model": 8, "n_heads": 4, "strategy": "normal", "seed": 0, "test_accuracy": 0.5,
+                      **run_heads(ck, 200, 80)}], 200, 80)
+    return {"Survival": accuracy_survival(frame), "GridAccuracy": grid_accuracy(frame),
+            "LearningRateAccuracy": lr_accuracy(frame), "Census": census}
+
+
 @pytest.fixture(scope="module")
 def results(nm, rt):
-    return {**_nm_results(nm), **_rt_results(rt), **_ma_results(), **_ia_results()}
+    return {**_nm_results(nm), **_rt_results(rt), **_ma_results(), **_ia_results(), **_population_results(nm)}
 
 
 def test_every_result_type_is_covered(results):

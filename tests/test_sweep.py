@@ -1,4 +1,4 @@
-"""Sweeps (interp.sweep, `interp sweep`, `interp table`): one checkpoint and one row per run, batched groups equal to
+"""Sweeps (interp.sweeps, `interp sweep`, `interp table`): one checkpoint and one row per run, batched groups equal to
 solo runs, a rerun skips finished runs, a sweep killed with SIGKILL ends, when rerun, with the same table."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from interp.errors import ConfigError
-from interp.sweep import parse_grid, parse_seeds, population_table, read_results, run_sweep, wilson_interval
+from interp.sweeps import parse_grid, parse_seeds, population_table, read_results, run_sweep, wilson_interval
 from interp.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,12 +102,12 @@ def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task
     run_sweep(tiny_task, spec, TrainConfig(epochs=4, batch_size=64, lr=0.01), list(range(8)), {}, whole, group=1,
               device="cpu", progress=False)
     a, b = read_results(killed), read_results(whole)
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "checkpoint"} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("checkpoint", "wall_seconds")} for r in rows]  # noqa: E731
     assert strip(a) == strip(b)
     capsys.readouterr()
     assert main(["table", str(killed), "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
-    assert table[0]["runs"] == 8 and 0 <= table[0]["ci_low"] <= table[0]["ci_high"] <= 1
+    assert table[0]["runs"] == 8 and 0 <= table[0]["share_test_at_1_low"] <= table[0]["share_test_at_1_high"] <= 1
 
 
 def test_ray_backend_on_a_real_local_cluster_equals_local(tmp_path, tiny_task, tiny_spec, tiny_cfg):
@@ -142,8 +142,18 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
                      device="cpu", progress=False, scorer_for=scorer)
     assert [r["halving"] for r in rows] == ["random", "learned"]
     assert all(r["halving_result"]["success"] for r in rows)  # 4 heads -> 2 -> 1 in three epochs
+    assert [r["strategy"] for r in rows] == ["random", "learned"] and [r["final_active_heads"] for r in rows] == [1, 1]
+    from analyses.noisy_majority.census import census
+
+    heads = census(tmp_path, train_size=100, test_size=50, progress=False).heads()
+    assert [sum(h["active"] for h in heads if h["name"] == r["name"]) for r in rows] == [1, 1]
+    assert all(h["separation_accuracy"] <= 0.75 for h in heads if not h["active"])  # masked heads output exactly 0
+    from interp.report import build_sweep_report
+
+    page = build_sweep_report(tmp_path, progress=False).html()  # Figure 11: the strategies of one shape together
+    assert "the halving strategies on [0.98, 1]" in page and "random" in page and "learned" in page
     failed = [{**rows[0], "halving_result": {**rows[0]["halving_result"], "success": False},
-               "accuracy": {"test": 1.0}}]
+               "accuracy": {"test": 1.0}, "metrics": {"test": {"accuracy": 1.0}}}]
     assert population_table(failed)[0]["mean_test_accuracy"] == 0.0  # the seed: a run left with > 1 head scores 0
     with pytest.raises(ConfigError, match="head scorer"):  # svc scores heads with analyses: a scorer is needed
         run_sweep(tiny_task, tiny_spec, cfg, [1], {"halving": ["svc"]}, tmp_path / "x", device="cpu", progress=False)

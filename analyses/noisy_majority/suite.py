@@ -201,3 +201,28 @@ def _shapley_section(ckpt: Checkpoint, report, s: HeadSummary, test, te) -> None
                  "learned and separation accuracies", formats={c: ".4f" for c in cols if c != "head"})
     report.figure(res.figure(), caption=f"Shapley and Banzhaf values per head; right: pairwise Shapley interactions "
                   f"({how}).")
+
+
+def add_sweep_sections(directory, report, progress: bool = False) -> None:
+    """The sweep report's noisy-majority part (``interp report DIR``): the per-head census of every run (cached in
+    DIR/census.jsonl), runs with k good heads, Figure 7 over the population and Figure 9 (right)."""
+    from .census import census
+
+    t0 = time.perf_counter()
+    c = census(directory, progress=progress, missing="skip")
+    secs = time.perf_counter() - t0
+    report.section("Heads across the population",
+                   "Seed 000 §5.4 over every run: each head's separation accuracy (linear SVC, C=1000, centred, fitted on "
+                   f"the first {c.train_size} train sequences, scored on the first {c.test_size} test sequences), "
+                   "learned accuracy and w01/w02, as in each model's head summary; a head is good at separation "
+                   "accuracy >= 0.95. Cached per run in census.jsonl beside the results.")
+    report.text(f"{len(c.runs)} runs, {sum(len(r['heads']) for r in c.runs)} heads ({secs:.1f} s, cached runs "
+                "included)." + (f" Left out: {len(c.skipped)} runs whose checkpoints are not in the directory and that "
+                                "census.jsonl does not hold." if c.skipped else ""))
+    if not c.runs:
+        return
+    report.result(c, caption="Figure 7 over the population: w01 against w02 of every head (log axes; 0 and inf "
+                             "clipped), coloured by separation accuracy.")
+    report.figure(c.separation_survival().figure(),
+                  caption="1 - CDF of the separation accuracy of individual heads, per number of heads in the model "
+                          "(seed 000 Figure 9, right: the seed compares 1-head and 64-head models).")
