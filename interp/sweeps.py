@@ -17,12 +17,15 @@ Groups can also run as Ray tasks (``backend="ray"``: a local Ray instance, or a 
 its own checkpoints; the driver writes the rows as groups finish.
 
 Nothing is lost: a sweep started again with the same arguments skips every run whose checkpoint exists (and adds
-its row if the table lacks it), so after ``kill -9`` only the group in flight is trained again (to the same
-weights: every run is deterministic for its seed). Nothing is deleted.
+its row if the table lacks it), and the group in flight at a ``kill -9`` continues from its last resume file (a
+population's every ``save_every`` epochs, ``runs/.group-HASH.resume``; a run trained alone, its own), to the same
+weights as an uninterrupted sweep. Nothing of the user's is deleted (a group's resume file goes once its checkpoints
+are written).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -170,7 +173,7 @@ def train_group(task, specs, cfgs, paths, *, device: str | None = None, threads:
     import torch
 
     from .population import check_population, train_population
-    from .training import train
+    from .training import resume_path, train
 
     if threads:
         torch.set_num_threads(threads)
@@ -183,14 +186,23 @@ def train_group(task, specs, cfgs, paths, *, device: str | None = None, threads:
         strategy = cfgs[0].halving
         scorer = scorer_for(strategy) if strategy is not None and scorer_for is not None else None
         return train_population(task, specs, cfgs, paths, device=device, progress=progress, compile=compile,
-                                head_scorer=scorer)
+                                head_scorer=scorer, resume_file=group_resume_file(paths))
     provs = []
     for s, c, p in zip(specs, cfgs, paths):
         if c.halving is not None and scorer_for is None:
             raise ConfigError("halving runs in a sweep need a head scorer (the CLI passes analyses.halving.scorer)")
         scorer = scorer_for(c.halving) if c.halving is not None else None
-        provs.append(train(task, s, c, p, device=device, progress=False, head_scorer=scorer))
+        # a run killed mid-training left its resume file: continue it
+        provs.append(train(task, s, c, p, device=device, progress=False, head_scorer=scorer,
+                           resume=resume_path(Path(p)).is_file()))
     return provs
+
+
+def group_resume_file(paths: Sequence) -> Path:
+    """Where a population trained for ``paths`` keeps its resume file: beside the checkpoints, named for the group
+    (a hash of its checkpoint names), so a killed sweep continues each group from its last save."""
+    names = "\n".join(Path(p).name for p in paths)
+    return Path(paths[0]).parent / f".group-{hashlib.sha1(names.encode()).hexdigest()[:16]}.resume"
 
 
 def _ray_train_group(task_name, task_params, specs, cfgs, paths, device, threads, scorer_for, compile=False):
