@@ -27,7 +27,7 @@ import json
 import math
 import platform
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -326,6 +326,202 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
+@dataclass
+class _Record:
+    """One model's bookkeeping in a population: what its solo run's training state holds."""
+
+    halving: Halving | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: tuple[float, float, int] = (-1.0, math.inf, -1)  # (val accuracy, val loss, epoch)
+    active: bool = True  # still training (not stopped by patience, not past its last epoch)
+    epochs_run: int = 0
+    steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"halving": self.halving.to_dict() if self.halving is not None else None, "history": self.history,
+                "best": list(self.best), "active": self.active, "epochs_run": self.epochs_run, "steps": self.steps}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "_Record":
+        return cls(Halving.from_dict(d["halving"]) if d["halving"] is not None else None, d["history"],
+                   tuple(d["best"]), d["active"], d["epochs_run"], d["steps"])
+
+
+class _Population:
+    """K models of one shape in training: stacked parameters ``P[name]`` (``[K, ...]``), one AdamW, each model's
+    generators (data order, dropout), best and last states, :class:`_Record` and head mask. Everything a resume
+    file holds (:meth:`state` / :meth:`load_state`)."""
+
+    def __init__(self, task, specs, cfgs, device: str, head_scorer: Scorer | None):
+        self.task, self.specs, self.cfgs, self.device, self.head_scorer = task, specs, cfgs, device, head_scorer
+        self.cfg, self.K = cfgs[0], len(specs)
+        self.models, self.drop_gens = [], []
+        for spec, cfg in zip(specs, cfgs):
+            torch.manual_seed(cfg.seed)  # as train() does; build_model then seeds by spec.init_seed
+            self.models.append(build_model(spec, device=device))
+            g = torch.Generator()
+            g.set_state(torch.get_rng_state())  # the state the solo run's dropout draws from
+            self.drop_gens.append(g)
+        if not supports_query_forward(self.models[0]):
+            raise ConfigError("batched training needs a model the exact query-restricted forward covers")
+        self.records = [_Record() for _ in specs]
+        if self.cfg.halving is not None:
+            if self.cfg.halving not in SELF_SCORED and head_scorer is None:
+                raise ConfigError(f"halving strategy {self.cfg.halving!r} needs a head scorer: pass head_scorer="
+                                  "analyses.halving.scorer(strategy) (interp sweep does)")
+            for r, s, c, m in zip(self.records, specs, cfgs, self.models):
+                r.halving = Halving(c.halving, c.halving_threshold, s.n_layers, s.n_heads, c.seed)
+                r.halving.start(m)  # mask-all-but-one masks all heads but one before the first step
+        trainable = {n for n, p in self.models[0].named_parameters() if p.requires_grad}
+        sd = [m.state_dict() for m in self.models]
+        self.P = {n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in PARAMS}
+        self.opt = _AdamW({n: self.P[n] for n in PARAMS if n in trainable},
+                          torch.tensor([c.lr for c in cfgs], device=device), (self.cfg.beta1, self.cfg.beta2),
+                          self.cfg.weight_decay)
+        self.data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
+        self.best_state = {n: self.P[n].detach().clone() for n in PARAMS}
+        self.last_state = {n: self.P[n].detach().clone() for n in PARAMS}
+        self.masked = [short for short in HEAD_PARAMS if f"blocks.0.attn.{short}" in trainable]
+        self.head_on = (torch.stack([r.halving.mask[0] for r in self.records]).to(device)
+                        if self.cfg.halving is not None else None)  # [K, n_heads], 1 for active heads
+        self.attn_scale = float(self.models[0].blocks[0].attn.attn_scale)
+        self.epoch = self.step = 0
+
+    @property
+    def detached(self) -> dict[str, Tensor]:
+        return {n: v.detach() for n, v in self.P.items()}
+
+    # -- one training step ----------------------------------------------------------------------------------------
+    def count_batch(self, counted: TokenCounts, targets: Int[Tensor, "n k"], idx: Int[Tensor, "K b"],
+                    count_losses) -> Float[Tensor, "K"]:
+        """Each model's mean loss on its batch ``idx`` through the token-count forward (dropout on the attention
+        output only, drawn per model as its solo run draws it: ``[b, k, d_model]``)."""
+        qtok, logc = counted.select(idx)
+        out_mask, p = None, self.cfg.dropout
+        if p:
+            out_mask = torch.empty(self.K, idx.shape[1], qtok.shape[-1], self.P["embed.W_E"].shape[-1])
+            for m, g in enumerate(self.drop_gens):
+                out_mask[m].bernoulli_(1 - p, generator=g)  # what F.dropout draws on the CPU
+            out_mask = out_mask.div_(1 - p).to(self.device)
+        return count_losses(self.P, qtok, logc, counted.present, self.attn_scale, out_mask, targets[idx])
+
+    def position_batch(self, data, idx: Int[Tensor, "K b"]) -> Float[Tensor, "K"]:
+        """Each model's mean loss on its batch ``idx`` through the per-position forward, with the solo run's
+        dropout masks: the embedding ``[b, t_k, d_model]`` (unless ``dropout_at="attention"``), then the attention
+        output, in that order from each model's generator."""
+        batches = [data.select(i) for i in idx]
+        t = max(b.tokens.shape[1] for b in batches)
+        tokens = torch.stack([F.pad(b.tokens, (0, t - b.tokens.shape[1])) for b in batches])
+        qpos = torch.stack([target_positions(b) for b in batches])
+        targets = torch.stack([b.targets.gather(1, q) for b, q in zip(batches, qpos)])
+        emb_mask = out_mask = None
+        p, d = self.cfg.dropout, self.P["embed.W_E"].shape[-1]
+        if p:
+            bsz = idx.shape[1]
+            emb_mask = torch.zeros(self.K, bsz, t, d, device=self.device) if self.cfg.dropout_at != "attention" else None
+            out_mask = torch.empty(self.K, *qpos.shape[1:], d, device=self.device)
+            for k, (b, g) in enumerate(zip(batches, self.drop_gens)):
+                if emb_mask is not None:
+                    emb_mask[k, :, :b.tokens.shape[1]] = _dropout_mask((bsz, b.tokens.shape[1], d), p, g, self.device)
+                out_mask[k] = _dropout_mask((*qpos.shape[1:], d), p, g, self.device)
+        return _mean_losses(stacked_logits_at(self.P, tokens, qpos, self.attn_scale, emb_mask, out_mask), targets)
+
+    def update(self, losses: Float[Tensor, "K"]) -> None:
+        """One backward and one AdamW step for all models (each model's own loss drives only its parameters)."""
+        losses.sum().backward()
+        self.opt.step(min(1.0, (self.step + 1) / max(self.cfg.warmup, 1)))
+        if self.head_on is not None:
+            _mask_heads(self.P, self.masked, self.head_on)  # masked heads stay exactly zero
+        self.step += 1
+
+    # -- after each epoch ------------------------------------------------------------------------------------------
+    def end_epoch(self, train_loss: Sequence[float], val: Sequence[dict[str, float]], train_data, val_data) -> None:
+        """Per model, as the solo run does after its validation: history, best state (with halving only one-head
+        states compete), a halving step when validation reaches the threshold, and the stop (patience or the last
+        epoch) that freezes its last state."""
+        self.epoch += 1
+        epoch = self.epoch
+        for k, r in enumerate(self.records):
+            if not r.active:
+                continue
+            r.epochs_run, r.steps = epoch, self.step
+            acc, loss = val[k]["accuracy"], val[k]["loss"]
+            r.history.append({"epoch": epoch, "train_loss": float(train_loss[k]), "val_accuracy": acc,
+                              "val_loss": loss})
+            h = r.halving
+            if (h is None or h.done) and (acc > r.best[0] or (acc == r.best[0] and loss < r.best[1])):
+                r.best = (acc, loss, epoch)
+                self._copy_model(k, self.best_state)
+            if h is not None and not h.done and acc >= h.threshold:
+                self._halve(k, acc, train_data, val_data)
+            waited = epoch - max(r.best[2], h.last_epoch if h is not None else -1)
+            if self.cfg.patience is not None and (h is None or h.done) and waited >= self.cfg.patience \
+                    or epoch == self.cfg.epochs:
+                r.active = False
+                self._copy_model(k, self.last_state)
+
+    def _copy_model(self, k: int, into: dict[str, Tensor]) -> None:
+        for n in PARAMS:
+            into[n][k] = self.P[n].detach()[k]
+
+    def _halve(self, k: int, acc: float, train_data, val_data) -> None:
+        """Score model ``k``'s current weights in a HookedTransformer, as its solo run does, and mask half of its
+        heads (parameters and Adam moments)."""
+        r, model = self.records[k], self.models[k]
+        model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in PARAMS}})
+        halved = r.halving.after_validation(model, None, self.epoch, acc, self.task, train_data, val_data,
+                                            self.head_scorer)
+        if halved is not None:
+            r.history[-1]["kept_heads"] = halved["kept"]
+            self.head_on[k] = r.halving.mask[0].to(self.device)
+            _mask_heads(self.P, self.masked, self.head_on, self.opt, k)
+
+    def kept(self) -> tuple[list[str], dict[str, Tensor]]:
+        """Each model's kept state (``best``, or ``last`` as its config says; a halving run that never got to one
+        head has no best state and keeps its last, as train() does), stacked."""
+        for k, r in enumerate(self.records):
+            if r.active:
+                self._copy_model(k, self.last_state)
+        kept = [c.keep if r.best[2] >= 0 else "last" for r, c in zip(self.records, self.cfgs)]
+        keep_best = torch.tensor([kp == "best" for kp in kept], device=self.device)
+        return kept, {n: torch.where(keep_best.view(-1, *[1] * (self.best_state[n].ndim - 1)), self.best_state[n],
+                                     self.last_state[n]) for n in PARAMS}
+
+    # -- resume files -----------------------------------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        return {"task": {"name": self.task.name, "params": self.task.params()},
+                "specs": [sp.to_dict() for sp in self.specs], "configs": [asdict(c) for c in self.cfgs]}
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        tensors = {**{f"{part}.{n}": st[n] for part, st in (("model", self.P), ("best", self.best_state),
+                                                            ("last", self.last_state)) for n in PARAMS},
+                   **{f"adam.exp_avg.{n}": v for n, v in self.opt.exp_avg.items()},
+                   **{f"adam.exp_avg_sq.{n}": v for n, v in self.opt.exp_avg_sq.items()},
+                   "rng.data": torch.stack([g.get_state() for g in self.data_gens]),
+                   "rng.dropout": torch.stack([g.get_state() for g in self.drop_gens])}
+        if self.head_on is not None:
+            tensors["head_on"] = self.head_on
+        return tensors, {"epoch": self.epoch, "step": self.step, "adam_t": self.opt.t,
+                         "records": [r.to_dict() for r in self.records]}
+
+    def load_state(self, t: dict[str, Tensor], progress: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for n in PARAMS:
+                self.P[n].copy_(t[f"model.{n}"])
+                self.best_state[n].copy_(t[f"best.{n}"])
+                self.last_state[n].copy_(t[f"last.{n}"])
+            for n in self.opt.params:
+                self.opt.exp_avg[n].copy_(t[f"adam.exp_avg.{n}"])
+                self.opt.exp_avg_sq[n].copy_(t[f"adam.exp_avg_sq.{n}"])
+        for gens, key in ((self.data_gens, "rng.data"), (self.drop_gens, "rng.dropout")):
+            for g, st in zip(gens, t[key]):
+                g.set_state(st.clone())
+        self.opt.t, self.step, self.epoch = progress["adam_t"], progress["step"], progress["epoch"]
+        self.records = [_Record.from_dict(r) for r in progress["records"]]
+        if self.head_on is not None:
+            self.head_on = t["head_on"].to(self.device)
+
+
 def _train_population(task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file
                       ) -> list[dict[str, Any]]:
     check_population(specs, cfgs)
@@ -336,200 +532,72 @@ def _train_population(task, specs, cfgs, outs, *, device, progress, compile, hea
     for o in outs:
         with AtomicFile(o, "the checkpoint"):  # every output path checked before any training
             pass
-    cfg0, K = cfgs[0], len(specs)
-    models, drop_gens = [], []
-    for spec, cfg in zip(specs, cfgs):
-        torch.manual_seed(cfg.seed)  # as train() does; build_model then seeds by spec.init_seed
-        models.append(build_model(spec, device=device))
-        g = torch.Generator()
-        g.set_state(torch.get_rng_state())  # the state the solo run's dropout draws from
-        drop_gens.append(g)
-    if not supports_query_forward(models[0]):
-        raise ConfigError("batched training needs a model the exact query-restricted forward covers")
-    halvings = None
-    if cfg0.halving is not None:
-        if cfg0.halving not in SELF_SCORED and head_scorer is None:
-            raise ConfigError(f"halving strategy {cfg0.halving!r} needs a head scorer: pass head_scorer="
-                              "analyses.halving.scorer(strategy) (interp sweep does)")
-        halvings = [Halving(c.halving, c.halving_threshold, s.n_layers, s.n_heads, c.seed) for s, c in zip(specs, cfgs)]
-        for h, m in zip(halvings, models):
-            h.start(m)  # mask-all-but-one masks all heads but one before the first step
-    trainable = {n for n, p in models[0].named_parameters() if p.requires_grad}
-    sd = [m.state_dict() for m in models]
-    P = {n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in PARAMS}
-    attn_scale = float(models[0].blocks[0].attn.attn_scale)
-    opt = _AdamW({n: P[n] for n in PARAMS if n in trainable}, torch.tensor([c.lr for c in cfgs], device=device),
-                 (cfg0.beta1, cfg0.beta2), cfg0.weight_decay)
-    data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
+    pop = _Population(task, specs, cfgs, device, head_scorer)
+    cfg, K = pop.cfg, pop.K
     train_data, val_data = task.dataset("train").to(device), task.dataset("val").to(device)
-    n, p_drop = len(train_data), cfg0.dropout
-    # the O(vocab) forward where nothing position-dependent comes before attention
-    use_counts = specs[0].positional == "none" and (p_drop == 0 or cfg0.dropout_at == "attention")
-    d_vocab = models[0].cfg.d_vocab
-    eval_counts = specs[0].positional == "none"  # evaluation has no dropout: counts suffice without positions
-    train_counted = token_counts(train_data, d_vocab) if use_counts else None
-    train_targets = train_data.targets.gather(1, target_positions(train_data)) if use_counts else None
-    count_losses = _compiled(_count_losses) if compile and use_counts else _count_losses
+    d_vocab = pop.models[0].cfg.d_vocab
+    # the O(vocab) forward where nothing position-dependent comes before attention; evaluation has no dropout, so
+    # counts suffice there for every model without positions
+    use_counts = specs[0].positional == "none" and (cfg.dropout == 0 or cfg.dropout_at == "attention")
+    eval_counts = specs[0].positional == "none"
+    if use_counts:
+        train_counted = token_counts(train_data, d_vocab)
+        train_targets = train_data.targets.gather(1, target_positions(train_data))
+        count_losses = _compiled(_count_losses) if compile else _count_losses
     val_counted = token_counts(val_data, d_vocab) if eval_counts else None
-    history: list[list[dict]] = [[] for _ in range(K)]
-    best = [(-1.0, math.inf, -1)] * K  # (val accuracy, val loss, epoch)
-    best_state = {n_: P[n_].detach().clone() for n_ in PARAMS}
-    last_state = {n_: P[n_].detach().clone() for n_ in PARAMS}
-    active = [True] * K
-    epochs_run, steps = [0] * K, [0] * K
-    head_on = None  # [K, n_heads], 1 for each model's active heads
-    if halvings is not None:
-        head_on = torch.stack([h.mask[0] for h in halvings]).to(device)
-        masked = [short for short in HEAD_PARAMS if f"blocks.0.attn.{short}" in trainable]
-    step, started, first_epoch = 0, time.time(), 1
-    identity = {"task": {"name": task.name, "params": task.params()}, "specs": [sp.to_dict() for sp in specs],
-                "configs": [asdict(c) for c in cfgs]}
+    started = time.time()
     if resume_file is not None and Path(resume_file).is_file():
-        t, prog = _load_resume(Path(resume_file), identity)
-        with torch.no_grad():
-            for n_ in PARAMS:
-                P[n_].copy_(t[f"model.{n_}"])
-                best_state[n_].copy_(t[f"best.{n_}"])
-                last_state[n_].copy_(t[f"last.{n_}"])
-            for n_ in opt.params:
-                opt.exp_avg[n_].copy_(t[f"adam.exp_avg.{n_}"])
-                opt.exp_avg_sq[n_].copy_(t[f"adam.exp_avg_sq.{n_}"])
-        for gens, key in ((data_gens, "rng.data"), (drop_gens, "rng.dropout")):
-            for g, st in zip(gens, t[key]):
-                g.set_state(st.clone())
-        opt.t, step, first_epoch = prog["adam_t"], prog["step"], prog["epoch"] + 1
-        history, active, epochs_run, steps = prog["history"], prog["active"], prog["epochs_run"], prog["steps"]
-        best = [tuple(b) for b in prog["best"]]
-        if halvings is not None:
-            halvings = [Halving.from_dict(h) for h in prog["halving"]]
-            head_on = t["head_on"].to(device)
-    bar = tqdm(total=cfg0.epochs, initial=first_epoch - 1, desc=f"train {K} x {task.name}", unit="epoch",
+        pop.load_state(*_load_resume(Path(resume_file), pop.identity()))
+    resumed_at = pop.epoch
+    n = len(train_data)
+    bar = tqdm(total=cfg.epochs, initial=pop.epoch, desc=f"train {K} x {task.name}", unit="epoch",
                disable=not progress)
-    for epoch in range(first_epoch, cfg0.epochs + 1):
-        if not any(active):
-            break
-        perms = torch.stack([torch.randperm(n, generator=g) for g in data_gens]).to(device)  # [K, n]
+    while pop.epoch < cfg.epochs and any(r.active for r in pop.records):
+        perms = torch.stack([torch.randperm(n, generator=g) for g in pop.data_gens]).to(device)  # [K, n]
         totals = torch.zeros(K, dtype=torch.float64)
-        count = 0
-        d = P["embed.W_E"].shape[-1]
-        for start in range(0, n, cfg0.batch_size):
-            idx = perms[:, start:start + cfg0.batch_size]  # [K, b]
-            bsz = idx.shape[1]
-            if use_counts:
-                qtok, logc = train_counted.select(idx)
-                targets = train_targets[idx]
-                out_mask = None
-                if p_drop:  # per model, as the solo run draws it: the attention output [b, k, d]
-                    out_mask = torch.empty(K, bsz, qtok.shape[-1], d)
-                    for m, g in enumerate(drop_gens):
-                        out_mask[m].bernoulli_(1 - p_drop, generator=g)  # what F.dropout draws on the CPU
-                    out_mask = out_mask.div_(1 - p_drop).to(device)
-                losses = count_losses(P, qtok, logc, train_counted.present, attn_scale, out_mask, targets)
-            else:
-                batches = [train_data.select(i) for i in idx]
-                t = max(b.tokens.shape[1] for b in batches)
-                tokens = torch.stack([F.pad(b.tokens, (0, t - b.tokens.shape[1])) for b in batches])
-                qpos = torch.stack([target_positions(b) for b in batches])
-                targets = torch.stack([b.targets.gather(1, q) for b, q in zip(batches, qpos)])
-                emb_mask = out_mask = None
-                if p_drop:  # per model, in the solo order: embedding [b, t_k, d] (unless "attention"), then output
-                    emb_mask = torch.zeros(K, bsz, t, d, device=device) if cfg0.dropout_at != "attention" else None
-                    out_mask = torch.empty(K, *qpos.shape[1:], d, device=device)
-                    for k, (b, g) in enumerate(zip(batches, drop_gens)):
-                        if emb_mask is not None:
-                            emb_mask[k, :, :b.tokens.shape[1]] = _dropout_mask((bsz, b.tokens.shape[1], d), p_drop, g,
-                                                                                device)
-                        out_mask[k] = _dropout_mask((*qpos.shape[1:], d), p_drop, g, device)
-                logits = stacked_logits_at(P, tokens, qpos, attn_scale, emb_mask, out_mask)
-                losses = _mean_losses(logits, targets)
-            losses.sum().backward()
-            opt.step(min(1.0, (step + 1) / max(cfg0.warmup, 1)))
-            if head_on is not None:
-                _mask_heads(P, masked, head_on)  # masked heads stay exactly zero
-            step += 1
-            totals += losses.detach().double().cpu() * bsz
-            count += bsz
-        val = _val_metrics(task, {k_: v.detach() for k_, v in P.items()}, val_data, attn_scale, val_counted)
-        for k in range(K):
-            if not active[k]:
-                continue
-            epochs_run[k], steps[k] = epoch, step
-            history[k].append({"epoch": epoch, "train_loss": float(totals[k] / count),
-                               "val_accuracy": val[k]["accuracy"], "val_loss": val[k]["loss"]})
-            acc, loss = val[k]["accuracy"], val[k]["loss"]
-            h = halvings[k] if halvings is not None else None
-            # with halving, only one-head states compete for the kept model
-            if (h is None or h.done) and (acc > best[k][0] or (acc == best[k][0] and loss < best[k][1])):
-                best[k] = (acc, loss, epoch)
-                for n_ in PARAMS:
-                    best_state[n_][k] = P[n_].detach()[k]
-            if h is not None and not h.done and acc >= h.threshold:
-                # score this model's current weights as a HookedTransformer, as the solo run does
-                models[k].load_state_dict({**models[k].state_dict(), **{n_: P[n_].detach()[k] for n_ in PARAMS}})
-                halved = h.after_validation(models[k], None, epoch, acc, task, train_data, val_data, head_scorer)
-                if halved is not None:
-                    history[k][-1]["kept_heads"] = halved["kept"]
-                    head_on[k] = h.mask[0].to(device)
-                    _mask_heads(P, masked, head_on, opt, k)
-            waited = epoch - max(best[k][2], h.last_epoch if h is not None else -1)
-            if cfg0.patience is not None and (h is None or h.done) and waited >= cfg0.patience \
-                    or epoch == cfg0.epochs:
-                active[k] = False
-                for n_ in PARAMS:
-                    last_state[n_][k] = P[n_].detach()[k]
-        if resume_file is not None and cfg0.save_every and epoch % cfg0.save_every == 0 and epoch < cfg0.epochs:
-            tensors = {**{f"{part}.{n_}": st[n_] for part, st in (("model", P), ("best", best_state),
-                                                                  ("last", last_state)) for n_ in PARAMS},
-                       **{f"adam.exp_avg.{n_}": v for n_, v in opt.exp_avg.items()},
-                       **{f"adam.exp_avg_sq.{n_}": v for n_, v in opt.exp_avg_sq.items()},
-                       "rng.data": torch.stack([g.get_state() for g in data_gens]),
-                       "rng.dropout": torch.stack([g.get_state() for g in drop_gens])}
-            if head_on is not None:
-                tensors["head_on"] = head_on
-            _save_resume(Path(resume_file), identity, tensors, {
-                "epoch": epoch, "step": step, "adam_t": opt.t, "history": history, "active": active,
-                "epochs_run": epochs_run, "steps": steps, "best": best,
-                "halving": [h.to_dict() for h in halvings] if halvings is not None else None})
+        for start in range(0, n, cfg.batch_size):
+            idx = perms[:, start:start + cfg.batch_size]  # [K, b]: each model's own batch
+            losses = (pop.count_batch(train_counted, train_targets, idx, count_losses) if use_counts
+                      else pop.position_batch(train_data, idx))
+            pop.update(losses)
+            totals += losses.detach().double().cpu() * idx.shape[1]
+        val = _val_metrics(task, pop.detached, val_data, pop.attn_scale, val_counted)
+        pop.end_epoch((totals / n).tolist(), val, train_data, val_data)
+        if resume_file is not None and cfg.save_every and pop.epoch % cfg.save_every == 0 and pop.epoch < cfg.epochs:
+            _save_resume(Path(resume_file), pop.identity(), *pop.state())
         bar.update(1)
-        bar.set_postfix(active=sum(active), best=f"{min(b[0] for b in best):.3f}-{max(b[0] for b in best):.3f}",
-                        **({"one_head": sum(h.done for h in halvings)} if halvings is not None else {}))
+        bar.set_postfix(active=sum(r.active for r in pop.records),
+                        best=f"{min(r.best[0] for r in pop.records):.3f}-{max(r.best[0] for r in pop.records):.3f}",
+                        **({"one_head": sum(r.halving.done for r in pop.records)} if cfg.halving else {}))
     bar.close()
-    for k in range(K):
-        if active[k]:
-            for n_ in PARAMS:
-                last_state[n_][k] = P[n_].detach()[k]
 
     # the kept models, evaluated on every split as one batched computation (what evaluate_splits gives each)
-    # a halving run that never got to one head has no best state: its last one is kept (as train() does)
-    kept = [c.keep if best[k][2] >= 0 else "last" for k, c in enumerate(cfgs)]
-    keep_best = torch.tensor([kp == "best" for kp in kept], device=device)
-    final = {n_: torch.where(keep_best.view(-1, *[1] * (best_state[n_].ndim - 1)), best_state[n_], last_state[n_])
-             for n_ in PARAMS}
+    kept, final = pop.kept()
     split_metrics = {}
     for split in task.splits:
         data = task.dataset(split).to(device)
-        split_metrics[split] = _val_metrics(task, final, data, attn_scale,
+        split_metrics[split] = _val_metrics(task, final, data, pop.attn_scale,
                                             token_counts(data, d_vocab) if eval_counts else None)
     results = []
     wall = round(time.time() - started, 1)
-    for k, (spec, cfg, model, out) in enumerate(zip(specs, cfgs, models, outs)):
+    for k, (spec, c, model, out, r) in enumerate(zip(specs, cfgs, pop.models, outs, pop.records)):
         model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in PARAMS}})
         model.eval()
         metrics = {split: split_metrics[split][k] for split in task.splits}
         prov = {
-            "seed": cfg.seed, "epochs": cfg.epochs, "epochs_run": epochs_run[k], "steps": steps[k],
-            "best_epoch": best[k][2], "kept": kept[k],
-            "kept_epoch": best[k][2] if kept[k] == "best" else epochs_run[k], "config": asdict(cfg),
-            "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics, "history": history[k],
+            "seed": c.seed, "epochs": c.epochs, "epochs_run": r.epochs_run, "steps": r.steps,
+            "best_epoch": r.best[2], "kept": kept[k],
+            "kept_epoch": r.best[2] if kept[k] == "best" else r.epochs_run, "config": asdict(c),
+            "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics, "history": r.history,
             "device": device, "wall_seconds_this_run": wall, "torch": torch.__version__,
             "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
             "machine": platform.machine(),
             "population": {"size": K, "index": k, "forward": "token counts" if use_counts else "positions",
-                           "compiled": bool(compile and use_counts), "resumed_at_epoch": first_epoch - 1},
+                           "compiled": bool(compile and use_counts), "resumed_at_epoch": resumed_at},
         }
-        if halvings is not None:  # the seed scores a run that ends with more than one head as 0
-            h = halvings[k]
-            prov["halving"] = {**h.summary(), "score": metrics.get("test", {}).get("accuracy") if h.done else 0.0}
+        if r.halving is not None:  # the seed scores a run that ends with more than one head as 0
+            prov["halving"] = {**r.halving.summary(),
+                               "score": metrics.get("test", {}).get("accuracy") if r.halving.done else 0.0}
         save_checkpoint(out, model, spec, task, prov)
         results.append(prov)
     if resume_file is not None:
