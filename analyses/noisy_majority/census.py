@@ -35,18 +35,9 @@ RUN_COLUMNS = ("d_model", "n_heads", "strategy", "seed", "test_accuracy")
 def run_heads(ckpt, train_size: int | None = TRAIN_SIZE, test_size: int | None = TEST_SIZE) -> dict[str, Any]:
     """One run's census entry: the model's accuracy on the subsample and its head rows (head, learned and
     separation accuracy, ROC AUC, w01, w02, grade, ``active``: not masked by halving)."""
-    from ..answer_cache import cache_answer
-    from .head_summary import head_summary
+    from .suite import checkpoint_summary
 
-    model, task = ckpt.model, ckpt.task
-    train, test = task.dataset("train"), task.dataset("test")
-    if train_size is not None and train_size < len(train):
-        train = train.select(slice(0, train_size))
-    if test_size is not None and test_size < len(test):
-        test = test.select(slice(0, test_size))
-    tr = cache_answer(model, train, attention=False, task=task)
-    te = cache_answer(model, test, attention=True, task=task)
-    summary = head_summary(model, tr, te, pairs=False, test_data=test)
+    summary, *_ = checkpoint_summary(ckpt, train_size, test_size, pairs=False)
     halving = (ckpt.training or {}).get("halving")
     active = set(halving["active"]) if halving else None
     keep = ("head", "learned_accuracy", "separation_accuracy", "roc_auc", "w01", "w02", "grade")

@@ -20,7 +20,9 @@ REPORT_TRAIN, REPORT_TEST = 2000, 500  # Figure 8 in the report: subsample sizes
 PATCH_SEQS, PATCH_DIGITS = 16, 40  # the report's activation patching: near-tie pairs of this many digits
 
 
-def _summary(ckpt: Checkpoint, train_size: int | None = None, test_size: int | None = None):
+def checkpoint_summary(ckpt: Checkpoint, train_size: int | None = None, test_size: int | None = None, pairs: bool = True):
+    """The head summary of ``ckpt`` on the first ``train_size`` / ``test_size`` sequences of its task's splits
+    (all by default), with the caches and data it used."""
     model, task = ckpt.model, ckpt.task
     train, test = task.dataset("train"), task.dataset("test")
     if train_size is not None and train_size < len(train):
@@ -29,14 +31,14 @@ def _summary(ckpt: Checkpoint, train_size: int | None = None, test_size: int | N
         test = test.select(slice(0, test_size))
     tr = cache_answer(model, train, attention=False, task=task)
     te = cache_answer(model, test, attention=True, task=task)
-    summary = head_summary(model, tr, te, test_data=test)
+    summary = head_summary(model, tr, te, pairs=pairs, test_data=test)
     summary.checkpoint = ckpt.name
     return summary, train, test, tr, te
 
 
 def analyze(ckpt: Checkpoint) -> HeadSummary:
     """The head table and the pair tables (``to_dict()`` is ``interp analyze --json``, ``text()`` its table)."""
-    summary, *_ = _summary(ckpt)
+    summary, *_ = checkpoint_summary(ckpt)
     return summary
 
 
@@ -49,7 +51,7 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
     model = ckpt.model
     L, H = model.cfg.n_layers, model.cfg.n_heads
     t0 = time.perf_counter()
-    s, train, test, tr, te = _summary(ckpt)
+    s, train, test, tr, te = checkpoint_summary(ckpt)
     secs = time.perf_counter() - t0
     report.section("Heads: learned and separation accuracy",
                    "Seed 000 §5.4. Learned accuracy: the model's test accuracy when every other head is zeroed "
