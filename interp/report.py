@@ -375,8 +375,9 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     else:  # a sweep written before sweep.json: the task as its first checkpoint records it
         from .checkpoint import read_metadata
 
-        first = Path(frame["checkpoint"].iloc[0])
-        meta = read_metadata(first if first.is_file() else directory / "runs" / first.name)["task"]
+        from .sweeps import checkpoint_path
+
+        meta = read_metadata(checkpoint_path(directory, frame.iloc[0]))["task"]
         task_name, task_params = meta["name"], meta.get("params", {})
     report = Report(title=f"sweep {directory.name}",
                     subtitle=f"interp report of the sweep in {directory} ({len(frame)} runs), written "

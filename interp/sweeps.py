@@ -126,6 +126,15 @@ def _batch_key(run) -> tuple:
     return json.dumps(spec, sort_keys=True), json.dumps(cfg, sort_keys=True)
 
 
+def checkpoint_path(directory, row: dict[str, Any]) -> Path:
+    """The checkpoint of a results row. Rows name it relative to the sweep directory (``runs/NAME.safetensors``),
+    so a directory can be moved or shipped; rows of older sweeps hold an absolute path, used if it still exists."""
+    path = Path(row["checkpoint"])
+    if path.is_absolute() and path.is_file():
+        return path
+    return Path(directory) / "runs" / path.name
+
+
 def _row(run, prov: dict[str, Any], path: Path) -> dict[str, Any]:
     """One run's row: its whole configuration (not only the grid's keys), seed, epochs, every metric of every split
     the task reports, the heads left active, wall time and population. Generic: the task's metrics are taken as
@@ -133,7 +142,7 @@ def _row(run, prov: dict[str, Any], path: Path) -> dict[str, Any]:
     spec, cfg = asdict(run["spec"]), asdict(run["cfg"])
     halving = prov.get("halving")
     return {"name": run["name"], **{k: spec[k] for k in SPEC_GRID}, **{k: cfg[k] for k in TRAIN_GRID},
-            "strategy": cfg["halving"] or "normal", "seed": run["seed"], "checkpoint": str(path),
+            "strategy": cfg["halving"] or "normal", "seed": run["seed"], "checkpoint": f"runs/{Path(path).name}",
             "best_epoch": prov.get("best_epoch"), "kept_epoch": prov["kept_epoch"], "epochs_run": prov["epochs_run"],
             "accuracy": prov["accuracy"], "metrics": prov.get("metrics"),
             "final_active_heads": len(halving["active"]) if halving else spec["n_layers"] * spec["n_heads"],
@@ -445,8 +454,7 @@ def load_results(directory):
     for row in read_results(directory):
         meta = None
         if any(k not in row for k in (*SPEC_GRID, *TRAIN_GRID)) and row.get("checkpoint"):
-            path = Path(row["checkpoint"])
-            path = path if path.is_file() else directory / "runs" / path.name  # a moved sweep directory
+            path = checkpoint_path(directory, row)
             if path.is_file():
                 meta = read_metadata(path)
         flat.append(flat_row(row, meta))

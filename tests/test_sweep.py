@@ -53,7 +53,7 @@ def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_sp
     assert all(r["population"]["size"] == 2 for r in rows)  # lr varies within a batch: 4 runs in 2 groups of 2
     solo = train(tiny_task, tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": 1}),
                  tiny_cfg(epochs=2, lr=3e-3, seed=1), tmp_path / "solo.safetensors", device="cpu", progress=False)
-    got = load_file(rows[3]["checkpoint"])
+    got = load_file(tmp_path / rows[3]["checkpoint"])
     want = load_file(tmp_path / "solo.safetensors")
     for k in got:
         if got[k].is_floating_point():
@@ -62,7 +62,7 @@ def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_sp
     # a rerun trains nothing; a lost row is recovered from its checkpoint; a missing checkpoint is retrained
     stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()}
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
-    Path(rows[0]["checkpoint"]).unlink()
+    (tmp_path / rows[0]["checkpoint"]).unlink()
     again = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path, group=2, device="cpu",
                       progress=False)
     assert [r["name"] for r in again] == [r["name"] for r in rows]
@@ -128,7 +128,7 @@ def test_ray_backend_on_a_real_local_cluster_equals_local(tmp_path, tiny_task, t
     assert [r["accuracy"] for r in remote] == [r["accuracy"] for r in local]
     assert read_results(tmp_path / "ray") == remote
     for a, b in zip(local, remote):
-        wa, wb = load_file(a["checkpoint"]), load_file(b["checkpoint"])
+        wa, wb = load_file(tmp_path / "local" / a["checkpoint"]), load_file(tmp_path / "ray" / b["checkpoint"])
         for k in wa:
             if wa[k].is_floating_point():
                 torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=0, equal_nan=True)

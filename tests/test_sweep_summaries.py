@@ -45,7 +45,8 @@ def test_load_results_rows_and_csv(sweep):
     assert set(frame["strategy"]) == {"normal"} and list(frame["n_heads"]) == [1, 1, 2, 2]
     assert list(frame["final_active_heads"]) == [1, 1, 2, 2]
     for _, row in frame.iterrows():  # every metric of every split, as the checkpoint recorded it
-        meta = read_metadata(row["checkpoint"])
+        assert row["checkpoint"] == f"runs/{row['name']}.safetensors"  # relative: the directory can move
+        meta = read_metadata(sweep / row["checkpoint"])
         for split, metrics in meta["training"]["metrics"].items():
             for name, value in metrics.items():
                 assert row[f"{split}_{name}"] == value
@@ -61,7 +62,8 @@ def test_load_results_rows_and_csv(sweep):
 def test_rows_of_older_sweeps_still_load(sweep, tmp_path):
     """The schema before this issue: grid keys only, nested accuracy; the configuration comes from the checkpoint."""
     new = [json.loads(line) for line in (sweep / "results.jsonl").read_text().splitlines()]
-    old = [{"name": r["name"], "n_heads": r["n_heads"], "lr": r["lr"], "seed": r["seed"], "checkpoint": r["checkpoint"],
+    old = [{"name": r["name"], "n_heads": r["n_heads"], "lr": r["lr"], "seed": r["seed"],
+            "checkpoint": str(sweep / r["checkpoint"]),  # older sweeps wrote absolute paths
             "accuracy": r["accuracy"], "kept_epoch": r["kept_epoch"], "epochs_run": r["epochs_run"],
             "population": r["population"], "halving_result": None} for r in new]
     old.append({**old[0], "name": "lost", "checkpoint": str(tmp_path / "gone.safetensors")})  # checkpoint deleted
@@ -124,9 +126,6 @@ def test_status_resume_and_option_aliases(sweep, tmp_path, capsys):
     d = tmp_path / "copy"
     shutil.copytree(sweep, d)
     rows = [json.loads(line) for line in (d / "results.jsonl").read_text().splitlines()]
-    for r in rows:  # the copy's checkpoints
-        r["checkpoint"] = str(d / "runs" / Path(r["checkpoint"]).name)
-    (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lost = d / "runs" / Path(rows[2]["checkpoint"]).name
     lost.unlink()
     status = sweep_status(d)
@@ -188,8 +187,7 @@ def test_census_equals_each_models_head_summary_and_resumes(sweep):
     c = census(sweep, train_size=200, test_size=80, progress=False)
     assert [r["n_heads"] for r in c.runs] == [1, 1, 2, 2] and len(c.heads()) == 6
     for run in c.runs:
-        ckpt = load_checkpoint(run["checkpoint"] if "checkpoint" in run else sweep / "runs" / f"{run['name']}.safetensors",
-                               device="cpu")
+        ckpt = load_checkpoint(sweep / "runs" / f"{run['name']}.safetensors", device="cpu")
         train = ckpt.task.dataset("train").select(slice(0, 200))
         test = ckpt.task.dataset("test").select(slice(0, 80))
         want = head_summary(ckpt.model, train, test, pairs=False)

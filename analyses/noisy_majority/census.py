@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import ConfigError
+from interp.sweeps import checkpoint_path
 from interp.results import Result, jsonable
 
 from .head_summary import GOOD
@@ -86,8 +87,7 @@ def census(directory, *, train_size: int | None = TRAIN_SIZE, test_size: int | N
     sizes = {"train_size": train_size, "test_size": test_size}
     todo, skipped = [], []
     for _, row in frame.iterrows():
-        path = Path(row["checkpoint"])
-        path = path if path.is_file() else directory / "runs" / path.name  # a moved sweep directory
+        path = checkpoint_path(directory, row)
         entry = cached.get(row["name"])
         fits = entry is not None and all(entry.get(k) == v for k, v in sizes.items())
         if not path.is_file():
