@@ -68,9 +68,9 @@ def _add_model_and_training_options(p, TASKS) -> None:
                    help="where dropout goes (default embedding+attention; 'attention' allows the O(vocab) batched "
                         "forward of interp.population)")
     p.add_argument("--patience", type=_positive_int, default=None, help="stop after this many epochs without a better validation accuracy")
-    p.add_argument("--keep", choices=["best", "last"], default=None,
-                   help="the model written: best (default: highest validation accuracy, ties by lower validation loss) "
-                        "or last (the final epoch)")
+    p.add_argument("--keep", choices=["best", "first-best", "last"], default=None,
+                   help="the model written: best (default: highest validation accuracy, ties by lower validation loss), "
+                        "first-best (the first epoch at the highest validation accuracy) or last (the final epoch)")
 
 
 def build_parser() -> argparse.ArgumentParser:

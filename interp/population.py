@@ -449,7 +449,8 @@ class _Population:
             r.history.append({"epoch": epoch, "train_loss": float(train_loss[k]), "val_accuracy": acc,
                               "val_loss": loss})
             h = r.halving
-            if (h is None or h.done) and (acc > r.best[0] or (acc == r.best[0] and loss < r.best[1])):
+            ties_by_loss = self.cfg.keep != "first-best"
+            if (h is None or h.done) and (acc > r.best[0] or (ties_by_loss and acc == r.best[0] and loss < r.best[1])):
                 r.best = (acc, loss, epoch)
                 self._copy_model(k, self.best_state)
             if h is not None and not h.done and acc >= h.threshold:
@@ -483,7 +484,7 @@ class _Population:
             if r.active:
                 self._copy_model(k, self.last_state)
         kept = [c.keep if r.best[2] >= 0 else "last" for r, c in zip(self.records, self.cfgs)]
-        keep_best = torch.tensor([kp == "best" for kp in kept], device=self.device)
+        keep_best = torch.tensor([kp != "last" for kp in kept], device=self.device)
         return kept, {n: torch.where(keep_best.view(-1, *[1] * (self.best_state[n].ndim - 1)), self.best_state[n],
                                      self.last_state[n]) for n in PARAMS}
 
@@ -587,7 +588,7 @@ def _train_population(task, specs, cfgs, outs, *, device, progress, compile, hea
         prov = {
             "seed": c.seed, "epochs": c.epochs, "epochs_run": r.epochs_run, "steps": r.steps,
             "best_epoch": r.best[2], "kept": kept[k],
-            "kept_epoch": r.best[2] if kept[k] == "best" else r.epochs_run, "config": asdict(c),
+            "kept_epoch": r.best[2] if kept[k] != "last" else r.epochs_run, "config": asdict(c),
             "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics, "history": r.history,
             "device": device, "wall_seconds_this_run": wall, "torch": torch.__version__,
             "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),

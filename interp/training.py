@@ -10,7 +10,9 @@ forward hooks after the embedding (``blocks.0.hook_resid_pre``) and after every 
 
 Which model is kept (``keep``): ``"best"`` (default) is the epoch with the highest validation accuracy, ties broken
 by the lower validation loss (then the earlier epoch), so an epoch that only ties the majority-class accuracy never
-beats a later, better-trained one; ``"last"`` is the final epoch.
+beats a later, better-trained one; ``"first-best"`` is the first epoch with the highest validation accuracy (ties
+to the earlier epoch: "the best model selected on validation accuracy" read literally, which is what a loop that
+only keeps a strictly better accuracy does); ``"last"`` is the final epoch.
 
 Halving heads (seed 000 §5.5, ``TrainConfig.halving``): a persistent head mask (:mod:`interp.halving`) that
 masks half of the active heads each time validation accuracy reaches ``halving_threshold``; the kept model is
@@ -46,7 +48,7 @@ from .query_forward import logits_at, supports_query_forward
 from .task import IGNORE
 
 
-KEEP = ("best", "last")
+KEEP = ("best", "first-best", "last")
 # Where dropout goes (the seed does not say): "embedding+attention" (after the embedding, per position, and after
 # the attention output: the default, as trained so far) or "attention" (after the attention output only). With
 # "attention" a one-layer attention-only model without positions depends, at a query, only on the query token and
@@ -69,7 +71,8 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 5  # epochs between resume files
     patience: int | None = None  # stop after this many epochs without a better validation accuracy
-    keep: str = "best"  # "best": best validation accuracy, ties by lower validation loss; "last": the final epoch
+    keep: str = "best"  # "best": best val accuracy, ties by lower val loss; "first-best": ties to the earlier epoch;
+    #                     "last": the final epoch
     dropout_at: str = "embedding+attention"  # see DROPOUT_AT
     loss_dtype: str = "float32"  # "float64": the cross-entropy in double precision (the grokking recipe)
     halving: str | None = None  # a halving-heads strategy (interp.halving.STRATEGIES), or None
@@ -147,9 +150,10 @@ class _State:
         self.history: list[dict[str, float]] = []
         self.halving: Halving | None = None  # the head mask and its steps (halving runs only)
 
-    def better(self, accuracy: float, loss: float) -> bool:
-        """Whether a validation result beats the best so far: higher accuracy, or equal accuracy and lower loss."""
-        return accuracy > self.best_val or (accuracy == self.best_val and loss < self.best_loss)
+    def better(self, accuracy: float, loss: float, ties_by_loss: bool = True) -> bool:
+        """Whether a validation result beats the best so far: higher accuracy, or (``ties_by_loss``) equal accuracy
+        and lower loss."""
+        return accuracy > self.best_val or (ties_by_loss and accuracy == self.best_val and loss < self.best_loss)
 
     def save(self, path: Path, identity: dict[str, Any], options: dict[str, Any]) -> None:
         from safetensors.torch import save_file
@@ -349,7 +353,8 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
             save_checkpoint(snapshot_dir / f"epoch-{state.epoch:06d}.safetensors", model, spec, task,
                             {"epoch": state.epoch, "seed": cfg.seed, "config": asdict(cfg), "record": state.history[-1]})
         # with halving, only one-head states compete for the kept model
-        if (halving is None or halving.done) and state.better(val["accuracy"], val["loss"]):
+        if (halving is None or halving.done) and state.better(val["accuracy"], val["loss"],
+                                                                     cfg.keep != "first-best"):
             state.best_val, state.best_loss, state.best_epoch = val["accuracy"], val["loss"], state.epoch
             state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if halving is not None:
@@ -370,13 +375,13 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
     bar.close()
 
     kept = cfg.keep if state.best_epoch >= 0 else "last"  # a halving run that never got to one head: its last state
-    if kept == "best":
+    if kept != "last":
         model.load_state_dict(state.best_state)
     model.eval()
     metrics = evaluate_splits(model, task)
     provenance = {
         "seed": cfg.seed, "epochs": cfg.epochs, "epochs_run": state.epoch, "steps": state.step,
-        "best_epoch": state.best_epoch, "kept": kept, "kept_epoch": state.best_epoch if kept == "best" else state.epoch,
+        "best_epoch": state.best_epoch, "kept": kept, "kept_epoch": state.best_epoch if kept != "last" else state.epoch,
         "config": asdict(cfg),
         "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
         "history": state.history, "device": device, "wall_seconds_this_run": round(time.time() - started, 1),

@@ -311,3 +311,19 @@ def test_population_resume_file_of_another_population_is_refused(tmp_path, tiny_
     with pytest.raises(CheckpointError, match="corrupt"):
         train_population(tiny_task, specs2, cfgs2, [tmp_path / f"b{s}.safetensors" for s in range(3)], device="cpu",
                          progress=False, resume_file=resume)
+
+
+def test_first_best_keeps_the_first_epoch_at_the_best_validation_accuracy(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    """keep="first-best": ties in validation accuracy go to the earlier epoch (no loss tie-break), in populations as
+    in solo runs; the kept epoch is read off the history by a plain loop."""
+    seeds = [0, 4]
+    cfg = tiny_cfg(epochs=8, keep="first-best", dropout_at="attention")
+    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, seeds)
+    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
+    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
+    for s, spec, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
+        solo_out = tmp_path / f"solo{s}.safetensors"
+        solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False)
+        _compare(out, solo_out, pop, solo)
+        accs = [h["val_accuracy"] for h in pop["history"]]
+        assert pop["kept"] == "first-best" and pop["kept_epoch"] == accs.index(max(accs)) + 1
