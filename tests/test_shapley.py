@@ -356,11 +356,11 @@ def test_cli_sampled_and_errors(capsys):
 
 def test_report_section(nm_ckpt):
     """The noisy-majority report's Shapley section: computed caption, table and figure."""
-    from analyses.noisy_majority.suite import _shapley_section, _summary
+    from analyses.noisy_majority.suite import _shapley_section, checkpoint_summary
     from interp.report import Report
 
     report = Report("t")
-    s, train, test, tr, te = _summary(nm_ckpt, train_size=500, test_size=300)
+    s, train, test, tr, te = checkpoint_summary(nm_ckpt, train_size=500, test_size=300)
     _shapley_section(nm_ckpt, report, s, test, te)
     html = report.html()
     assert "Heads: Shapley values" in html and "exact, from all 65,536 coalitions" in html
