@@ -12,7 +12,6 @@ from safetensors.torch import load_file
 
 from interp.checkpoint import load_checkpoint
 from interp.errors import ConfigError
-from interp.model import ModelSpec
 from interp.population import seed_population, train_population
 from interp.training import train
 
@@ -39,16 +38,24 @@ def _compare(pop_path, solo_path, pop, solo):
         assert pop[key] == solo[key], key
 
 
+def _population_equals_solo(tmp_path, task, spec, cfg, seeds, head_scorer=None):
+    """Train ``seeds`` as one population and each alone; compare them (:func:`_compare`); return (pop, solo) pairs."""
+    specs, cfgs = seed_population(task, spec, cfg, seeds)
+    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
+    pops = train_population(task, specs, cfgs, outs, device="cpu", progress=False, head_scorer=head_scorer)
+    pairs = []
+    for s, sp, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
+        solo_out = tmp_path / f"solo{s}.safetensors"
+        solo = train(task, sp, c, solo_out, device="cpu", progress=False, head_scorer=head_scorer)
+        _compare(out, solo_out, pop, solo)
+        pairs.append((pop, solo))
+    return pairs
+
+
 @pytest.mark.parametrize("seeds", [[5], [0, 1, 2], list(range(8))], ids=["K=1", "K=3", "K=8"])
 def test_each_batched_model_equals_its_seed_trained_alone(tmp_path, tiny_task, tiny_spec, tiny_cfg, seeds):
-    cfg = tiny_cfg(epochs=4 if len(seeds) < 8 else 3)
-    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, seeds)
-    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
-    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
-    for s, spec, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
-        solo_out = tmp_path / f"solo{s}.safetensors"
-        solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False)
-        _compare(out, solo_out, pop, solo)
+    pairs = _population_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg(epochs=4 if len(seeds) < 8 else 3), seeds)
+    for s, (pop, solo) in zip(seeds, pairs):
         assert pop["population"] == {"size": len(seeds), "index": seeds.index(s), "forward": "positions",
                                      "compiled": False, "resumed_at_epoch": 0}
 
@@ -86,15 +93,9 @@ def test_the_token_count_forward_equals_the_positional_one(tiny_task, tiny_spec)
 
 
 def test_attention_only_dropout_population_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg):
-    seeds = [0, 3]
-    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=4, dropout_at="attention"), seeds)
-    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
-    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
-    for s, spec, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
-        assert pop["population"]["forward"] == "token counts"
-        solo_out = tmp_path / f"solo{s}.safetensors"
-        _compare(out, solo_out, pop, train(tiny_task, spec, c, solo_out, device="cpu", progress=False))
-    assert load_checkpoint(outs[0], device="cpu").training["config"]["dropout_at"] == "attention"
+    pairs = _population_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg(epochs=4, dropout_at="attention"), [0, 3])
+    assert all(pop["population"]["forward"] == "token counts" for pop, _ in pairs)
+    assert load_checkpoint(tmp_path / "pop0.safetensors", device="cpu").training["config"]["dropout_at"] == "attention"
 
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
@@ -193,17 +194,11 @@ def test_halving_population_equals_halving_runs_alone(tmp_path, tiny_task, tiny_
     model's current weights with analyses.halving.scorer, as the solo run does."""
     from analyses.halving import scorer
 
-    seeds = [0, 2, 5]
     cfg = tiny_cfg(epochs=4, halving=strategy, halving_threshold=0.5, dropout_at="attention")
-    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, seeds)
     head_scorer = scorer(strategy) if strategy == "svc" else None
-    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
-    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False, head_scorer=head_scorer)
-    assert any(len(p["halving"]["steps"]) > 0 for p in pops)
-    for s, spec, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
-        solo_out = tmp_path / f"solo{s}.safetensors"
-        solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False, head_scorer=head_scorer)
-        _compare(out, solo_out, pop, solo)
+    pairs = _population_equals_solo(tmp_path, tiny_task, tiny_spec, cfg, [0, 2, 5], head_scorer)
+    assert any(len(pop["halving"]["steps"]) > 0 for pop, _ in pairs)
+    for pop, solo in pairs:
         hp, hs = pop["halving"], solo["halving"]
         assert [st["kept"] for st in hp["steps"]] == [st["kept"] for st in hs["steps"]]
         assert [st["epoch"] for st in hp["steps"]] == [st["epoch"] for st in hs["steps"]]
@@ -316,14 +311,7 @@ def test_population_resume_file_of_another_population_is_refused(tmp_path, tiny_
 def test_first_best_keeps_the_first_epoch_at_the_best_validation_accuracy(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     """keep="first-best": ties in validation accuracy go to the earlier epoch (no loss tie-break), in populations as
     in solo runs; the kept epoch is read off the history by a plain loop."""
-    seeds = [0, 4]
     cfg = tiny_cfg(epochs=8, keep="first-best", dropout_at="attention")
-    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, seeds)
-    outs = [tmp_path / f"pop{s}.safetensors" for s in seeds]
-    pops = train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
-    for s, spec, c, out, pop in zip(seeds, specs, cfgs, outs, pops):
-        solo_out = tmp_path / f"solo{s}.safetensors"
-        solo = train(tiny_task, spec, c, solo_out, device="cpu", progress=False)
-        _compare(out, solo_out, pop, solo)
+    for pop, _ in _population_equals_solo(tmp_path, tiny_task, tiny_spec, cfg, [0, 4]):
         accs = [h["val_accuracy"] for h in pop["history"]]
         assert pop["kept"] == "first-best" and pop["kept_epoch"] == accs.index(max(accs)) + 1
