@@ -403,7 +403,7 @@ def cmd_sweep(args) -> int:
             runs = plan(task, spec, cfg, parse_seeds(args.seeds), parse_grid(args.grid))
         status = sweep_status(directory, runs)
         keys = [k for k in status[0] if k not in ("runs", "done", "rows", "todo")] if status else []
-        cols = keys + ["runs", "done", "todo"]
+        cols = keys + ["runs", "done", "rows", "todo"]
         cells = [[str(e[k]) for k in cols] for e in status]
         width = [max(len(c), *(len(r[j]) for r in cells)) for j, c in enumerate(cols)]
         print("  ".join(c.rjust(w) for c, w in zip(cols, width)))
@@ -411,6 +411,10 @@ def cmd_sweep(args) -> int:
             print("  ".join(c.rjust(w) for c, w in zip(r, width)))
         done, total = sum(e["done"] for e in status), sum(e["runs"] for e in status)
         print(f"{directory}: {done} of {total} runs done, {total - done} to do")
+        results_only = sum(max(0, e["rows"] - e["done"]) for e in status)
+        if results_only:  # e.g. a shipped results table: rows without their checkpoints
+            print(f"{directory} holds {results_only} result rows without their checkpoints (a results table shipped "
+                  "without checkpoints?): interp table / interp report read them; --resume would train them again")
         return 0
     _set_threads(args)
     if directory is not None:

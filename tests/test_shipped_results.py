@@ -53,3 +53,11 @@ def test_interp_table_prints_table1_from_the_shipped_results():
     text = subprocess.run([sys.executable, "-m", "interp", "table", str(TABLE1)], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert text.returncode == 0 and "shapley-svc" in text.stdout and "[" in text.stdout
+
+
+def test_status_of_the_shipped_results_says_the_checkpoints_are_not_there(capsys):
+    from interp.cli import main
+
+    assert main(["sweep", str(TABLE1), "--status"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(_rows())} result rows without their checkpoints" in out and "--resume would train them again" in out
