@@ -61,3 +61,11 @@ def test_status_of_the_shipped_results_says_the_checkpoints_are_not_there(capsys
     assert main(["sweep", str(TABLE1), "--status"]) == 0
     out = capsys.readouterr().out
     assert f"{len(_rows())} result rows without their checkpoints" in out and "--resume would train them again" in out
+
+
+def test_shipped_rows_name_their_checkpoints_relative_to_their_directory():
+    """No path of the machine that trained them: a shipped table works in any checkout."""
+    for path in sorted((ROOT / "examples" / "results").glob("*/results.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            assert row["checkpoint"] == f"runs/{row['name']}.safetensors", (path, row["checkpoint"])
