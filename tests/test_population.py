@@ -315,3 +315,20 @@ def test_first_best_keeps_the_first_epoch_at_the_best_validation_accuracy(tmp_pa
     for pop, _ in _population_equals_solo(tmp_path, tiny_task, tiny_spec, cfg, [0, 4]):
         accs = [h["val_accuracy"] for h in pop["history"]]
         assert pop["kept"] == "first-best" and pop["kept_epoch"] == accs.index(max(accs)) + 1
+
+
+@pytest.mark.parametrize("shape", [dict(d_model=2, n_heads=1, d_head=2), dict(d_model=8, n_heads=64, d_head=2)],
+                         ids=["1 head", "64 heads, trained W_O"])
+def test_population_of_one_head_and_of_64_heads_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape):
+    """The token-count forward and the halving mask on the shapes at both ends: one head (the seed's d = 2, a = 1)
+    and 64 heads whose W_O is trained (n_heads x d_head != d_model)."""
+    from dataclasses import replace
+
+    spec = replace(tiny_spec, **shape, output_matrix="identity" if shape["n_heads"] == 1 else "learned")
+    halving = None if shape["n_heads"] == 1 else "random"
+    cfg = tiny_cfg(epochs=3, dropout_at="attention", halving=halving, halving_threshold=0.5)
+    pairs = _population_equals_solo(tmp_path, tiny_task, spec, cfg, [0, 1])
+    for pop, solo in pairs:
+        assert pop["population"]["forward"] == "token counts"
+        if halving:
+            assert pop["halving"]["steps"] == solo["halving"]["steps"] and pop["halving"]["steps"]

@@ -299,3 +299,21 @@ def test_a_results_table_without_checkpoints_still_reports(sweep, tmp_path):
         census(d, progress=False)
     page = build_sweep_report(d, progress=False).html()
     assert "Table 1" in page and "Left out: 1 runs" in page
+
+
+def test_two_layer_runs_sweep_table_and_report(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    """Two-layer models are not batched (the token-count forward is one layer): a sweep trains them one at a time,
+    and the table, the rows and the sweep report (with its census) take them like any other."""
+    from dataclasses import replace
+
+    from interp.report import write_sweep_report
+    from interp.sweeps import population_table, run_sweep
+
+    rows = run_sweep(tiny_task, replace(tiny_spec, n_layers=2), tiny_cfg(epochs=1), [0, 1], {}, tmp_path,
+                     device="cpu", progress=False)
+    assert all(r["population"] is None and r["n_layers"] == 2 for r in rows)
+    table = population_table(load_results(tmp_path))
+    assert len(table) == 1 and table[0]["runs"] == 2
+    out = write_sweep_report(tmp_path, tmp_path / "r.html", progress=False)
+    html = out.read_text()
+    assert "Table 1" in html and "L1H" in html  # the census has the second layer's heads
