@@ -382,7 +382,7 @@ def cmd_list(args) -> int:
 
 def cmd_sweep(args) -> int:
     from interp.errors import ConfigError
-    from interp.sweeps import parse_grid, parse_seeds, planned_runs, run_sweep, sweep_status
+    from interp.sweeps import aligned, parse_grid, parse_seeds, planned_runs, run_sweep, sweep_status
 
     from tasks import TASKS
 
@@ -404,11 +404,7 @@ def cmd_sweep(args) -> int:
         status = sweep_status(directory, runs)
         keys = [k for k in status[0] if k not in ("runs", "done", "rows", "todo")] if status else []
         cols = keys + ["runs", "done", "rows", "todo"]
-        cells = [[str(e[k]) for k in cols] for e in status]
-        width = [max(len(c), *(len(r[j]) for r in cells)) for j, c in enumerate(cols)]
-        print("  ".join(c.rjust(w) for c, w in zip(cols, width)))
-        for r in cells:
-            print("  ".join(c.rjust(w) for c, w in zip(r, width)))
+        print(aligned(cols, [[str(e[k]) for k in cols] for e in status]))
         done, total = sum(e["done"] for e in status), sum(e["runs"] for e in status)
         print(f"{directory}: {done} of {total} runs done, {total - done} to do")
         results_only = sum(max(0, e["rows"] - e["done"]) for e in status)

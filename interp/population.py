@@ -222,9 +222,10 @@ def _mask_heads(P: dict[str, Tensor], names: Sequence[str], head_on: Float[Tenso
                     t[k].mul_(m[k])
 
 
-def _dropout_mask(shape, p: float, gen: torch.Generator, device) -> Tensor:
-    """What ``F.dropout(x, p)`` multiplies ``x`` by on the CPU: ``bernoulli(1 - p) / (1 - p)``."""
-    noise = torch.empty(shape).bernoulli_(1 - p, generator=gen)
+def _dropout_mask(shape, p: float, gen: torch.Generator, device, out: Tensor | None = None) -> Tensor:
+    """What ``F.dropout(x, p)`` multiplies ``x`` by on the CPU: ``bernoulli(1 - p) / (1 - p)``, drawn from ``gen``
+    as the solo run's dropout draws it (into ``out``, a contiguous CPU tensor of ``shape``, where given)."""
+    noise = (torch.empty(shape) if out is None else out).bernoulli_(1 - p, generator=gen)
     return noise.div_(1 - p).to(device)
 
 
@@ -401,8 +402,8 @@ class _Population:
         if p:
             out_mask = torch.empty(self.K, idx.shape[1], qtok.shape[-1], self.P["embed.W_E"].shape[-1])
             for m, g in enumerate(self.drop_gens):
-                out_mask[m].bernoulli_(1 - p, generator=g)  # what F.dropout draws on the CPU
-            out_mask = out_mask.div_(1 - p).to(self.device)
+                _dropout_mask(out_mask.shape[1:], p, g, "cpu", out=out_mask[m])
+            out_mask = out_mask.to(self.device)
         return count_losses(self.P, qtok, logc, counted.present, self.attn_scale, out_mask, targets[idx])
 
     def position_batch(self, data, idx: Int[Tensor, "K b"]) -> Float[Tensor, "K"]:

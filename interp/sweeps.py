@@ -534,7 +534,10 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
                 row.append(str(v))
         cells.append(row)
     heads = [k.replace("share_", "").replace("_at_", " >= ") if k.startswith("share_") else k for k in columns]
-    width = [max(len(h), *(len(c[j]) for c in cells)) for j, h in enumerate(heads)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(heads, width))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, width)) for row in cells]
-    return "\n".join(lines)
+    return aligned(heads, cells)
+
+
+def aligned(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Rows of text cells as right-aligned columns under ``headers`` (the CLI's tables)."""
+    width = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, width)) for line in [list(headers), *rows])
