@@ -13,13 +13,18 @@ and result type.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from interp.suite import Suite
+    from interp.task import Task
 
 _NAMES = {
     # generic
     "analyses.answer_cache": ["AnswerCache", "cache_answer"],
-    "analyses.ablation": ["LearnedAccuracy", "learned_accuracy", "learned_accuracy_of", "learned_accuracy_of_size",
+    "analyses.learned_accuracies": ["LearnedAccuracy", "learned_accuracy", "learned_accuracy_of", "learned_accuracy_of_size",
                           "learned_accuracy_loop", "head_subsets", "mean_head_outputs", "subset_answer_logits"],
-    "analyses.probes": ["SeparationAccuracy", "separation_accuracy", "fit_separator", "make_separator", "head_features"],
+    "analyses.separation_accuracies": ["SeparationAccuracy", "separation_accuracy", "fit_separator", "make_separator", "head_features"],
     "analyses.circuits": ["Circuit", "OVCopying", "LogitDecomposition", "full_qk_circuit", "full_ov_circuit",
                           "positional_qk_circuit", "k_composition_circuit", "ov_copying", "bigram_table",
                           "logit_decomposition"],
@@ -30,10 +35,14 @@ _NAMES = {
     "analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
-    "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test", "repeated_tokens"],
+    "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test",
+                                "repeated_random_tokens"],
+    "analyses.populations": ["population_table", "format_table", "wilson_interval"],
+    "analyses.population_figures": ["Survival", "GridAccuracy", "LearningRateAccuracy", "accuracy_survival", "grid_accuracy",
+                                    "lr_accuracy"],
     "analyses.patching": ["ActivationPatching", "PathPatching", "activation_patching", "path_patching",
                           "path_patching_loop", "variant_metric"],
-    # noisy majority (seed 000 §5)
+    # noisy majority (Fraknói 2024, §5)
     "analyses.noisy_majority.attention_ratios": ["AttentionRatios", "attention_ratios", "measured_attention_ratios",
                                                  "exact_attention_ratios"],
     "analyses.noisy_majority.head_outputs": ["HeadOutputs", "head_outputs", "value_vectors"],
@@ -43,11 +52,11 @@ _NAMES = {
     "analyses.noisy_majority.handbuilt": ["minimal_majority_transformer", "attention_preference_model"],
     "analyses.noisy_majority.corrupt": ["flip_answer"],
     "analyses.noisy_majority.census": ["Census", "census"],
-    # repeated tokens (seed 003)
+    # repeated tokens (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*)
     "analyses.repeated_tokens.probe": ["probe_tokens"],
     "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],
     "analyses.repeated_tokens.suite": ["InductionAnalysis"],
-    # modular addition (seed 000 §4, Nanda et al. 2023)
+    # modular addition (Fraknói 2024, §4, Nanda et al. 2023)
     "analyses.modular_addition.fourier": ["FrequencyNorms", "NeuronFrequencies", "NeuronLogitMap", "fourier_basis",
                                           "find_key_frequencies", "key_frequencies_of", "logit_frequency_energy", "embedding_norms", "neuron_frequencies",
                                           "neuron_logit_map"],
@@ -56,7 +65,7 @@ _NAMES = {
     "analyses.modular_addition.exhaustive": ["AttentionSplit", "AblationTable", "attention_split", "ablated_accuracy",
                                              "ablated_accuracies", "ablation_table"],
     "analyses.modular_addition.suite": ["ModularAdditionAnalysis"],
-    # integer addition (seed 004, seed 000 §4)
+    # integer addition (Ibrahimli 2024, Compositional Generalization in Transformers, Fraknói 2024, §4)
     "analyses.integer_addition.accuracy": ["CaseAccuracy", "LengthAccuracy", "accuracy_by_case", "accuracy_by_length",
                                            "correct_digits"],
     "analyses.integer_addition.ablation": ["DigitAblation", "component_ablation"],
@@ -76,19 +85,19 @@ def __dir__():
     return __all__
 
 
-def suite_for(task):
-    """The ``analyze``/``report`` suite of a task (``analyses.<task module>.suite``, found by the task's name), or
-    a TaskError naming the tasks that have one."""
+def suite_for(task: Task | str) -> Suite:
+    """The analysis suite of a task (:class:`interp.suite.Suite`: ``SUITE`` in ``analyses.<task module>.suite``,
+    found by the task's name), or a TaskError naming the tasks that have one."""
+    from pathlib import Path
+
     from interp.errors import TaskError
 
     name = getattr(task, "name", task)
     module = f"analyses.{str(name).replace('-', '_')}.suite"
     try:
-        return importlib.import_module(module)
+        return importlib.import_module(module).SUITE
     except ModuleNotFoundError as e:
         if e.name not in (module, module.rsplit(".", 1)[0]):
             raise
-        from pathlib import Path
-
         have = sorted(p.parent.name.replace("_", "-") for p in Path(__file__).parent.glob("*/suite.py"))
         raise TaskError(f"no analysis suite for task {name!r}; suites exist for: {', '.join(have)}") from None

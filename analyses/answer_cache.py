@@ -1,6 +1,6 @@
 """One pass over task data that keeps what the head analyses need at each example's answer position.
 
-The head analyses of seed 000 §5.4 all read the model at the position where the answer is predicted
+The head analyses of Fraknói 2024, §5.4 all read the model at the position where the answer is predicted
 (the ``=`` token of noisy majority): the per-head outputs ``r^h`` (TransformerLens' ``hook_z``, before
 ``W_O``), the residual stream entering layer 0 (the direct path), and the answer query's attention row.
 :func:`cache_answer` collects them once, chunked and on the model's device, so learned accuracy,
@@ -19,15 +19,21 @@ Two exact ways to get them (the toolkit's one vocabulary, :func:`interp.query_fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.errors import InterpError, TaskError
-from interp.evaluate import DEFAULT_BUDGET, check_tokens, map_chunks
+from interp.evaluation import DEFAULT_BUDGET, check_finite_parameters, check_tokens, map_chunks
 from interp.query_forward import query_attention, resolve_method
 from interp.task import TaskData, check_model_task, check_nonempty
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 
 @dataclass
@@ -42,8 +48,8 @@ class AnswerCache:
     resid_pre: Float[Tensor, "batch d_model"]
     log_attn: Float[Tensor, "batch layer head pos"] | None
     tokens: Int[Tensor, "batch pos"]
-    labels: Int[Tensor, "batch"]
-    answer_pos: Int[Tensor, "batch"]
+    labels: Int[Tensor, " batch"]
+    answer_pos: Int[Tensor, " batch"]
     vocab: object = None  # the task's Vocab, from the data
 
     def __len__(self) -> int:
@@ -54,9 +60,10 @@ class AnswerCache:
         return self.z.device
 
 
-def check_model_data(model, data: TaskData, task=None) -> None:
+def check_model_data(model: HookedTransformer, data: TaskData, task: Task | None = None) -> None:
     """Refuse, before any work: something that is not task data, empty data, data of another task than ``task``,
-    a model whose vocabulary does not fit the data's task, and tokens the model cannot take."""
+    a model whose vocabulary does not fit the data's task, tokens the model cannot take, and a model with a NaN or
+    infinite parameter."""
     if not isinstance(data, TaskData):
         raise TaskError(f"expected task data (interp.task.TaskData), got {type(data).__name__}")
     check_nonempty(data)
@@ -70,9 +77,10 @@ def check_model_data(model, data: TaskData, task=None) -> None:
                             f"{data.task!r} data (vocabulary of {len(data.vocab)} tokens, {data.vocab.n_out} outputs): "
                             "is it a model of another task?")
     check_tokens(model, data.tokens, task.vocab if task is not None else data.vocab)
+    check_finite_parameters(model)
 
 
-def cache_answer(model, data: TaskData, *, attention: bool = True, method: str = "auto", task=None,
+def cache_answer(model: HookedTransformer, data: TaskData, *, attention: bool = True, method: str = "auto", task: Task | None = None,
                  budget: int = DEFAULT_BUDGET) -> AnswerCache:
     """Head outputs ``z``, the layer-0 residual input and (optionally) the log attention row at every
     example's answer position, from one chunked pass without gradients."""
@@ -101,7 +109,7 @@ def cache_answer(model, data: TaskData, *, attention: bool = True, method: str =
                        tokens=data.tokens, labels=data.labels, answer_pos=data.answer_pos, vocab=data.vocab)
 
 
-def _hooks_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
+def _hooks_chunk(model: HookedTransformer, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
     L = model.cfg.n_layers
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.attn.hook_z" for l in range(L)]
     if attention:
@@ -120,7 +128,7 @@ def _hooks_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
     return out
 
 
-def _query_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
+def _query_chunk(model: HookedTransformer, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
     ap = chunk.answer_pos
     x, scores, v = query_attention(model, chunk.tokens, ap[:, None])  # [b,t,d], [b,h,1,t], [b,h,t,e]
     log_attn = scores.float().log_softmax(-1)  # log space keeps tiny attention weights exact for w01/w02
@@ -131,7 +139,7 @@ def _query_chunk(model, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
     return out
 
 
-def as_cache(model, data, *, attention: bool = True, method: str = "auto", task=None) -> AnswerCache:
+def as_cache(model: HookedTransformer, data, *, attention: bool = True, method: str = "auto", task: Task | None = None) -> AnswerCache:
     """``data`` itself if it is already an :class:`AnswerCache` (with attention if needed), else its cache."""
     if isinstance(data, AnswerCache):
         if attention and data.log_attn is None:

@@ -1,4 +1,4 @@
-"""Many linear SVCs at once: the separation value of every head coalition (seed 000 Definition 5.2) in torch.
+"""Many linear SVCs at once: the separation value of every head coalition (Fraknói 2024, Definition 5.2) in torch.
 
 Each coalition S has its own problem: scikit-learn's ``LinearSVC(C, loss="squared_hinge", penalty="l2",
 dual=False)``, i.e. liblinear's primal L2-regularised squared-hinge SVM with the intercept as an extra feature
@@ -59,7 +59,7 @@ class LatticeSolver:
     working set violates its margin there (both gradients are then equal); otherwise the working set is rebuilt
     around the new margins and Newton goes on. Batched as ``[problem, K, D]`` blocks."""
 
-    def __init__(self, x: Float[Tensor, "sample player d_head"], y: Float[Tensor, "sample"], C: float,
+    def __init__(self, x: Float[Tensor, "sample player d_head"], y: Float[Tensor, " sample"], C: float,
                  tol: float = 1e-9, max_iter: int = 100):
         N, n, e = x.shape
         self.n, self.e, self.C, self.tol, self.max_iter = n, e, float(C), tol, max_iter
@@ -68,7 +68,7 @@ class LatticeSolver:
         self.y = y.to(x.dtype)
         self.g0 = 2 * self.C * float(torch.linalg.vector_norm(self.y @ self.X))  # |grad f(0)| of the full problem
 
-    def column_mask(self, masks: Int[Tensor, "problem"]) -> Float[Tensor, "problem D"]:
+    def column_mask(self, masks: Int[Tensor, " problem"]) -> Float[Tensor, "problem D"]:
         bits = ((masks[:, None] >> torch.arange(self.n)) & 1).to(self.X.dtype)
         return torch.cat([torch.ones(len(masks), 1, dtype=self.X.dtype), bits.repeat_interleave(self.e, 1)], 1)
 
@@ -143,7 +143,7 @@ class LatticeSolver:
         K = torch.where(K >= N // FULL_FRACTION, N, K)
         out = []
         for k in torch.unique(K).tolist():
-            sel = torch.nonzero(K == k).flatten()
+            sel = torch.nonzero(k == K).flatten()
             idx = None if k >= N else torch.topk(m[sel], k, dim=-1, largest=False, sorted=False).indices
             out.append((rows[sel], idx))
         return out
@@ -198,7 +198,7 @@ class LatticeSolver:
         return w, iters, conv
 
 
-def _solve_lattice(x_tr: Float[Tensor, "sample player d_head"], y: Float[Tensor, "sample"], index: Tensor, C: float,
+def _solve_lattice(x_tr: Float[Tensor, "sample player d_head"], y: Float[Tensor, " sample"], index: Tensor, C: float,
                    progress: bool, tol: float, max_iter: int) -> tuple[Tensor, Tensor, Tensor]:
     """Weights ``[coalition, D]`` (full feature space, zeros off the coalition) for the sorted unique ``index``,
     by size, each warm-started from its parent (the coalition without its highest head) when that is in
@@ -249,7 +249,7 @@ def _clz(m: Tensor) -> Tensor:
     return 63 - top
 
 
-def svc_weights(x_tr: Float[Tensor, "sample player d_head"], y_tr: Tensor, index: Int[Tensor, "coalition"], *,
+def svc_weights(x_tr: Float[Tensor, "sample player d_head"], y_tr: Tensor, index: Int[Tensor, " coalition"], *,
                 C: float = 1000.0, tol: float = 1e-9, max_iter: int = 100) -> tuple[Tensor, Tensor]:
     """The binary SVC of each coalition bitmask in ``index`` (labels: +1 for the larger one): weights
     ``[coalition, 1 + n * d_head]`` (intercept first, then every player's d_head columns, zero off the
@@ -271,8 +271,8 @@ def _decisions(x_te: Float[Tensor, "test player d_head"], W: Tensor) -> Tensor:
     return W @ xf.T
 
 
-def svc_test_accuracy(x_tr: Float[Tensor, "sample player d_head"], y_tr: Int[Tensor, "sample"],
-                      x_te: Float[Tensor, "test player d_head"], y_te: Int[Tensor, "test"], index: Int[Tensor, "coalition"],
+def svc_test_accuracy(x_tr: Float[Tensor, "sample player d_head"], y_tr: Int[Tensor, " sample"],
+                      x_te: Float[Tensor, "test player d_head"], y_te: Int[Tensor, " test"], index: Int[Tensor, " coalition"],
                       *, C: float = 1000.0, tol: float = 1e-9, max_iter: int = 100, progress: bool = False,
                       return_iters: bool = False):
     """Test accuracy of the exact LinearSVC (see the module doc) of every coalition bitmask in ``index``:

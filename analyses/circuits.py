@@ -1,5 +1,5 @@
 """QK and OV circuits of heads (through TransformerLens' ``FactoredMatrix``), copying scores, the direct
-path (zero-layer bigram table) and the per-head decomposition of the logits (seed 003 §4.1-4.3).
+path (zero-layer bigram table) and the per-head decomposition of the logits (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*, §4.1-4.3).
 
 In TransformerLens' row-vector convention a head reads ``x @ W_Q``, ``x @ W_K``, ``x @ W_V`` and writes
 ``z @ W_O``; ``model.QK[l, h] = W_Q W_Kᵀ`` and ``model.OV[l, h] = W_V W_O``. So:
@@ -9,7 +9,7 @@ In TransformerLens' row-vector convention a head reads ``x @ W_Q``, ``x @ W_K``,
 - positional QK circuit ``W_pos W_QK W_posᵀ`` ``[query pos, key pos]``;
 - full OV circuit ``W_E W_OV W_U`` ``[source token, output logit]``: what attending to a token does to the logits;
 - K-composition circuit ``W_E W_QK^B (W_OV^A)ᵀ W_Eᵀ`` ``[query token, key token]``: the score head ``B`` gives a
-  key whose *earlier-layer head ``A``* moved token ``k`` there (seed 003 §4.3).
+  key whose *earlier-layer head ``A``* moved token ``k`` there (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*, §4.3).
 
 Circuits use raw weights (no LayerNorm folding, no biases), as TransformerLens' ``QK``/``OV`` do.
 """
@@ -17,6 +17,7 @@ Circuits use raw weights (no LayerNorm folding, no biases), as TransformerLens' 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -24,10 +25,13 @@ from torch import Tensor
 
 from interp.device import model_device
 from interp.errors import ConfigError, InterpError, TokenError
-from interp.evaluate import check_tokens
+from interp.evaluation import check_tokens
 from interp.heads import head_label, parse_head
 from interp.results import Result, jsonable
 from interp.task import TaskData
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 def _token_labels(vocab, n: int) -> list[str]:
@@ -43,7 +47,7 @@ class Circuit(Result):
     above the diagonal (key after query) are never used and are left out of the figure."""
 
     name: str
-    matrix: "object"  # transformer_lens.FactoredMatrix
+    matrix: object  # transformer_lens.FactoredMatrix
     row_labels: list[str]
     col_labels: list[str]
     row_title: str = ""
@@ -72,7 +76,7 @@ class Circuit(Result):
                        x_title=self.col_title, y_title=self.row_title)
 
 
-def full_qk_circuit(model, head, vocab=None) -> Circuit:
+def full_qk_circuit(model: HookedTransformer, head, vocab=None) -> Circuit:
     """``W_E W_QK W_Eᵀ`` of one head ``[query token, key token]`` (tokens named by ``vocab`` if given)."""
     l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
     labels = _token_labels(vocab, model.cfg.d_vocab)
@@ -80,7 +84,7 @@ def full_qk_circuit(model, head, vocab=None) -> Circuit:
     return Circuit(f"full QK circuit of {head_label(l, h)}", fm, labels, labels, "query token", "key token")
 
 
-def positional_qk_circuit(model, head, n_pos: int | None = None) -> Circuit:
+def positional_qk_circuit(model: HookedTransformer, head, n_pos: int | None = None) -> Circuit:
     """``W_pos W_QK W_posᵀ`` of one head ``[query pos, key pos]`` (first ``n_pos`` positions); entries with
     key > query never matter (causal mask)."""
     l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
@@ -97,7 +101,7 @@ def positional_qk_circuit(model, head, n_pos: int | None = None) -> Circuit:
                    causal=True)
 
 
-def full_ov_circuit(model, head, vocab=None) -> Circuit:
+def full_ov_circuit(model: HookedTransformer, head, vocab=None) -> Circuit:
     """``W_E W_OV W_U`` of one head ``[source token, output logit]``."""
     l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
     fm = model.W_E @ model.OV[l, h] @ model.W_U
@@ -105,7 +109,7 @@ def full_ov_circuit(model, head, vocab=None) -> Circuit:
                    _token_labels(vocab, model.cfg.d_vocab_out), "source token", "output logit")
 
 
-def k_composition_circuit(model, earlier, later, vocab=None) -> Circuit:
+def k_composition_circuit(model: HookedTransformer, earlier, later, vocab=None) -> Circuit:
     """``W_E W_QK^later (W_OV^earlier)ᵀ W_Eᵀ`` ``[query token, key-side token moved by the earlier head]``."""
     la, ha = parse_head(earlier, model.cfg.n_layers, model.cfg.n_heads)
     lb, hb = parse_head(later, model.cfg.n_layers, model.cfg.n_heads)
@@ -152,7 +156,7 @@ class OVCopying(Result):
         return render_table(self.rows(), ["head", "copying_score", "top1", f"top{self.k}"], float_format=".3f")
 
 
-def ov_copying(model, k: int = 5) -> OVCopying:
+def ov_copying(model: HookedTransformer, k: int = 5) -> OVCopying:
     """Copying score and top-1/top-``k`` diagonal accuracy of every head's full OV circuit, batched over heads."""
     from transformer_lens import FactoredMatrix
 
@@ -171,7 +175,7 @@ def ov_copying(model, k: int = 5) -> OVCopying:
     return OVCopying(copying_score=score.float(), top1=top1, topk=topk, k=k)
 
 
-def bigram_table(model, vocab=None) -> Circuit:
+def bigram_table(model: HookedTransformer, vocab=None) -> Circuit:
     """The direct path ``W_E W_U`` ``[token, next-token logit]``: what a zero-layer model predicts (plus ``b_U``)."""
     from transformer_lens import FactoredMatrix
 
@@ -191,10 +195,10 @@ class LogitDecomposition(Result):
 
     tokens: Int[Tensor, "batch pos"]
     direct: Float[Tensor, "batch pos vocab"]
-    bias: Float[Tensor, "vocab"]
+    bias: Float[Tensor, " vocab"]
     heads: Float[Tensor, "layer head batch pos vocab"]
-    answer_pos: Int[Tensor, "batch"] | None = None
-    labels: Int[Tensor, "batch"] | None = None
+    answer_pos: Int[Tensor, " batch"] | None = None
+    labels: Int[Tensor, " batch"] | None = None
 
     @property
     def part_names(self) -> list[str]:
@@ -207,7 +211,7 @@ class LogitDecomposition(Result):
     def _parts(self) -> Float[Tensor, "part batch pos vocab"]:
         return torch.cat([self.direct[None], self.heads.flatten(0, 1)])
 
-    def contributions(self) -> Float[Tensor, "parts"]:
+    def contributions(self) -> Float[Tensor, " parts"]:
         """Each part's mean contribution (direct path, then every head ``L0H0, L0H1, ...``) to the logit of the
         right answer at the answer positions (task data), or of the actual next token at every position whose next
         token is an output token (plain tokens)."""
@@ -223,7 +227,7 @@ class LogitDecomposition(Result):
         g = parts[:, :, :-1].gather(-1, idx)[..., 0]
         return (g * valid).sum((-2, -1)) / valid.sum().clamp(min=1)
 
-    def logit_difference(self, good: int, bad: int) -> Float[Tensor, "parts"]:
+    def logit_difference(self, good: int, bad: int) -> Float[Tensor, " parts"]:
         """Direct logit attribution at the answer: each part's mean contribution to ``logit[good] - logit[bad]`` at
         the answer positions (needs task data), e.g. ``'5' - '4'`` in noisy majority."""
         if self.answer_pos is None:
@@ -251,11 +255,11 @@ class LogitDecomposition(Result):
         return fig
 
 
-def logit_decomposition(model, data: "TaskData | Int[Tensor, 'batch pos']") -> LogitDecomposition:
+def logit_decomposition(model: HookedTransformer, data: TaskData | Int[Tensor, 'batch pos']) -> LogitDecomposition:
     """Split an attention-only, LayerNorm-free model's logits into direct path + per-head terms, on task data
     (contributions then read at its answer positions) or on a token tensor.
 
-    For one layer this is the seed's ``T = Id ⊗ W_U W_E + Σ_h A^h ⊗ W_U W_OV^h W_E`` (transposed to
+    For one layer this is the thesis's ``T = Id ⊗ W_U W_E + Σ_h A^h ⊗ W_U W_OV^h W_E`` (transposed to
     TransformerLens' row convention); for more layers each head's term is its output through ``W_U``."""
     cfg = model.cfg
     if not cfg.attn_only or cfg.normalization_type is not None:

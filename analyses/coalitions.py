@@ -1,19 +1,21 @@
 """Coalition values v(S) of head subsets S, for every subset of a few heads at once (the input of Shapley values).
 
 The players are ``heads`` (default: every head of the model); heads outside ``heads`` are ablated in every
-coalition, as in the seed's learned accuracy (000 §5.4, Definition 5.1: "every head outside H ablated"). A
+coalition, as in the thesis's learned accuracy (000 §5.4, Definition 5.1: "every head outside H ablated"). A
 coalition is a bitmask over ``heads``: bit ``i`` set means ``heads[i]`` is kept. :class:`CoalitionValues` holds
 v for all ``2**n`` bitmasks, index = bitmask.
 
-Values (higher is not always better: ``loss`` is a loss):
+Values (higher is better for all but ``answer-loss``, a loss: :data:`HIGHER_IS_BETTER`):
 
 - ``"learned-accuracy"``: the model's answer accuracy with the heads outside S ablated (Definition 5.1);
-- ``"loss"``: the mean cross-entropy of the answer token, same ablation;
+- ``"answer-loss"``: the mean cross-entropy of the answer token alone, same ablation (not the ``loss`` of
+  :func:`interp.evaluation.evaluate`, which averages every target position of the task, e.g. the answer and
+  [EOS]: about twice this on noisy majority, where [EOS] is nearly free);
 - ``"logit-diff"``: the mean of ``logit[label] - mean(logit[c] for the other answer classes c)``, the classes
   being the labels that occur in the data; linear in the logits, so for a model without a final LayerNorm
   and zero ablation its Shapley value of a head is that head's direct logit attribution;
 - ``"separation"``: test accuracy of a linear SVC fitted on the train split to the concatenated head outputs
-  ``z`` (``hook_z``) of S at the answer position (Definition 5.2, as :func:`analyses.probes.separation_accuracy`
+  ``z`` (``hook_z``) of S at the answer position (Definition 5.2, as :func:`analyses.separation_accuracies.separation_accuracy`
   with centred features, C=1000). v(empty set) is the SVC with its intercept alone (the commonest train label).
   ``solver="torch"``: :mod:`analyses.batched_svc`, many coalitions per batched Newton solve; ``"sklearn"``:
   one scikit-learn ``LinearSVC`` per coalition, the reference;
@@ -23,38 +25,46 @@ Values (higher is not always better: ``loss`` is a loss):
 The three logit values are computed with a coalition axis, never one forward per coalition: a one-layer
 attention-only model (``method="fast"``) recombines the cached per-head outputs at the answer position (and,
 without a final LayerNorm, the per-head logit contributions: one small matmul for all 65,536 coalitions of 16
-heads); deeper models use the hook path of :func:`analyses.ablation.hooked_subset_logits`, a group of coalitions
+heads); deeper models use the hook path of :func:`analyses.learned_accuracies.hooked_subset_logits`, a group of coalitions
 per forward.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.errors import HeadError, InterpError
-from interp.evaluate import DEFAULT_BUDGET
+from interp.evaluation import DEFAULT_BUDGET, check_finite_logits, check_finite_parameters
 from interp.heads import Head, all_heads, head_label, parse_head, parse_heads
 from interp.query_forward import resolve_method
 from interp.results import Result, jsonable
 from interp.task import TaskData
 
-from .ablation import ABLATIONS, cached_subset_logits, hooked_subset_logits, mean_head_outputs
 from .answer_cache import AnswerCache, as_cache, check_model_data
+from .learned_accuracies import ABLATIONS, cached_subset_logits, hooked_subset_logits, mean_head_outputs
 
-VALUES = ("learned-accuracy", "loss", "logit-diff", "separation")
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
+
+VALUES = ("learned-accuracy", "answer-loss", "logit-diff", "separation")
+HIGHER_IS_BETTER = {"learned-accuracy": True, "answer-loss": False, "logit-diff": True, "separation": True}
+RENAMED = {"loss": "answer-loss"}  # old value names, refused with the new one
 SOLVERS = ("torch", "sklearn")
 MAX_PLAYERS = 24  # 2**24 coalition values are 128 MiB in float64; beyond that, sample (sampled_shapley)
+ESTIMATE_ABOVE = 4096  # coalitions: beyond this, all() with progress says how long it will take first
 MAX_BITMASK = 62  # coalitions as int64 bitmasks (exact values, the batched SVC); sampling takes any number
 
 
-def bits_of(index: Int[Tensor, "coalition"], n: int) -> Tensor:
+def bits_of(index: Int[Tensor, " coalition"], n: int) -> Tensor:
     """``[coalition, n]`` 0/1 matrix: bit ``i`` of each coalition index (``heads[i]`` kept)."""
     return (index[:, None] >> torch.arange(n, device=index.device)) & 1
 
@@ -64,7 +74,7 @@ class CoalitionValues(Result):
     """v(S) for every subset S of ``heads``: ``values[mask]``, bit ``i`` of ``mask`` = ``heads[i]`` in S."""
 
     heads: list[Head]
-    values: Float[Tensor, "coalition"]
+    values: Float[Tensor, " coalition"]
     value: str
     ablation: str | None
     n_examples: int
@@ -133,10 +143,11 @@ def _answer_classes(labels: Tensor) -> Tensor:
 
 
 def _reduce(logits: Float[Tensor, "coalition batch vocab_out"], labels: Tensor, value: str,
-            classes: Tensor | None) -> Float[Tensor, "coalition"]:
+            classes: Tensor | None) -> Float[Tensor, " coalition"]:
+    check_finite_logits(logits, "the answer logits under these ablations")
     if value == "learned-accuracy":
         return (logits.argmax(-1) == labels[None]).double().mean(-1)
-    if value == "loss":
+    if value == "answer-loss":
         lp = logits.double().log_softmax(-1)
         return -lp.gather(-1, labels[None, :, None].expand(len(lp), -1, 1))[..., 0].mean(-1)
     # logit-diff
@@ -154,7 +165,7 @@ class CoalitionValue:
                  n_examples: int, info: dict):
         self.fn, self.heads, self.value, self.ablation, self.n_examples, self.info = fn, heads, value, ablation, n_examples, info
 
-    def __call__(self, index: Int[Tensor, "coalition"], progress: bool = False) -> Float[Tensor, "coalition"]:
+    def __call__(self, index: Int[Tensor, " coalition"], progress: bool = False) -> Float[Tensor, " coalition"]:
         index = torch.as_tensor(index, dtype=torch.long).cpu()
         n = len(self.heads)
         if n > MAX_BITMASK:
@@ -163,7 +174,7 @@ class CoalitionValue:
             raise InterpError(f"coalition bitmasks must be in [0, 2**{n}), got {index.min()}..{index.max()}")
         return self.of_bits(bits_of(index, n), progress)
 
-    def of_bits(self, bits: Int[Tensor, "coalition player"], progress: bool = False) -> Float[Tensor, "coalition"]:
+    def of_bits(self, bits: Int[Tensor, "coalition player"], progress: bool = False) -> Float[Tensor, " coalition"]:
         """v of each row of a 0/1 matrix (``bits[c, i] = 1``: ``heads[i]`` in coalition c)."""
         bits = torch.as_tensor(bits).long().cpu()
         if bits.dim() != 2 or bits.shape[1] != len(self.heads):
@@ -171,15 +182,42 @@ class CoalitionValue:
         return self.fn(bits, progress).double().cpu()
 
     def all(self, progress: bool = False) -> CoalitionValues:
-        """v of all ``2**n`` coalitions."""
-        _check_exact(len(self.heads))
+        """v of all ``2**n`` coalitions. With ``progress``, a bar, and first (beyond 4,096 coalitions) an estimate of
+        the whole time, measured on 64 random coalitions and written to stderr, so a long run says so up front."""
+        n = len(self.heads)
+        _check_exact(n)
+        if progress and (1 << n) > ESTIMATE_ABOVE:
+            self.estimate(1 << n)
         t0 = time.perf_counter()
-        values = self(torch.arange(1 << len(self.heads)), progress)
+        values = self(torch.arange(1 << n), progress)
         return CoalitionValues(list(self.heads), values, self.value, self.ablation, self.n_examples,
                                time.perf_counter() - t0, dict(self.info))
 
 
-def _players(model, heads) -> list[Head]:
+    def estimate(self, total: int, probe: int = 64) -> float:
+        """Seconds for ``total`` coalitions, extrapolated from ``probe`` random ones (written to stderr)."""
+        import sys
+
+        g = torch.Generator().manual_seed(0)
+        index = torch.randint(0, 1 << len(self.heads), (probe,), generator=g)
+        t0 = time.perf_counter()
+        self(index)
+        seconds = (time.perf_counter() - t0) / probe * total
+        sys.stderr.write(f"{self.value} of all {total:,} coalitions of {len(self.heads)} heads: about "
+                         f"{_duration(seconds)} on this machine (measured on {probe} random coalitions)\n")
+        sys.stderr.flush()
+        return seconds
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def _players(model: HookedTransformer, heads) -> list[Head]:
     cfg = model.cfg
     out = all_heads(cfg.n_layers, cfg.n_heads) if heads is None else parse_heads(heads, cfg.n_layers, cfg.n_heads,
                                                                                   allow_empty=False)
@@ -202,8 +240,8 @@ def _masks(bits: Tensor, players: list[Head], n_layers: int, n_heads: int, devic
     return flat.view(len(b), n_layers, n_heads)
 
 
-def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
-                        train=None, task=None, solver: str = "torch", method: str = "auto", reference=None,
+def coalition_evaluator(model: HookedTransformer, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
+                        train=None, task: Task | None = None, solver: str = "torch", method: str = "auto", reference=None,
                         C: float = 1000.0, budget: int = DEFAULT_BUDGET, chunk: int = 4096) -> CoalitionValue:
     """The preparation of :func:`coalition_values` (same arguments), for evaluating chosen coalitions only
     (permutation sampling, :func:`analyses.shapley.sampled_shapley`)."""
@@ -226,6 +264,9 @@ def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", head
 
         n = len(data) if hasattr(data, "__len__") else 0
         return CoalitionValue(fn, players, name, None, n, {})
+    if value in RENAMED:
+        raise InterpError(f"value {value!r} is now {RENAMED[value]!r} (the cross-entropy at the answer position only; "
+                          "evaluate()'s 'loss' averages every target position of the task)")
     if value not in VALUES:
         raise InterpError(f"unknown value {value!r}; expected one of {VALUES} or a callable on head masks")
     if value == "separation":
@@ -236,6 +277,7 @@ def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", head
         method = "fast" if method == "auto" else method
         if method != "fast":
             raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")
+        check_finite_parameters(model)
         labels = data.labels
     else:
         check_model_data(model, data, task)
@@ -245,7 +287,7 @@ def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", head
     z_ref = None
     if ablation == "mean":
         z_ref = mean_head_outputs(model, reference if reference is not None else data).to(device)
-    if method == "fast" and not hasattr(model, "ln_final") and value != "loss":
+    if method == "fast" and not hasattr(model, "ln_final") and value != "answer-loss":
         return _linear_evaluator(model, as_cache(model, data, attention=False), z_ref, players, value, classes, ablation)
     if method == "fast":
         logits_of = _fast_logits(model, as_cache(model, data, attention=False), z_ref)
@@ -272,7 +314,7 @@ def coalition_evaluator(model, data: TaskData, *, value="learned-accuracy", head
     return CoalitionValue(fn, players, value, ablation, b, {"method": method})
 
 
-def _fast_logits(model, cache: AnswerCache, z_ref):
+def _fast_logits(model: HookedTransformer, cache: AnswerCache, z_ref):
     """``masks -> answer logits`` from cached per-head outputs (one-layer attention-only model). Without a final
     LayerNorm the logits are affine in the mask, so per-head logit contributions are precomputed once."""
     if hasattr(model, "ln_final"):
@@ -296,7 +338,7 @@ def _fast_logits(model, cache: AnswerCache, z_ref):
     return logits
 
 
-def _linear_evaluator(model, cache: AnswerCache, z_ref, players, value, classes, ablation) -> CoalitionValue:
+def _linear_evaluator(model: HookedTransformer, cache: AnswerCache, z_ref, players, value, classes, ablation) -> CoalitionValue:
     """One-layer attention-only model without a final LayerNorm: the answer logits are affine in the head mask,
     ``logits(S) = base + sum_{h in S} c_h``. The logit difference is then affine too (v(S) = a_0 + sum a_h), and
     learned accuracy only needs, per example, the differences ``logit[c] - logit[label]`` for the output columns
@@ -314,6 +356,8 @@ def _linear_evaluator(model, cache: AnswerCache, z_ref, players, value, classes,
             ref = torch.einsum("he,hed,dv->hv", z_ref[0], attn.W_O, model.W_U).double()
             base = base + ref.sum(0)
             contrib = contrib - ref[None]
+        check_finite_logits(base, "the answer logits without heads")
+        check_finite_logits(contrib, "the heads' logit contributions")
         heads_idx = torch.tensor([h for _, h in players], device=contrib.device)
         others = torch.ones(H, dtype=torch.bool, device=contrib.device)
         others[heads_idx] = False  # heads outside the players: ablated in every coalition, already in base
@@ -371,8 +415,8 @@ def _linear_evaluator(model, cache: AnswerCache, z_ref, players, value, classes,
     return CoalitionValue(fn, players, value, ablation, b, {"method": "fast", "columns": len(cols)})
 
 
-def coalition_values(model, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
-                     train=None, task=None, solver: str = "torch", method: str = "auto", reference=None,
+def coalition_values(model: HookedTransformer, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
+                     train=None, task: Task | None = None, solver: str = "torch", method: str = "auto", reference=None,
                      C: float = 1000.0, budget: int = DEFAULT_BUDGET, progress: bool = False) -> CoalitionValues:
     """v(S) for all ``2**n`` subsets S of ``heads`` (default all heads; at most 24), index = bitmask over ``heads``.
 
@@ -389,7 +433,7 @@ def coalition_values(model, data: TaskData, *, value="learned-accuracy", heads=N
 # ------------------------------------------------------------------------------------------------ separation
 
 
-def _separation_evaluator(model, test, players, *, train, task, solver, C) -> CoalitionValue:
+def _separation_evaluator(model: HookedTransformer, test, players, *, train, task: Task, solver, C) -> CoalitionValue:
     if solver not in SOLVERS:
         raise InterpError(f"unknown solver {solver!r}; expected one of {SOLVERS}")
     if train is None:
@@ -404,7 +448,7 @@ def _separation_evaluator(model, test, players, *, train, task, solver, C) -> Co
     e = model.cfg.d_head
     x_tr = torch.stack([tr.z[:, l, h] for l, h in players], 1).double().cpu()  # [N, n, e]
     x_te = torch.stack([te.z[:, l, h] for l, h in players], 1).double().cpu()
-    mean = x_tr.mean(0, keepdim=True)  # centred at the train mean, as analyses.probes does by default
+    mean = x_tr.mean(0, keepdim=True)  # centred at the train mean, as analyses.separation_accuracies does by default
     x_tr, x_te = x_tr - mean, x_te - mean
     y_tr, y_te = tr.labels.cpu(), te.labels.cpu()
     if not (torch.isfinite(x_tr).all() and torch.isfinite(x_te).all()):
@@ -434,7 +478,7 @@ def columns(mask: int, n: int, e: int) -> list[int]:
 
 def _sklearn_values(x_tr, y_tr, x_te, y_te, bits, C, progress) -> Tensor:
     """The reference: one scikit-learn LinearSVC per coalition (features already centred)."""
-    from .probes import fit_separator
+    from .separation_accuracies import fit_separator
 
     N, n, e = x_tr.shape
     a_tr, a_te = x_tr.reshape(N, n * e).numpy(), x_te.reshape(len(x_te), n * e).numpy()
@@ -453,13 +497,3 @@ def _sklearn_values(x_tr, y_tr, x_te, y_te, bits, C, progress) -> Tensor:
             f_tr, f_te = a_tr[:, :1] * 0, a_te[:, :1] * 0
         out.append(fit_separator(f_tr, y_tr, f_te, y_te, C=C, center=False)["accuracy"])
     return torch.tensor(out, dtype=torch.float64)
-
-
-def head_values(values: CoalitionValues) -> dict[str, float]:
-    """v of each single head, by name."""
-    return {name: float(values.values[1 << i]) for i, name in enumerate(values.names)}
-
-
-def subsets_of(values: CoalitionValues, index: Sequence[int]) -> list[list[str]]:
-    """Head names of coalition bitmasks."""
-    return [[values.names[i] for i in range(values.n) if m >> i & 1] for m in index]

@@ -13,6 +13,7 @@ model's shapes (``d_model x d_head`` times ``d_head x d_model``) and scores them
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -22,6 +23,9 @@ from interp.device import model_device
 from interp.errors import InterpError
 from interp.heads import head_label
 from interp.results import Result, jsonable
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 MODES = ("Q", "K", "V")
 
@@ -121,7 +125,7 @@ class CompositionScores(Result):
                             caption=f"random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f}")
 
 
-def composition_scores(model, n_baseline: int = 1000, seed: int = 0) -> CompositionScores:
+def composition_scores(model: HookedTransformer, n_baseline: int = 1000, seed: int = 0) -> CompositionScores:
     """Q/K/V composition scores of every head pair (TransformerLens ``all_composition_scores``) plus the
     random baseline for ``d_model`` and ``d_head``."""
     with torch.inference_mode():

@@ -1,44 +1,49 @@
-"""Halving-heads strategies, their head scores and Figure 10 (seed 000 §5.5).
+"""Halving-heads strategies, their head scores and Figure 10 (Fraknói 2024, §5.5).
 
 The mask and the schedule live in :mod:`interp.halving`; this module supplies what scores the active heads at a
 halving step (higher is kept), all computed on the model as it is at that step (masked heads are zero already):
 
-- ``svc``: each head's separation accuracy (Definition 5.2, :func:`analyses.probes.separation_accuracy`: a linear
+- ``svc``: each head's separation accuracy (Definition 5.2, :func:`analyses.separation_accuracies.separation_accuracy`: a linear
   SVC fitted on the train split, scored on the validation split: the test split is never seen during training).
 - ``learned``: each head's learned accuracy on the validation split (Definition 5.1,
-  :func:`analyses.ablation.learned_accuracy`: every other head zeroed).
+  :func:`analyses.learned_accuracies.learned_accuracy`: every other head zeroed).
 - ``shapley-svc`` / ``shapley-learned``: each head's exact Shapley value (Definition 5.3) over the active heads
   with v = separation accuracy or learned accuracy: :func:`analyses.coalitions.coalition_values` evaluates v on
   all 2^n coalitions (the batched SVC for separation: about 40 s on one thread for all 65,536 coalitions of 16 heads, as
-  issue 10 measured it) and
-  :func:`analyses.shapley.shapley` transforms them, so the seed's a = 16 runs that it skipped "because of the high
+  ``benchmarks/shapley.py`` measures it) and
+  :func:`analyses.shapley.shapley` transforms them, so the thesis's a = 16 runs that it skipped "because of the high
   computational time" are affordable.
 - ``random`` and ``mask-all-but-one`` are scored in :mod:`interp.halving` (no analysis needed).
 
 :func:`train_halving` is :func:`interp.training.train` with the strategy's scorer wired in (the CLI's
 ``interp train TASK --halving STRATEGY``); :func:`halving_history` reads a checkpoint's halving record into a
-:class:`HalvingHistory` result whose figure is the seed's Figure 10.
+:class:`HalvingHistory` result whose figure is the thesis's Figure 10.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from interp.configs import SELF_SCORED, STRATEGIES
 from interp.errors import ConfigError, InterpError
-from interp.halving import SELF_SCORED, STRATEGIES, Scorer
-from interp.heads import Head, head_label, parse_heads
+from interp.halving import Scorer
+from interp.heads import Head, parse_heads
 from interp.results import Result, jsonable
 
-from .ablation import learned_accuracy
-from .probes import separation_accuracy
+from .learned_accuracies import learned_accuracy
+from .separation_accuracies import separation_accuracy
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 VALUES = ("learned", "svc")
 
 
-def single_head_scores(model, heads: Sequence[Head], value: str, *, train=None, data=None, task=None) -> list[float]:
+def single_head_scores(model: HookedTransformer, heads: Sequence[Head], value: str, *, train=None, data=None, task: Task | None = None) -> list[float]:
     """Per head: its separation accuracy (``value="svc"``, fitted on ``train``, scored on ``data``) or its learned
     accuracy on ``data`` (``value="learned"``)."""
     if value not in VALUES:
@@ -51,7 +56,7 @@ def single_head_scores(model, heads: Sequence[Head], value: str, *, train=None, 
     return learned_accuracy(model, data, subsets, task=task).accuracy.tolist()
 
 
-def shapley_scores(model, data, heads: Sequence, value: str, *, train=None, task=None, solver: str = "torch") -> list[float]:
+def shapley_scores(model: HookedTransformer, data, heads: Sequence, value: str, *, train=None, task: Task | None = None, solver: str = "torch") -> list[float]:
     """Exact Shapley value of each head in ``heads`` over the coalitions of ``heads`` (the other heads zeroed), with
     v = learned accuracy on ``data`` (``value="learned"``) or separation accuracy fitted on ``train`` and scored on
     ``data`` (``value="svc"``; ``solver="torch"``: the batched SVC, ``"sklearn"``: one LinearSVC per coalition).
@@ -78,7 +83,7 @@ def scorer(strategy: str) -> Scorer | None:
     shapley = strategy.startswith("shapley-")
     value = strategy.removeprefix("shapley-")
 
-    def score(model, task, heads, train, val):
+    def score(model, task: Task, heads, train, val):
         if shapley:
             return shapley_scores(model, val, heads, value, train=train, task=task)
         return single_head_scores(model, heads, value, train=train, data=val, task=task)
@@ -87,7 +92,7 @@ def scorer(strategy: str) -> Scorer | None:
     return score
 
 
-def train_halving(task, spec, cfg, out, **kw) -> dict[str, Any]:
+def train_halving(task: Task, spec, cfg, out, **kw) -> dict[str, Any]:
     """:func:`interp.training.train` of a ``cfg.halving`` run, with its strategy's scorer."""
     from interp.training import train
 
@@ -166,7 +171,7 @@ def add_halving_section(ckpt, report) -> None:
     if not ckpt.training.get("halving"):
         return
     hist = halving_history(ckpt)
-    report.section("Halving heads", "Seed 000 §5.5, Figure 10: validation accuracy over the epochs; each dashed line "
+    report.section("Halving heads", "Fraknói 2024, §5.5, Figure 10: validation accuracy over the epochs; each dashed line "
                    f"is a halving step, taken when validation accuracy reached {hist.threshold:g}, that masked half of "
                    f"the active heads, keeping the best by the strategy ({hist.strategy}). The kept model is the best "
                    "one-head state by validation accuracy; a run that ends with more than one head scores 0.")

@@ -32,8 +32,9 @@ vocab] -> scalar`` (TransformerLens' ``patching_metric``), which also takes plai
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -41,10 +42,13 @@ from torch import Tensor
 
 from interp.device import model_device
 from interp.errors import HeadError, InterpError, TaskError, TokenError
-from interp.evaluate import DEFAULT_BUDGET, check_tokens
+from interp.evaluation import DEFAULT_BUDGET, check_tokens
 from interp.heads import head_label, parse_heads
 from interp.results import Result, jsonable
 from interp.task import TaskData
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 HEAD_SITES = ("z", "q", "k", "v")  # [batch, pos, head, d_head]
 POS_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")  # [batch, pos, d_model]
@@ -77,7 +81,7 @@ def _tokens(x, what: str) -> Tensor:
     raise TaskError(f"{what} must be task data (interp.task.TaskData) or a token tensor [batch, pos], got {type(x).__name__}")
 
 
-def _check_inputs(model, clean, corrupted) -> tuple[Tensor, Tensor]:
+def _check_inputs(model: HookedTransformer, clean, corrupted) -> tuple[Tensor, Tensor]:
     """Both inputs' tokens on the model's device, after refusing: data the model cannot take (tokens out of its
     vocabulary or context, task data of a task whose vocabulary does not fit it, empty data), clean and corrupted
     data of different tasks or shapes, and answers at different positions."""
@@ -135,7 +139,7 @@ def variant_metric(metric, clean, corrupted) -> VariantMetric:
                         "(or pass a callable metric on logits)")
     good, bad = clean.labels, corrupted.labels
 
-    def fn(at: Float[Tensor, "variant batch vocab"]) -> Float[Tensor, "variant"]:
+    def fn(at: Float[Tensor, "variant batch vocab"]) -> Float[Tensor, " variant"]:
         at = at.float()
         b = torch.arange(at.shape[1], device=at.device)
         g, w = good.to(at.device), bad.to(at.device)
@@ -148,7 +152,7 @@ def variant_metric(metric, clean, corrupted) -> VariantMetric:
     return VariantMetric(metric, fn, clean.answer_pos)
 
 
-def _runs(model, base: Tensor, source: Tensor, names: set[str]):
+def _runs(model: HookedTransformer, base: Tensor, source: Tensor, names: set[str]):
     """Logits of the base and the source runs and their activations at ``names``."""
     with torch.inference_mode():
         base_logits, base_cache = model.run_with_cache(base, names_filter=lambda n: n in names)
@@ -156,7 +160,7 @@ def _runs(model, base: Tensor, source: Tensor, names: set[str]):
     return base_logits, base_cache, src_logits, src_cache
 
 
-def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric: VariantMetric, n: int,
+def _stacked_run(model: HookedTransformer, resid: Tensor, tokens: Tensor, start: int, hooks, metric: VariantMetric, n: int,
                  last: tuple | None = None, adds: dict[str, Tensor] | None = None) -> Tensor:
     """The metric of ``n`` stacked variants of the base run (``resid``: their residual stream entering layer
     ``start``, ``[n * batch, pos, d_model]``; ``tokens``: the base run's), with ``hooks``. Reads the logits
@@ -189,7 +193,7 @@ def _stacked_run(model, resid: Tensor, tokens: Tensor, start: int, hooks, metric
     return metric(logits.view(n, B, *logits.shape[1:]) if metric.positions is None else logits.view(n, B, -1))
 
 
-def _query_rows_apply(model, split_ok: bool = False) -> bool:
+def _query_rows_apply(model: HookedTransformer, split_ok: bool = False) -> bool:
     """Whether :func:`_last_layer_rows` computes this model's last layer exactly: plain causal softmax attention
     with learned or shortformer positions (no rotary, ALiBi, grouped or local attention, score caps, QK norm,
     post-norms or parallel MLP)."""
@@ -211,7 +215,7 @@ def _post_norm_architectures() -> tuple:
     return tuple(POST_NORM_ARCHITECTURES)
 
 
-def _last_layer_rows(model, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, "row"],
+def _last_layer_rows(model: HookedTransformer, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, " row"],
                      shortformer: Tensor | None, base: tuple | None = None,
                      adds: dict[str, Tensor] | None = None) -> Float[Tensor, "row d_model"]:
     """The last block's output at one query position per row, from the model's own modules and weights: keys and
@@ -246,7 +250,7 @@ def _last_layer_rows(model, resid: Float[Tensor, "row pos d_model"], at: Int[Ten
     return _attend_from_row(model, resid, at, q, k, v)
 
 
-def _last_layer_rows_split(model, resid, at, shortformer, adds) -> Tensor:
+def _last_layer_rows_split(model: HookedTransformer, resid, at, shortformer, adds) -> Tensor:
     """:func:`_last_layer_rows` with a separate query, key and value input per head (``resid`` plus ``adds``)."""
     blk, a = model.blocks[-1], model.blocks[-1].attn
     R, T, _ = resid.shape
@@ -262,7 +266,7 @@ def _last_layer_rows_split(model, resid, at, shortformer, adds) -> Tensor:
     return _attend_from_row(model, resid, at, q, k, v)
 
 
-def _attend_from_row(model, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, "row"],
+def _attend_from_row(model: HookedTransformer, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, " row"],
                      q: Float[Tensor, "row head d_head"], k: Float[Tensor, "row pos head d_head"],
                      v: Float[Tensor, "row pos head d_head"]) -> Float[Tensor, "row d_model"]:
     """The last layer's output at position ``at`` of each row from its query there and every key and value:
@@ -279,7 +283,7 @@ def _attend_from_row(model, resid: Float[Tensor, "row pos d_model"], at: Int[Ten
     return out
 
 
-def _rows_per_chunk(model, T: int, budget: int | None) -> int:
+def _rows_per_chunk(model: HookedTransformer, T: int, budget: int | None) -> int:
     """Rows of a stacked chunk: on CPU small enough that a row block's activations stay in cache (measured: 64
     rows of the shipped induction model ran 2x faster per row than 512); elsewhere ``budget`` rows x pos x pos."""
     cfg = model.cfg
@@ -416,13 +420,13 @@ def _patch_hook(masks: Tensor, source: Tensor, kind: str):
     return hook
 
 
-def activation_patching(model, clean: "TaskData | Int[Tensor, 'batch pos']", corrupted: "TaskData | Int[Tensor, 'batch pos']",
-                        metric: "str | Callable" = "logit_diff", where: str = "z", per: str | None = None,
+def activation_patching(model: HookedTransformer, clean: TaskData | Int[Tensor, 'batch pos'], corrupted: TaskData | Int[Tensor, 'batch pos'],
+                        metric: str | Callable = "logit_diff", where: str = "z", per: str | None = None,
                         layers: Sequence[int] | None = None, direction: str = "denoising",
                         budget: int | None = None) -> ActivationPatching:
     """Patch ``where`` from the source run into the base run at every index of ``per`` in ``layers`` (default all)
     and measure ``metric``; all variants of a layer are stacked along the batch axis, in chunks (``budget``: rows x
-    pos x pos per chunk; default: cache-sized chunks on CPU, ``interp.evaluate.DEFAULT_BUDGET`` elsewhere).
+    pos x pos per chunk; default: cache-sized chunks on CPU, ``interp.evaluation.DEFAULT_BUDGET`` elsewhere).
 
     ``where``: ``"z"`` (head outputs; also ``"q"``, ``"k"``, ``"v"``), ``"pattern"`` (attention patterns),
     ``"resid_pre"`` (also ``"resid_mid"``, ``"resid_post"``, ``"attn_out"``, ``"mlp_out"``). ``per``: for head
@@ -444,9 +448,11 @@ def activation_patching(model, clean: "TaskData | Int[Tensor, 'batch pos']", cor
         raise InterpError(f"{where!r} does not exist in an attention-only model (it has no MLP)")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
+    if not layers:
+        raise HeadError(f"layers=[] names no layer to patch; give at least one of 0..{n_layers - 1}, or None for all")
     bad = [l for l in layers if not 0 <= l < n_layers]
-    if bad or not layers:
-        raise HeadError(f"layers {bad or layers} are out of range; this model has layers 0..{n_layers - 1}")
+    if bad:
+        raise HeadError(f"layers {bad} are out of range; this model has layers 0..{n_layers - 1}")
     metric = variant_metric(metric, clean, corrupted)
     clean_t, corr_t = _check_inputs(model, clean, corrupted)
     base, source = (corr_t, clean_t) if direction == "denoising" else (clean_t, corr_t)
@@ -493,7 +499,7 @@ def activation_patching(model, clean: "TaskData | Int[Tensor, 'batch pos']", cor
                               n_examples=B)
 
 
-def _linear_z(model) -> bool:
+def _linear_z(model: HookedTransformer) -> bool:
     """Whether a layer's output is ``resid_pre + sum_h z_h W_O[h] + b_O`` exactly (attention-only blocks without
     normalisation after attention), so a patched ``z`` can be added to the cached ``resid_post`` instead of running
     the layer again."""
@@ -603,7 +609,7 @@ class PathPatching(Result):
                        x_title="receiver head . input", y_title="sender head")
 
 
-def path_patching(model, clean, corrupted, metric: "str | Callable" = "logit_diff", senders=None, receivers=None,
+def path_patching(model: HookedTransformer, clean, corrupted, metric: str | Callable = "logit_diff", senders=None, receivers=None,
                   qkv: Sequence[str] = QKV, direction: str = "denoising", budget: int | None = None) -> PathPatching:
     """For every sender head, receiver head in a later layer and input in ``qkv``: the metric when the sender's
     output ``z W_O`` on the source run replaces its base-run output in that input of that receiver only (all
@@ -683,7 +689,7 @@ def path_patching(model, clean, corrupted, metric: "str | Callable" = "logit_dif
                         clean=clean_m, corrupted=corr_m, qkv=qkv, n_examples=B)
 
 
-def path_patching_loop(model, clean, corrupted, metric: Callable, senders, receivers,
+def path_patching_loop(model: HookedTransformer, clean, corrupted, metric: Callable, senders, receivers,
                        direction: str = "denoising") -> Float[Tensor, "sender receiver qkv"]:
     """The slow reference for :func:`path_patching`: one ``run_with_hooks`` per (sender, receiver, input), adding the
     sender head's change of output (``hook_z`` through its ``W_O``) to that one receiver's query, key or value input

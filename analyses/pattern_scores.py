@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-
 from transformer_lens import HookedTransformer
 
 from interp.device import model_device
 from interp.errors import HeadError, InterpError
-from interp.evaluate import check_tokens
+from interp.evaluation import check_tokens
 from interp.heads import head_label, head_mask, parse_heads
 from interp.results import Result, jsonable
 from interp.visualize import attention_patterns, render_table
@@ -39,7 +38,7 @@ from interp.visualize import attention_patterns, render_table
 SCORES = ("induction", "prev_token", "duplicate", "bos")
 
 
-def repeated_tokens(n_seqs: int, rep_len: int, n_symbols: int, *, n_repeats: int = 2, bos: int | None = None,
+def repeated_random_tokens(n_seqs: int, rep_len: int, n_symbols: int, *, n_repeats: int = 2, bos: int | None = None,
                     seed: int = 0, unique: bool = False, device=None) -> Int[Tensor, "batch pos"]:
     """``[BOS] R R ...`` (``n_repeats`` copies of ``R``, ``len(R) = rep_len``), R uniform over
     ``[0, n_symbols)``; ``unique=True`` draws R without replacement (no repeats inside R)."""
@@ -102,7 +101,7 @@ def per_sequence_mass(patterns: Float[Tensor, "batch layer head q k"], masks: di
     return out
 
 
-def bootstrap_interval(mass: Float[Tensor, "batch layer head"], count: Float[Tensor, "batch"], n_boot: int = 1000,
+def bootstrap_interval(mass: Float[Tensor, "batch layer head"], count: Float[Tensor, " batch"], n_boot: int = 1000,
                        level: float = 0.95, seed: int = 0) -> tuple[Tensor, Tensor]:
     """Percentile bootstrap over sequences of the ratio ``sum mass / sum count``: ``(low, high)`` per head."""
     gen = torch.Generator().manual_seed(seed)
@@ -289,7 +288,7 @@ def ablation_induction_test(model: HookedTransformer, tokens: Int[Tensor, "batch
     return AblationTest(sources=heads, base=scores[0], ablated=scores[1:], layer=layer, path=path)
 
 
-def _path_ablated_patterns(model, tokens, layer: int, removed: Float[Tensor, "batch head"], path: str):
+def _path_ablated_patterns(model: HookedTransformer, tokens, layer: int, removed: Float[Tensor, "batch head"], path: str):
     """Attention patterns with the outputs of the ``removed`` heads of ``layer`` (per row) subtracted from the
     ``path`` input of every later layer's heads. Turns TransformerLens' split Q/K/V inputs on for the call."""
     store = {}

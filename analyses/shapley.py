@@ -1,4 +1,4 @@
-"""Shapley values, Banzhaf values and pairwise Shapley interactions of heads (seed 000 §5.5, Definition 5.3).
+"""Shapley values, Banzhaf values and pairwise Shapley interactions of heads (Fraknói 2024, §5.5, Definition 5.3).
 
 For a value v on coalitions of n heads (:mod:`analyses.coalitions`), head i's Shapley value is
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -31,10 +32,13 @@ from interp.errors import InterpError
 from interp.heads import Head, head_label
 from interp.results import Result, jsonable
 
-from .coalitions import CoalitionValues, bits_of, coalition_evaluator
+from .coalitions import HIGHER_IS_BETTER, CoalitionValues, bits_of, coalition_evaluator
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
-def moebius(values: Float[Tensor, "coalition"]) -> Float[Tensor, "coalition"]:
+def moebius(values: Float[Tensor, " coalition"]) -> Float[Tensor, " coalition"]:
     """The Moebius transform m of v over bitmask-indexed coalitions (``v(S) = sum_{T subset of S} m(T)``), by
     n butterflies: for each bit, subtract the value without the bit from the value with it."""
     n = _n_of(values)
@@ -45,7 +49,7 @@ def moebius(values: Float[Tensor, "coalition"]) -> Float[Tensor, "coalition"]:
     return m
 
 
-def zeta(m: Float[Tensor, "coalition"]) -> Float[Tensor, "coalition"]:
+def zeta(m: Float[Tensor, " coalition"]) -> Float[Tensor, " coalition"]:
     """The inverse of :func:`moebius`: ``v(S) = sum_{T subset of S} m(T)``."""
     n = _n_of(m)
     v = m.double().clone()
@@ -63,7 +67,7 @@ def _n_of(values: Tensor) -> int:
     return n
 
 
-def shapley_transform(values: Float[Tensor, "coalition"]) -> tuple[Tensor, Tensor, Tensor]:
+def shapley_transform(values: Float[Tensor, " coalition"]) -> tuple[Tensor, Tensor, Tensor]:
     """Exact ``(shapley [n], banzhaf [n], interactions [n, n])`` from v of all 2**n coalitions (index = bitmask).
     The interaction matrix is symmetric with zeros on the diagonal."""
     n = _n_of(values)
@@ -85,14 +89,14 @@ class ShapleyResult(Result):
     (exact only; None when sampled). ``to_dict()`` is the JSON of ``interp shapley --json``."""
 
     heads: list[Head]
-    shapley: Float[Tensor, "player"]
-    banzhaf: Float[Tensor, "player"] | None
+    shapley: Float[Tensor, " player"]
+    banzhaf: Float[Tensor, " player"] | None
     interactions: Float[Tensor, "player player"] | None
     value: str
     v_all: float
     v_empty: float
     exact: bool = True
-    stderr: Float[Tensor, "player"] | None = None
+    stderr: Float[Tensor, " player"] | None = None
     samples: int | None = None
     info: dict = field(default_factory=dict)
 
@@ -115,8 +119,9 @@ class ShapleyResult(Result):
         return float(self.shapley.sum()) - (self.v_all - self.v_empty)
 
     def ranking(self) -> list[str]:
-        """Head names by Shapley value, best first."""
-        return [self.names[i] for i in torch.argsort(self.shapley, descending=True, stable=True).tolist()]
+        """Head names by Shapley value, most helpful first (lowest first for a value where lower is better)."""
+        order = torch.argsort(self.shapley, descending=self.higher_is_better is not False, stable=True)
+        return [self.names[i] for i in order.tolist()]
 
     def to_dict(self) -> dict:
         rows = []
@@ -134,15 +139,24 @@ class ShapleyResult(Result):
             out["samples"] = self.samples
         return jsonable(out)
 
+    @property
+    def higher_is_better(self) -> bool | None:
+        """Whether more of the value is better (None for a value of the caller's own)."""
+        return HIGHER_IS_BETTER.get(self.value)
+
     def text(self) -> str:
-        """A table: head, Shapley (± standard error), Banzhaf, best first; then the strongest interactions."""
+        """A table: head, Shapley (± standard error), Banzhaf, most helpful first; then the pairs that help most
+        together (synergy) and those that overlap most (redundancy), read in the value's direction."""
         kind = "exact" if self.exact else f"sampled, {self.samples} permutations"
-        lines = [f"Shapley values of {len(self.heads)} heads, v = {self.value} ({kind}): v(all) = {self.v_all:.4f}, "
-                 f"v(none) = {self.v_empty:.4f}, sum of phi = {float(self.shapley.sum()):.4f}"]
+        better = self.higher_is_better
+        direction = {True: "higher is better", False: "lower is better: a helpful head has phi < 0",
+                     None: "direction unknown: phi > 0 adds to v"}[better]
+        lines = [f"Shapley values of {len(self.heads)} heads, v = {self.value} ({direction}; {kind}): "
+                 f"v(all) = {self.v_all:.4f}, v(none) = {self.v_empty:.4f}, sum of phi = {float(self.shapley.sum()):.4f}"]
         head = f"{'head':<8}{'shapley':>10}" + (f"{'stderr':>10}" if self.stderr is not None else "") + \
             (f"{'banzhaf':>10}" if self.banzhaf is not None else "")
         lines.append(head)
-        for i in torch.argsort(self.shapley, descending=True, stable=True).tolist():
+        for i in torch.argsort(self.shapley, descending=better is not False, stable=True).tolist():
             line = f"{self.names[i]:<8}{float(self.shapley[i]):>10.4f}"
             if self.stderr is not None:
                 line += f"{float(self.stderr[i]):>10.4f}"
@@ -150,13 +164,22 @@ class ShapleyResult(Result):
                 line += f"{float(self.banzhaf[i]):>10.4f}"
             lines.append(line)
         if self.interactions is not None and len(self.heads) >= 2:
-            iu = torch.triu_indices(len(self.heads), len(self.heads), 1)
-            vals = self.interactions[iu[0], iu[1]]
-            for label, order in (("synergistic", torch.argsort(vals, descending=True)[:3]),
-                                 ("redundant", torch.argsort(vals)[:3])):
-                pairs = ", ".join(f"{self.names[iu[0, k]]}+{self.names[iu[1, k]]} {float(vals[k]):+.4f}" for k in order.tolist())
-                lines.append(f"most {label} pairs: {pairs}")
+            lines += self._pair_lines(better is not False)
         return "\n".join(lines)
+
+    def _pair_lines(self, higher_is_better: bool) -> list[str]:
+        """The three most synergistic pairs (together they help more than apart: I_ij > 0 where higher is better,
+        I_ij < 0 for a loss) and the three most redundant (together they help less), each only where there is
+        one of that sign."""
+        iu = torch.triu_indices(len(self.heads), len(self.heads), 1)
+        vals = self.interactions[iu[0], iu[1]]
+        benefit = vals if higher_is_better else -vals
+        out = []
+        for label, sign in (("synergistic", 1.0), ("redundant", -1.0)):
+            order = [k for k in torch.argsort(sign * benefit, descending=True).tolist() if sign * float(benefit[k]) > 1e-12]
+            pairs = ", ".join(f"{self.names[iu[0, k]]}+{self.names[iu[1, k]]} I = {float(vals[k]):+.4f}" for k in order[:3])
+            out.append(f"most {label} pairs: {pairs or 'none'}")
+        return out
 
     def figure(self):
         """Bars of phi per head (with its standard error when sampled) and Banzhaf beside them; beside that, the
@@ -184,7 +207,7 @@ class ShapleyResult(Result):
         return fig
 
 
-def shapley(values: "CoalitionValues | Tensor", heads: list[Head] | None = None, value: str | None = None) -> ShapleyResult:
+def shapley(values: CoalitionValues | Tensor, heads: list[Head] | None = None, value: str | None = None) -> ShapleyResult:
     """Exact Shapley and Banzhaf values and pairwise interactions from v of all 2**n coalitions: a
     :class:`CoalitionValues`, or a bitmask-indexed vector (then ``heads`` names the players, default L0H0...)."""
     if isinstance(values, CoalitionValues):
@@ -205,21 +228,23 @@ def shapley(values: "CoalitionValues | Tensor", heads: list[Head] | None = None,
 exact_shapley = shapley  # the name analyses/__init__ exports (analyses.shapley is this module)
 
 
-def shapley_of(model, data, **kw) -> ShapleyResult:
+def shapley_of(model: HookedTransformer, data, **kw) -> ShapleyResult:
     """``shapley(coalition_values(model, data, **kw))``: exact values in one call."""
     from .coalitions import coalition_values
 
     return shapley(coalition_values(model, data, **kw))
 
 
-def sampled_shapley(model, data, *, samples: int = 200, seed: int = 0, antithetic: bool = True, **kw) -> ShapleyResult:
+def sampled_shapley(model: HookedTransformer, data, *, samples: int = 200, seed: int = 0, antithetic: bool = True, **kw) -> ShapleyResult:
     """Shapley values estimated from ``samples`` random permutations of the heads (keyword arguments as
     :func:`analyses.coalitions.coalition_values`): each permutation adds the heads one by one, and a head's sample
     is v(before + head) - v(before). ``antithetic``: permutations come in reversed pairs (a pair's mean is one
     sample of the standard error), which lowers the variance. The estimate is unbiased; the standard error per
     head is the sample standard deviation over ``sqrt(samples)``. All prefixes are evaluated as one batch."""
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 2:
-        raise InterpError(f"samples must be an integer >= 2, got {samples!r}")
+        raise InterpError(f"samples must be an integer >= 2 (a standard error needs at least two permutations), got "
+                          f"{samples!r}")
+    progress = kw.pop("progress", False)
     ev = coalition_evaluator(model, data, **kw)
     n = len(ev.heads)
     g = torch.Generator().manual_seed(seed)
@@ -231,7 +256,7 @@ def sampled_shapley(model, data, *, samples: int = 200, seed: int = 0, antitheti
     rank = torch.argsort(perms, dim=-1)  # rank[s, i]: where player i enters permutation s
     bits = rank[:, None, :] < torch.arange(n + 1)[None, :, None]  # [samples, n + 1 prefixes, n]
     uniq, inverse = torch.unique(bits.reshape(-1, n), dim=0, return_inverse=True)
-    v = ev.of_bits(uniq)[inverse].view(samples, n + 1)
+    v = ev.of_bits(uniq, progress)[inverse].view(samples, n + 1)
     gains = v[:, 1:] - v[:, :-1]  # [samples, n] in permutation order
     contrib = torch.empty_like(gains)
     contrib.scatter_(1, perms, gains)  # [samples, player]

@@ -1,5 +1,5 @@
 """Learned accuracy of all 136 single heads and pairs of the shipped noisy-majority model (d=32, 16 heads) on
-its 1,000 test sequences: the batched paths of analyses/ablation.py against the naive loop (one
+its 1,000 test sequences: the batched paths of analyses/learned_accuracies.py against the naive loop (one
 ``run_with_hooks`` pass over the data per subset), measured in the same run, results checked equal.
 
     .venv/bin/python benchmarks/learned_accuracy.py [--checkpoint noisy-majority] [--device cpu] [--n-test 1000]
@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-
-from analyses.ablation import head_subsets, learned_accuracy, learned_accuracy_loop
-from analyses.answer_cache import cache_answer
-from interp.checkpoint import load_checkpoint
 from timing import timed  # benchmarks/timing.py (the script's folder is on sys.path)
 
-
+from analyses.answer_cache import cache_answer
+from analyses.learned_accuracies import head_subsets, learned_accuracy, learned_accuracy_loop
+from tasks import load_checkpoint
 
 
 def main() -> None:

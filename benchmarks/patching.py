@@ -25,11 +25,11 @@ import argparse
 import time
 
 import torch
-
 import transformer_lens.patching as tl_patching
+
 from analyses.patching import activation_patching, path_patching, path_patching_loop, variant_metric
 from analyses.repeated_tokens.corrupt import corrupted_pair
-from interp.checkpoint import load_checkpoint
+from tasks import load_checkpoint
 
 SWEEPS = [  # (where, per, TransformerLens function, permutation of ours to theirs)
     ("z", "head_pos", tl_patching.get_act_patch_attn_head_out_by_pos, (0, 2, 1)),

@@ -1,5 +1,5 @@
 """Throughput of batched population training (interp.population) against training the same models one at a time
-with interp.training.train, measured in the same run on the seed's configuration (d_model 32, 16 heads, d_head 2,
+with interp.training.train, measured in the same run on the thesis's configuration (d_model 32, 16 heads, d_head 2,
 7,500 training sentences, batch 128, dropout on the attention output only): steady-state seconds per model-epoch,
 and the ratio.
 

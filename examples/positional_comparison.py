@@ -1,4 +1,4 @@
-"""Seed 004's comparison, scaled to one CPU thread: exact-match accuracy by operand length for each positional
+"""Ibrahimli 2024, Compositional Generalization in Transformers's comparison, scaled to one CPU thread: exact-match accuracy by operand length for each positional
 scheme, same data, model and training budget, several seeds.
 
 Every run trains the same 2-layer model (d_model 64, 4 heads, d_mlp 256, LayerNorm) on sums of 1..3-digit operands
@@ -24,12 +24,11 @@ from pathlib import Path
 
 import torch
 
-from interp.evaluate import evaluate
+from interp.evaluation import evaluate
 from interp.files import atomic_write
 from interp.model import ModelSpec
 from interp.training import TrainConfig, train
-from interp.checkpoint import load_checkpoint
-from tasks import get_task
+from tasks import get_task, load_checkpoint
 
 SCHEMES = ("standard", "none", "rotary", "random", "abacus")
 TRAIN_DIGITS = (1, 3)

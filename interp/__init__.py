@@ -4,6 +4,11 @@
 ``transformer_lens.HookedTransformer`` and its task. Analyses (package ``analyses``) take the model, the task's data
 and, where they need task knowledge, the task itself. Heavy libraries (torch, TransformerLens) are imported only
 when first needed, so ``import interp`` is instant.
+
+This module is the lazy public face of all floors: the core (the rest of this package), the tasks (``tasks``),
+the analyses (``analyses``) and the app (``interp.app``). It is the one module of the core that may name the
+floors above it; it imports nothing until a name is asked for. No name it exports is the name of one of its
+submodules, so importing a submodule never replaces an exported function.
 """
 
 from __future__ import annotations
@@ -13,17 +18,21 @@ import importlib
 __version__ = "0.1.0"
 
 _WHERE = {
-    "load": "interp.checkpoint", "load_checkpoint": "interp.checkpoint", "save_checkpoint": "interp.checkpoint",
-    "Checkpoint": "interp.checkpoint",
-    "get_task": "tasks", "task_names": "tasks", "shipped_checkpoints": "tasks",
-    "train": "interp.training", "TrainConfig": "interp.training",
+    # the core (this package)
+    "Checkpoint": "interp.checkpoint", "save_checkpoint": "interp.checkpoint", "read_checkpoint": "interp.checkpoint",
+    "train": "interp.training", "TrainConfig": "interp.training", "train_population": "interp.population",
     "ModelSpec": "interp.model", "build_model": "interp.model", "extend_context": "interp.model",
-    "evaluate": "interp.evaluate", "evaluate_splits": "interp.evaluate",
+    "evaluate": "interp.evaluation", "evaluate_splits": "interp.evaluation",
     "pick_device": "interp.device",
     "head_label": "interp.heads", "parse_head": "interp.heads", "head_mask": "interp.heads",
     "attention_view": "interp.visualize", "attention_patterns": "interp.visualize",
     "Result": "interp.results", "Task": "interp.task", "TaskData": "interp.task", "Vocab": "interp.task",
-    "write_report": "interp.report", "write_sweep_report": "interp.report", "load_results": "interp.sweeps",
+    "Suite": "interp.suite", "Report": "interp.report_page", "load_results": "interp.sweep_directory",
+    # the tasks: the registry and the shipped checkpoints
+    "load": "tasks", "load_checkpoint": "tasks", "get_task": "tasks", "task_names": "tasks",
+    "shipped_checkpoints": "tasks",
+    # the app: whole reports and sweeps
+    "write_report": "interp.app.report", "write_sweep_report": "interp.app.report", "run_sweep": "interp.app.sweeps",
 }
 __all__ = sorted(_WHERE)
 

@@ -7,20 +7,30 @@ parameters), ``training`` (provenance: seed, epochs, best epoch, accuracies, wal
 ``checksum`` (SHA-256 of the tensor data, see :func:`tensor_checksum`). Loading never unpickles anything and
 verifies the file: the checksum (files written before it existed have none and still load), the parameters the
 spec fixes (zero ``W_pos``, identity ``W_O``, zero biases) and that every weight is finite.
+
+This module is the file format only: it knows no task. :func:`read_checkpoint` takes a ``make_task(name, params)``
+that builds the task a file names (the registry's ``tasks.get_task``, or your own); ``tasks.load_checkpoint`` also
+resolves the names of the checkpoints that ship with the project.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import CheckpointError, InterpError
 from .files import atomic_write
+from .model import ModelSpec
+from .task import Task
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 FORMAT = "interp-checkpoint"
 FORMAT_VERSION = 1
@@ -31,11 +41,11 @@ class Checkpoint:
     """A model paired with its task, and what is known about them (a loaded file, or your own model:
     ``Checkpoint(model, task)`` lets every suite and report take a HookedTransformer trained anywhere)."""
 
-    model: Any
-    task: Any
+    model: HookedTransformer
+    task: Task
     path: Path | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    spec: Any = None  # the interp.model.ModelSpec the model was built from, when known
+    spec: ModelSpec | None = None  # the spec the model was built from, when known
 
     @property
     def training(self) -> dict[str, Any]:
@@ -46,7 +56,7 @@ class Checkpoint:
         return str(self.path) if self.path is not None else f"a {self.task.name} model"
 
 
-def tensor_checksum(tensors: dict[str, "torch.Tensor"]) -> str:
+def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
     """``sha256:<hex>`` over every tensor in name order: its name, dtype, shape and raw bytes."""
     h = hashlib.sha256()
     for name in sorted(tensors):
@@ -56,7 +66,8 @@ def tensor_checksum(tensors: dict[str, "torch.Tensor"]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def save_checkpoint(path, model, spec, task, training: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(path, model: HookedTransformer, spec: ModelSpec, task: Task,
+                    training: dict[str, Any] | None = None) -> Path:
     """Write ``model`` (built from ``spec``) and ``task`` to ``path`` atomically, with the checksum of its weights
     and its TransformerLens config."""
     from safetensors.torch import save_file
@@ -77,20 +88,14 @@ def save_checkpoint(path, model, spec, task, training: dict[str, Any] | None = N
     return path
 
 
-def resolve(path_or_name) -> Path:
-    """A file path, or the name of a shipped checkpoint (``noisy-majority``) -> its path."""
-    from tasks import shipped_checkpoints
-
-    p = Path(path_or_name)
+def _existing_file(path) -> Path:
+    """``path`` as a Path, or a CheckpointError saying what is there instead of a file."""
+    p = Path(path)
     if p.is_file():
         return p
-    shipped = shipped_checkpoints(aliases=True)
-    if str(path_or_name) in shipped:
-        return shipped[str(path_or_name)]
     if p.exists():
         raise CheckpointError(f"checkpoint {p} is not a regular file")
-    names = ", ".join(shipped) or "none"
-    raise CheckpointError(f"no checkpoint file {str(path_or_name)!r}, and no shipped checkpoint of that name (shipped: {names})")
+    raise CheckpointError(f"no checkpoint file {str(path)!r}")
 
 
 def _sniff(path: Path) -> None:
@@ -122,7 +127,7 @@ def read_metadata(path) -> dict[str, Any]:
     """The parsed metadata of a checkpoint file, validated; no weights are read."""
     from safetensors import safe_open
 
-    path = resolve(path)
+    path = _existing_file(path)
     _sniff(path)
     try:
         with safe_open(str(path), "pt") as f:
@@ -148,7 +153,7 @@ def read_metadata(path) -> dict[str, Any]:
     return meta
 
 
-def verify_tensors(path, tensors: dict[str, "torch.Tensor"], spec, checksum: str | None, parameters) -> None:
+def verify_tensors(path, tensors: dict[str, torch.Tensor], spec: ModelSpec, checksum: str | None, parameters) -> None:
     """One clear CheckpointError, naming the tensor, for corrupted weights: a checksum that does not match,
     non-finite values in a parameter (buffers such as TransformerLens' ``IGNORE = -inf`` are not weights), or a
     parameter the spec fixes that holds another value."""
@@ -176,20 +181,22 @@ def _what_fixed(name: str) -> str:
     return "zero: no bias"
 
 
-def load_checkpoint(path_or_name, device: str | None = None, expect_task: str | None = None,
+MakeTask = Callable[..., Task]  # make_task(name, **params) -> the task a checkpoint names
+
+
+def read_checkpoint(path, make_task: MakeTask, device: str | None = None, expect_task: str | None = None,
                     task_params: dict[str, Any] | None = None) -> Checkpoint:
-    """Load a checkpoint by path or shipped name onto ``device`` (default: CUDA if present, else CPU).
+    """Read and verify the checkpoint file at ``path`` onto ``device`` (default: CUDA if present, else CPU);
+    ``make_task(name, **params)`` builds the task it names (``tasks.get_task``).
 
     ``task_params`` override the task's saved parameters (e.g. ``{"test_lengths": [201, 400]}`` to test length
     generalisation); a model without positional embedding then takes the longer sequences."""
     from safetensors.torch import load_file
 
-    from tasks import get_task
-
     from .device import pick_device
-    from .model import ModelSpec, build_model
+    from .model import build_model, extend_context
 
-    path = resolve(path_or_name)
+    path = _existing_file(path)
     meta = read_metadata(path)
     try:
         spec = ModelSpec.from_dict(meta["model_spec"])
@@ -199,7 +206,7 @@ def load_checkpoint(path_or_name, device: str | None = None, expect_task: str | 
     if expect_task is not None and task_meta.get("name") != expect_task:
         raise CheckpointError(f"{path} is a checkpoint of task {task_meta.get('name')!r}, expected {expect_task!r}")
     try:
-        task = get_task(task_meta["name"], **{**task_meta.get("params", {}), **(task_params or {})})
+        task = make_task(task_meta["name"], **{**task_meta.get("params", {}), **(task_params or {})})
     except InterpError as e:
         raise CheckpointError(f"{path}: {e}") from None
     device = pick_device(device)
@@ -208,33 +215,29 @@ def load_checkpoint(path_or_name, device: str | None = None, expect_task: str | 
     except Exception as e:
         raise CheckpointError(f"{path}: cannot read the weights ({e}); the file is truncated or corrupt") from None
     model = build_model(spec, device="cpu")
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in tensors.items()}
-    if expected != got:
-        missing = sorted(set(expected) - set(got))
-        extra = sorted(set(got) - set(expected))
-        shapes = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
-        detail = "; ".join(
-            s for s in (
-                f"missing {missing[:5]}" if missing else "",
-                f"unexpected {extra[:5]}" if extra else "",
-                ", ".join(f"{k}: file {got[k]} vs spec {expected[k]}" for k in shapes[:5]),
-            ) if s
-        )
-        raise CheckpointError(f"{path}: the weights do not match the model spec in its metadata ({detail})")
+    _check_shapes(path, {k: tuple(v.shape) for k, v in model.state_dict().items()},
+                  {k: tuple(v.shape) for k, v in tensors.items()})
     verify_tensors(path, tensors, spec, meta.get("checksum"), [n for n, _ in model.named_parameters()])
     model.load_state_dict(tensors, strict=True)
     if device != "cpu":
         model.to(device, print_details=False)
     model.eval()
     if task_params:
-        from .model import extend_context
-
         extend_context(model, task.n_ctx)  # longer test sequences: NoPE models only, a clear error otherwise
     return Checkpoint(model=model, task=task, path=path, metadata=meta, spec=spec)
 
 
-def load(path_or_name, device: str | None = None):
-    """``model, task = interp.load("noisy-majority")``: a HookedTransformer and its task."""
-    ckpt = load_checkpoint(path_or_name, device=device)
-    return ckpt.model, ckpt.task
+def _check_shapes(path: Path, expected: dict[str, tuple[int, ...]], got: dict[str, tuple[int, ...]]) -> None:
+    """One CheckpointError naming the missing, unexpected and mis-shaped tensors, where the file's weights do not
+    fit the model its spec builds."""
+    if expected == got:
+        return
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
+    detail = "; ".join(s for s in (
+        f"missing {missing[:5]}" if missing else "",
+        f"unexpected {extra[:5]}" if extra else "",
+        ", ".join(f"{k}: file {got[k]} vs spec {expected[k]}" for k in shapes[:5]),
+    ) if s)
+    raise CheckpointError(f"{path}: the weights do not match the model spec in its metadata ({detail})")

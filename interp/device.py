@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from transformer_lens import HookedTransformer
 
 
 def pick_device(requested: str | None = None) -> str:
@@ -25,6 +31,6 @@ def pick_device(requested: str | None = None) -> str:
     raise ConfigError(f"unknown device {requested!r}; expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 
-def model_device(model) -> "torch.device":
+def model_device(model: HookedTransformer) -> torch.device:
     """The device the model's parameters live on."""
     return next(model.parameters()).device

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .errors import InterpError
 
@@ -25,7 +25,7 @@ class AtomicFile:
         self.what = what
         parent = self.path.parent if str(self.path.parent) else Path(".")
         if self.path.is_dir():
-            self._fail(f"it is a directory; expected a file path")
+            self._fail("it is a directory; expected a file path")
         if not parent.exists():
             self._fail(f"directory {parent} does not exist")
         if not parent.is_dir():
@@ -62,7 +62,7 @@ class AtomicFile:
             self.tmp.unlink(missing_ok=True)
             self.tmp = None
 
-    def __enter__(self) -> "AtomicFile":
+    def __enter__(self) -> AtomicFile:
         return self
 
     def __exit__(self, *exc) -> None:

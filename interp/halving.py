@@ -1,4 +1,4 @@
-"""Halving heads (seed 000 §5.5): training with a persistent head mask that halves when validation is good.
+"""Halving heads (Fraknói 2024, §5.5): training with a persistent head mask that halves when validation is good.
 
 A masked head is exactly absent. Masking zeroes the head's own trainable parameters (``W_Q``, ``W_K``, ``W_V``,
 their biases, and ``W_O`` where it is trained) and its optimizer moments, and :meth:`HeadMask.apply` zeroes them
@@ -6,7 +6,7 @@ again after every optimizer step. With ``W_V`` and ``b_V`` zero the head's value
 exactly zero in every forward: TransformerLens' own, the hook path with dropout, and the exact query-restricted
 forward training uses for one-layer models (which has no hooks, so a mask applied by hooks would miss it). Its
 gradients are then exactly zero too (every path into them goes through a zero factor), and a checkpoint of the
-model, loaded in plain TransformerLens, computes the masked model. A frozen ``W_O`` (the seed's identity output
+model, loaded in plain TransformerLens, computes the masked model. A frozen ``W_O`` (the thesis's identity output
 matrix) is left as it is: the head's output ``z @ W_O`` is zero anyway.
 
 The schedule (:class:`Halving`): after each epoch's validation, if its accuracy reaches ``threshold`` (default 0.95)
@@ -24,27 +24,25 @@ seed and the step number (no shared RNG state to save).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .configs import SELF_SCORED, check_strategy
 from .errors import ConfigError
 from .heads import Head, all_heads, head_label, head_mask, parse_head
 
-STRATEGIES = ("random", "svc", "learned", "shapley-svc", "shapley-learned", "mask-all-but-one")
-SELF_SCORED = ("random", "mask-all-but-one")  # strategies that need no scorer from analyses
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from .task import Task
+
 HEAD_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")  # per-head parameters of an attention layer
 
 # scorer(model, task, heads, train, val) -> one score per head (higher is kept)
 Scorer = Callable[[Any, Any, Sequence[Head], Any, Any], Sequence[float]]
-
-
-def check_strategy(strategy: str | None, threshold: float) -> None:
-    if strategy is not None and strategy not in STRATEGIES:
-        raise ConfigError(f"unknown halving strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
-    if not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
-        raise ConfigError(f"halving threshold must be in (0, 1], got {threshold!r}")
 
 
 def keep_best(heads: Sequence[Head], scores: Sequence[float], keep: int) -> list[Head]:
@@ -63,7 +61,7 @@ def random_scores(n: int, seed: int, step: int) -> list[float]:
     return torch.rand(n, generator=g).tolist()
 
 
-def _per_head_params(model):
+def _per_head_params(model: HookedTransformer):
     """``(parameter, layer)`` for every per-head attention parameter ``[n_heads, ...]`` of ``model``."""
     for layer, block in enumerate(model.blocks):
         attn = block.attn
@@ -108,7 +106,7 @@ class Halving:
         return self.steps[-1]["epoch"] if self.steps else 0
 
     @torch.no_grad()
-    def apply(self, model, optimizer=None) -> None:
+    def apply(self, model: HookedTransformer, optimizer=None) -> None:
         """Zero the masked heads' parameters (and, with ``optimizer``, their Adam moments)."""
         if len(self.active) == self.n_layers * self.n_heads:
             return
@@ -124,14 +122,14 @@ class Halving:
                         v.mul_(m)
 
     # -- the schedule ---------------------------------------------------------------------------------------------
-    def start(self, model, optimizer=None) -> None:
+    def start(self, model: HookedTransformer, optimizer=None) -> None:
         """Before the first epoch: ``mask-all-but-one`` keeps one head drawn with the seed."""
         if self.strategy == "mask-all-but-one" and not self.steps and len(self.active) > 1:
             scores = random_scores(len(self.active), self.seed, 0)
             self._record(0, None, scores, keep_best(self.active, scores, 1))
         self.apply(model, optimizer)
 
-    def after_validation(self, model, optimizer, epoch: int, val_accuracy: float, task=None, train=None, val=None,
+    def after_validation(self, model: HookedTransformer, optimizer, epoch: int, val_accuracy: float, task: Task | None = None, train=None, val=None,
                          scorer: Scorer | None = None) -> dict[str, Any] | None:
         """Halve if ``val_accuracy`` reached the threshold and more than one head is active; return the step."""
         if self.done or val_accuracy < self.threshold:
@@ -173,7 +171,7 @@ class Halving:
                 "steps": self.steps}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Halving":
+    def from_dict(cls, d: dict[str, Any]) -> Halving:
         h = cls(d["strategy"], d["threshold"], d["n_layers"], d["n_heads"], d.get("seed", 0),
                 active=[parse_head(s, d["n_layers"], d["n_heads"]) for s in d["active"]], steps=list(d["steps"]))
         return h

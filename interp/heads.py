@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .errors import HeadError
 
@@ -21,7 +21,7 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-def parse_head(spec: "str | Head", n_layers: int, n_heads: int) -> Head:
+def parse_head(spec: str | Head, n_layers: int, n_heads: int) -> Head:
     """Parse ``'L0H3'``, ``'0.3'`` or ``(0, 3)`` and check it exists in a model of this shape."""
     if isinstance(spec, str):
         s = spec.strip()

@@ -1,13 +1,15 @@
 """Model specs -> ``transformer_lens.HookedTransformer``.
 
-The seed's special shapes (no positional embedding, no output matrix, no attention biases) are
+The thesis's special shapes (no positional embedding, no output matrix, no attention biases) are
 expressed with the config plus frozen parameters, never a forked model class:
 
 - ``positional="none"``: ``W_pos`` is zeroed and frozen (TransformerLens has no NoPE option);
   ``"rotary"`` is TransformerLens' own; ``"random"`` and ``"abacus"`` add a forward hook on ``pos_embed`` (the
   ``W_pos`` row each token reads; :mod:`interp.positions`).
 - ``output_matrix="identity"``: ``W_O`` is the fixed block identity (head ``h``'s dimension ``i`` writes
-  to residual dimension ``h*d_head + i``); needs ``n_heads * d_head == d_model``.
+  to residual dimension ``h*d_head + i``); needs ``n_heads * d_head == d_model``. Left unset (``None``), the spec
+  takes the identity where the heads fill the residual stream exactly (the thesis's models have no output matrix)
+  and a learned ``W_O`` otherwise (the thesis's 64-head model with d = 2): see :attr:`ModelSpec.w_o`.
 - ``attn_bias=False``: ``b_Q, b_K, b_V, b_O`` are zero and frozen. The unembedding bias ``b_U`` (the
   seed's ``b_H``) stays trainable unless ``unembed_bias=False``.
 """
@@ -15,92 +17,18 @@ expressed with the config plus frozen parameters, never a forked model class:
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from .configs import ModelSpec
 from .errors import ConfigError
 
-POSITIONAL = ("none", "standard", "shortformer", "rotary", "random", "abacus")  # see interp.positions
-OUTPUT_MATRIX = ("identity", "learned")
-NORMALIZATION = (None, "LN", "LNPre", "RMS", "RMSPre")
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything needed to rebuild a model's architecture (weights come from training or a file)."""
-
-    d_vocab: int
-    n_ctx: int
-    n_layers: int = 1
-    d_model: int = 32
-    n_heads: int = 16
-    d_head: int = 2
-    d_vocab_out: int | None = None
-    attn_only: bool = True
-    d_mlp: int | None = None
-    positional: str = "none"
-    output_matrix: str = "identity"
-    attn_bias: bool = False
-    unembed_bias: bool = True
-    normalization: str | None = None
-    act_fn: str = "relu"
-    init_seed: int = 0
-    digit_tokens: tuple[int, ...] | None = None  # positional="abacus": the token ids that form numbers
-    max_position_offset: int = 0  # positional="abacus": training offsets are drawn from 0 .. this
-
-    def __post_init__(self):
-        for name in ("d_vocab", "n_ctx", "n_layers", "d_model", "n_heads", "d_head"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if self.d_vocab_out is not None and (not isinstance(self.d_vocab_out, int) or self.d_vocab_out < 1):
-            raise ConfigError(f"d_vocab_out must be a positive integer or None, got {self.d_vocab_out!r}")
-        if self.positional not in POSITIONAL:
-            raise ConfigError(f"positional must be one of {POSITIONAL}, got {self.positional!r}")
-        if self.output_matrix not in OUTPUT_MATRIX:
-            raise ConfigError(f"output_matrix must be one of {OUTPUT_MATRIX}, got {self.output_matrix!r}")
-        if self.digit_tokens is not None:
-            object.__setattr__(self, "digit_tokens", tuple(int(t) for t in self.digit_tokens))
-        if self.positional == "abacus" and not self.digit_tokens:
-            raise ConfigError("positional='abacus' needs digit_tokens (the token ids whose runs are numbers)")
-        if not isinstance(self.max_position_offset, int) or not 0 <= self.max_position_offset < self.n_ctx:
-            raise ConfigError(f"max_position_offset must be an integer in [0, n_ctx), got {self.max_position_offset!r}")
-        if self.normalization not in NORMALIZATION:
-            raise ConfigError(f"normalization must be one of {NORMALIZATION}, got {self.normalization!r}")
-        if self.output_matrix == "identity" and self.n_heads * self.d_head != self.d_model:
-            raise ConfigError(
-                f"output_matrix='identity' needs n_heads * d_head == d_model, got {self.n_heads} * {self.d_head} "
-                f"!= {self.d_model}; use output_matrix='learned'"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if d["digit_tokens"] is not None:
-            d["digit_tokens"] = list(d["digit_tokens"])
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown model spec field(s) {sorted(unknown)}; known fields: {sorted(known)}")
-        return cls(**d)
-
-    def tl_config_kwargs(self, device: str | None) -> dict[str, Any]:
-        """The HookedTransformerConfig keyword arguments for this spec (TransformerLens' own field names; JSON
-        types only apart from ``device``): ``HookedTransformer(HookedTransformerConfig(**kw))`` builds it."""
-        return dict(
-            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, d_head=self.d_head,
-            d_vocab=self.d_vocab, d_vocab_out=self.d_vocab_out or self.d_vocab, n_ctx=self.n_ctx,
-            attn_only=self.attn_only, d_mlp=None if self.attn_only else (self.d_mlp or 4 * self.d_model),
-            act_fn=self.act_fn, normalization_type=self.normalization,
-            positional_embedding_type=self.positional if self.positional in ("shortformer", "rotary") else "standard",
-            seed=self.init_seed, device=device,
-            **({"rotary_dim": self.d_head} if self.positional == "rotary" else {}),
-        )
+__all__ = ["ModelSpec", "apply_frozen", "build_model", "extend_context", "frozen_values", "quiet_tl",
+           "trainable_parameters"]
 
 
 def quiet_tl():
@@ -109,7 +37,7 @@ def quiet_tl():
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformer_lens.*")
 
 
-def build_model(spec: ModelSpec, device: str | None = None):
+def build_model(spec: ModelSpec, device: str | None = None) -> HookedTransformer:
     """A freshly initialised HookedTransformer for ``spec`` on ``device`` with the frozen parts set."""
     from .device import pick_device
 
@@ -141,7 +69,7 @@ def frozen_values(spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> dict[s
     if spec.positional == "none" and "pos_embed.W_pos" in shapes:
         out["pos_embed.W_pos"] = torch.zeros(shapes["pos_embed.W_pos"])
     for l in range(spec.n_layers):
-        if spec.output_matrix == "identity":
+        if spec.w_o == "identity":
             out[f"blocks.{l}.attn.W_O"] = torch.eye(spec.d_model).reshape(spec.n_heads, spec.d_head, spec.d_model)
         if not spec.attn_bias:
             for b in ("b_Q", "b_K", "b_V", "b_O"):
@@ -153,7 +81,7 @@ def frozen_values(spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> dict[s
     return out
 
 
-def extend_context(model, n_ctx: int) -> None:
+def extend_context(model: HookedTransformer, n_ctx: int) -> None:
     """Let a model without positional embedding (``W_pos`` zero) take sequences up to ``n_ctx`` tokens: nothing in
     it depends on position, so ``W_pos`` is extended with zero rows (in place; the output is unchanged)."""
     cfg = model.cfg
@@ -168,7 +96,7 @@ def extend_context(model, n_ctx: int) -> None:
     cfg.n_ctx = n_ctx
 
 
-def apply_frozen(model, spec: ModelSpec) -> None:
+def apply_frozen(model: HookedTransformer, spec: ModelSpec) -> None:
     """Set and freeze the parameters the spec fixes (W_pos, W_O, biases)."""
     with torch.no_grad():
         if spec.positional == "none":
@@ -176,7 +104,7 @@ def apply_frozen(model, spec: ModelSpec) -> None:
             model.pos_embed.W_pos.requires_grad_(False)
         for block in model.blocks:
             attn = block.attn
-            if spec.output_matrix == "identity":
+            if spec.w_o == "identity":
                 eye = torch.eye(spec.d_model, device=attn.W_O.device, dtype=attn.W_O.dtype)
                 attn.W_O.copy_(eye.reshape(spec.n_heads, spec.d_head, spec.d_model))
                 attn.W_O.requires_grad_(False)
@@ -189,5 +117,5 @@ def apply_frozen(model, spec: ModelSpec) -> None:
             model.unembed.b_U.requires_grad_(False)
 
 
-def trainable_parameters(model) -> list[torch.nn.Parameter]:
+def trainable_parameters(model: HookedTransformer) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]

@@ -1,6 +1,6 @@
-"""Many models of one shape trained as one batched computation (issue 11, first part).
+"""Many models of one shape trained as one batched computation.
 
-``train_population(task, specs, cfgs, outs)`` trains K one-layer attention-only models (the seed's shape) with
+``train_population(task, specs, cfgs, outs)`` trains K one-layer attention-only models (the thesis's shape) with
 stacked parameters ``[K, ...]``: one batched forward, one backward and one AdamW step for all K per training
 step. Each model gets exactly what :func:`interp.training.train` would give it alone:
 
@@ -17,7 +17,7 @@ weights and history for K = 1, 3 and 8). Each model is saved as an ordinary chec
 TransformerLens) whose provenance says it was trained in a population of K.
 
 Only the shape the exact query-restricted forward covers is batched (one layer, attention only, no LayerNorm):
-the seed's models. On CUDA the masks are still drawn by per-model CPU generators (so the numbers match a CPU run
+the thesis's models. On CUDA the masks are still drawn by per-model CPU generators (so the numbers match a CPU run
 of the same seed up to float error, not a solo CUDA run, whose dropout uses the CUDA generator).
 """
 
@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import time
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -38,14 +38,19 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .checkpoint import save_checkpoint
+from .configs import SELF_SCORED
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
-from .evaluate import target_positions
+from .evaluation import target_positions
 from .files import AtomicFile, atomic_write
-from .halving import HEAD_PARAMS, SELF_SCORED, Halving, Scorer
+from .halving import HEAD_PARAMS, Halving, Scorer
 from .model import ModelSpec, build_model
 from .query_forward import supports_query_forward
+from .run_record import RunRecord, validation_split
 from .training import TrainConfig
+
+if TYPE_CHECKING:
+    from .task import Task
 
 # the parameters of a one-layer attention-only HookedTransformer, in state-dict names
 PARAMS = ("embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q", "blocks.0.attn.b_Q", "blocks.0.attn.W_K",
@@ -77,7 +82,7 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
         raise ConfigError(f"batched training computes the loss in float32; got loss_dtype={cfgs[0].loss_dtype!r}")
     s = specs[0]
     if not (s.n_layers == 1 and s.attn_only and s.normalization is None):
-        raise ConfigError("batched training covers one-layer attention-only models without LayerNorm (the seed's "
+        raise ConfigError("batched training covers one-layer attention-only models without LayerNorm (the thesis's "
                           f"shape); got n_layers={s.n_layers}, attn_only={s.attn_only}, normalization="
                           f"{s.normalization!r}: train these one at a time with `interp train`")
 
@@ -118,7 +123,7 @@ class TokenCounts:
 
     query_tok: Int[Tensor, "batch k"]
     log_counts: Float[Tensor, "batch k present"]
-    present: Int[Tensor, "present"]
+    present: Int[Tensor, " present"]
 
     def select(self, idx: Int[Tensor, "K b"]) -> tuple[Int[Tensor, "K b k"], Float[Tensor, "K b k present"]]:
         return self.query_tok[idx], self.log_counts[idx]
@@ -138,7 +143,7 @@ def token_counts(data, d_vocab: int) -> TokenCounts:
 
 
 def stacked_count_logits(P: dict[str, Tensor], query_tok: Int[Tensor, "K batch k"],
-                         log_counts: Float[Tensor, "K batch k present"], present: Int[Tensor, "present"],
+                         log_counts: Float[Tensor, "K batch k present"], present: Int[Tensor, " present"],
                          attn_scale: float, out_mask: Float[Tensor, "K batch k d_model"] | None = None
                          ) -> Float[Tensor, "K batch k vocab_out"]:
     """The same logits as :func:`stacked_logits_at` for models without positional embedding and without dropout
@@ -186,13 +191,13 @@ def stacked_count_logits(P: dict[str, Tensor], query_tok: Int[Tensor, "K batch k
     return torch.baddbmm(P["unembed.b_U"][:, None], resid.view(K, N, d), P["unembed.W_U"]).view(K, b, k, -1)
 
 
-def _mean_losses(logits: Float[Tensor, "K batch k vocab_out"], targets: Int[Tensor, "K batch k"]) -> Float[Tensor, "K"]:
+def _mean_losses(logits: Float[Tensor, "K batch k vocab_out"], targets: Int[Tensor, "K batch k"]) -> Float[Tensor, " K"]:
     """Each model's own mean cross-entropy over its batch's targets."""
     losses = F.cross_entropy(logits.flatten(0, 2).float(), targets.flatten(), reduction="none")
     return losses.view(logits.shape[0], -1).mean(1)
 
 
-def _count_losses(P, query_tok, log_counts, present, attn_scale, out_mask, targets) -> Float[Tensor, "K"]:
+def _count_losses(P, query_tok, log_counts, present, attn_scale, out_mask, targets) -> Float[Tensor, " K"]:
     """One training step's losses through the token-count forward (what ``compile=True`` compiles)."""
     return _mean_losses(stacked_count_logits(P, query_tok, log_counts, present, attn_scale, out_mask), targets)
 
@@ -254,9 +259,9 @@ class _AdamW:
             p.grad = None
 
 
-def _val_metrics(task, P, data, attn_scale: float, counted: TokenCounts | None = None, budget: int = 1 << 24
+def _val_metrics(task: Task, P, data, attn_scale: float, counted: TokenCounts | None = None, budget: int = 1 << 24
                  ) -> list[dict[str, float]]:
-    """The task's metrics of each model on ``data``, as :func:`interp.evaluate.evaluate` computes them (from token
+    """The task's metrics of each model on ``data``, as :func:`interp.evaluation.evaluate` computes them (from token
     counts when ``counted`` = :func:`token_counts` of ``data`` is given), in chunks of rows whose largest
     intermediate holds about ``budget`` numbers."""
     K = next(iter(P.values())).shape[0]
@@ -294,7 +299,7 @@ def _val_metrics(task, P, data, attn_scale: float, counted: TokenCounts | None =
     return metrics
 
 
-def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig], outs: Sequence, *,
+def train_population(task: Task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig], outs: Sequence, *,
                      device: str | None = None, progress: bool = True, compile: bool = False,
                      head_scorer: Scorer | None = None, resume_file=None) -> list[dict[str, Any]]:
     """Train ``len(specs)`` models as one batched computation; write model k to ``outs[k]`` as an ordinary
@@ -327,33 +332,12 @@ def train_population(task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfi
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
-@dataclass
-class _Record:
-    """One model's bookkeeping in a population: what its solo run's training state holds."""
-
-    halving: Halving | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
-    best: tuple[float, float, int] = (-1.0, math.inf, -1)  # (val accuracy, val loss, epoch)
-    active: bool = True  # still training (not stopped by patience, not past its last epoch)
-    epochs_run: int = 0
-    steps: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"halving": self.halving.to_dict() if self.halving is not None else None, "history": self.history,
-                "best": list(self.best), "active": self.active, "epochs_run": self.epochs_run, "steps": self.steps}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "_Record":
-        return cls(Halving.from_dict(d["halving"]) if d["halving"] is not None else None, d["history"],
-                   tuple(d["best"]), d["active"], d["epochs_run"], d["steps"])
-
-
 class _Population:
     """K models of one shape in training: stacked parameters ``P[name]`` (``[K, ...]``), one AdamW, each model's
-    generators (data order, dropout), best and last states, :class:`_Record` and head mask. Everything a resume
+    generators (data order, dropout), best and last states, :class:`interp.run_record.RunRecord` and head mask. Everything a resume
     file holds (:meth:`state` / :meth:`load_state`)."""
 
-    def __init__(self, task, specs, cfgs, device: str, head_scorer: Scorer | None):
+    def __init__(self, task: Task, specs, cfgs, device: str, head_scorer: Scorer | None):
         self.task, self.specs, self.cfgs, self.device, self.head_scorer = task, specs, cfgs, device, head_scorer
         self.cfg, self.K = cfgs[0], len(specs)
         self.models, self.drop_gens = [], []
@@ -365,7 +349,7 @@ class _Population:
             self.drop_gens.append(g)
         if not supports_query_forward(self.models[0]):
             raise ConfigError("batched training needs a model the exact query-restricted forward covers")
-        self.records = [_Record() for _ in specs]
+        self.records = [RunRecord(c.keep, c.patience) for c in cfgs]
         if self.cfg.halving is not None:
             if self.cfg.halving not in SELF_SCORED and head_scorer is None:
                 raise ConfigError(f"halving strategy {self.cfg.halving!r} needs a head scorer: pass head_scorer="
@@ -394,7 +378,7 @@ class _Population:
 
     # -- one training step ----------------------------------------------------------------------------------------
     def count_batch(self, counted: TokenCounts, targets: Int[Tensor, "n k"], idx: Int[Tensor, "K b"],
-                    count_losses) -> Float[Tensor, "K"]:
+                    count_losses) -> Float[Tensor, " K"]:
         """Each model's mean loss on its batch ``idx`` through the token-count forward (dropout on the attention
         output only, drawn per model as its solo run draws it: ``[b, k, d_model]``)."""
         qtok, logc = counted.select(idx)
@@ -406,7 +390,7 @@ class _Population:
             out_mask = out_mask.to(self.device)
         return count_losses(self.P, qtok, logc, counted.present, self.attn_scale, out_mask, targets[idx])
 
-    def position_batch(self, data, idx: Int[Tensor, "K b"]) -> Float[Tensor, "K"]:
+    def position_batch(self, data, idx: Int[Tensor, "K b"]) -> Float[Tensor, " K"]:
         """Each model's mean loss on its batch ``idx`` through the per-position forward, with the solo run's
         dropout masks: the embedding ``[b, t_k, d_model]`` (unless ``dropout_at="attention"``), then the attention
         output, in that order from each model's generator."""
@@ -427,7 +411,7 @@ class _Population:
                 out_mask[k] = _dropout_mask((*qpos.shape[1:], d), p, g, self.device)
         return _mean_losses(stacked_logits_at(self.P, tokens, qpos, self.attn_scale, emb_mask, out_mask), targets)
 
-    def update(self, losses: Float[Tensor, "K"]) -> None:
+    def update(self, losses: Float[Tensor, " K"]) -> None:
         """One backward and one AdamW step for all models (each model's own loss drives only its parameters)."""
         losses.sum().backward()
         self.opt.step(min(1.0, (self.step + 1) / max(self.cfg.warmup, 1)))
@@ -445,20 +429,12 @@ class _Population:
         for k, r in enumerate(self.records):
             if not r.active:
                 continue
-            r.epochs_run, r.steps = epoch, self.step
-            acc, loss = val[k]["accuracy"], val[k]["loss"]
-            r.history.append({"epoch": epoch, "train_loss": float(train_loss[k]), "val_accuracy": acc,
-                              "val_loss": loss})
-            h = r.halving
-            ties_by_loss = self.cfg.keep != "first-best"
-            if (h is None or h.done) and (acc > r.best[0] or (ties_by_loss and acc == r.best[0] and loss < r.best[1])):
-                r.best = (acc, loss, epoch)
+            if r.end_epoch(epoch, self.step, train_loss[k], val[k]):
                 self._copy_model(k, self.best_state)
-            if h is not None and not h.done and acc >= h.threshold:
-                self._halve(k, acc, train_data, val_data)
-            waited = epoch - max(r.best[2], h.last_epoch if h is not None else -1)
-            if self.cfg.patience is not None and (h is None or h.done) and waited >= self.cfg.patience \
-                    or epoch == self.cfg.epochs:
+            h = r.halving
+            if h is not None and not h.done and val[k]["accuracy"] >= h.threshold:
+                self._halve(k, val[k]["accuracy"], train_data, val_data)
+            if r.should_stop(epoch) or epoch == self.cfg.epochs:
                 r.active = False
                 self._copy_model(k, self.last_state)
 
@@ -473,8 +449,8 @@ class _Population:
         model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in PARAMS}})
         halved = r.halving.after_validation(model, None, self.epoch, acc, self.task, train_data, val_data,
                                             self.head_scorer)
+        r.note_halving(halved)
         if halved is not None:
-            r.history[-1]["kept_heads"] = halved["kept"]
             self.head_on[k] = r.halving.mask[0].to(self.device)
             _mask_heads(self.P, self.masked, self.head_on, self.opt, k)
 
@@ -484,7 +460,7 @@ class _Population:
         for k, r in enumerate(self.records):
             if r.active:
                 self._copy_model(k, self.last_state)
-        kept = [c.keep if r.best[2] >= 0 else "last" for r, c in zip(self.records, self.cfgs)]
+        kept = [r.kept for r in self.records]
         keep_best = torch.tensor([kp != "last" for kp in kept], device=self.device)
         return kept, {n: torch.where(keep_best.view(-1, *[1] * (self.best_state[n].ndim - 1)), self.best_state[n],
                                      self.last_state[n]) for n in PARAMS}
@@ -519,12 +495,12 @@ class _Population:
             for g, st in zip(gens, t[key]):
                 g.set_state(st.clone())
         self.opt.t, self.step, self.epoch = progress["adam_t"], progress["step"], progress["epoch"]
-        self.records = [_Record.from_dict(r) for r in progress["records"]]
+        self.records = [_record_from_dict(r, c) for r, c in zip(progress["records"], self.cfgs)]
         if self.head_on is not None:
             self.head_on = t["head_on"].to(self.device)
 
 
-def _train_population(task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file
+def _train_population(task: Task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file
                       ) -> list[dict[str, Any]]:
     check_population(specs, cfgs)
     device = pick_device(device)
@@ -536,7 +512,7 @@ def _train_population(task, specs, cfgs, outs, *, device, progress, compile, hea
             pass
     pop = _Population(task, specs, cfgs, device, head_scorer)
     cfg, K = pop.cfg, pop.K
-    train_data, val_data = task.dataset("train").to(device), task.dataset("val").to(device)
+    train_data, val_data = task.dataset("train").to(device), task.dataset(validation_split(task)).to(device)
     d_vocab = pop.models[0].cfg.d_vocab
     # the O(vocab) forward where nothing position-dependent comes before attention; evaluation has no dropout, so
     # counts suffice there for every model without positions
@@ -569,7 +545,8 @@ def _train_population(task, specs, cfgs, outs, *, device, progress, compile, hea
             _save_resume(Path(resume_file), pop.identity(), *pop.state())
         bar.update(1)
         bar.set_postfix(active=sum(r.active for r in pop.records),
-                        best=f"{min(r.best[0] for r in pop.records):.3f}-{max(r.best[0] for r in pop.records):.3f}",
+                        best=f"{min(r.best_accuracy for r in pop.records):.3f}-"
+                             f"{max(r.best_accuracy for r in pop.records):.3f}",
                         **({"one_head": sum(r.halving.done for r in pop.records)} if cfg.halving else {}))
     bar.close()
 
@@ -581,25 +558,14 @@ def _train_population(task, specs, cfgs, outs, *, device, progress, compile, hea
         split_metrics[split] = _val_metrics(task, final, data, pop.attn_scale,
                                             token_counts(data, d_vocab) if eval_counts else None)
     results = []
-    wall = round(time.time() - started, 1)
+    wall = time.time() - started
     for k, (spec, c, model, out, r) in enumerate(zip(specs, cfgs, pop.models, outs, pop.records)):
         model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in PARAMS}})
         model.eval()
         metrics = {split: split_metrics[split][k] for split in task.splits}
-        prov = {
-            "seed": c.seed, "epochs": c.epochs, "epochs_run": r.epochs_run, "steps": r.steps,
-            "best_epoch": r.best[2], "kept": kept[k],
-            "kept_epoch": r.best[2] if kept[k] != "last" else r.epochs_run, "config": asdict(c),
-            "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics, "history": r.history,
-            "device": device, "wall_seconds_this_run": wall, "torch": torch.__version__,
-            "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "machine": platform.machine(),
-            "population": {"size": K, "index": k, "forward": "token counts" if use_counts else "positions",
-                           "compiled": bool(compile and use_counts), "resumed_at_epoch": resumed_at},
-        }
-        if r.halving is not None:  # the seed scores a run that ends with more than one head as 0
-            prov["halving"] = {**r.halving.summary(),
-                               "score": metrics.get("test", {}).get("accuracy") if r.halving.done else 0.0}
+        prov = r.provenance(c, metrics, device, wall, population={
+            "size": K, "index": k, "forward": "token counts" if use_counts else "positions",
+            "compiled": bool(compile and use_counts), "resumed_at_epoch": resumed_at})
         save_checkpoint(out, model, spec, task, prov)
         results.append(prov)
     if resume_file is not None:
@@ -634,6 +600,12 @@ def _load_resume(path: Path, identity: dict[str, Any]) -> tuple[dict[str, Tensor
     return tensors, progress
 
 
-def seed_population(task, spec: ModelSpec, cfg: TrainConfig, seeds: Sequence[int]):
+def _record_from_dict(d: dict[str, Any], cfg: TrainConfig) -> RunRecord:
+    """A model's record from a population resume file (also one written before the run record existed, which
+    held no keep and patience: they are the run's own anyway)."""
+    return RunRecord.from_dict(d, cfg.keep, cfg.patience)
+
+
+def seed_population(task: Task, spec: ModelSpec, cfg: TrainConfig, seeds: Sequence[int]):
     """Specs and configs for one model per seed, as ``interp train --seed S`` builds them (init seed = seed)."""
     return [replace(spec, init_seed=s) for s in seeds], [replace(cfg, seed=s) for s in seeds]

@@ -1,4 +1,4 @@
-"""Positional schemes beyond TransformerLens' own (seed 004 §2.1.4), through a forward hook on ``pos_embed``.
+"""Positional schemes beyond TransformerLens' own (Ibrahimli 2024, §2.1.4), through a forward hook on ``pos_embed``.
 
 ``ModelSpec.positional`` chooses the scheme; what each needs:
 
@@ -21,11 +21,16 @@ TransformerLens load of such a checkpoint has the same weights but reads rows ``
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from .errors import ConfigError, TokenError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 INDEXED = ("random", "abacus")
 
@@ -78,14 +83,14 @@ class PositionHook:
         return module.W_pos[pos]
 
 
-def install(model, scheme: str, digit_tokens=(), max_offset: int = 0) -> None:
+def install(model: HookedTransformer, scheme: str, digit_tokens=(), max_offset: int = 0) -> None:
     """Register the position hook of ``scheme`` on ``model.pos_embed`` (once)."""
     if position_hook(model) is not None:
         raise ConfigError("the model already has a position hook")
     model.pos_embed.register_forward_hook(PositionHook(scheme, digit_tokens, max_offset))
 
 
-def position_hook(model) -> PositionHook | None:
+def position_hook(model: HookedTransformer) -> PositionHook | None:
     """The model's position hook, or None (TransformerLens' own positions)."""
     pe = getattr(model, "pos_embed", None)
     if pe is None:

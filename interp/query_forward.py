@@ -5,7 +5,7 @@ query ``p``. Tasks whose loss sits on a few positions (noisy majority: the ``=``
 can therefore compute just those rows: ``O(batch x heads x k x T)`` instead of TransformerLens'
 ``O(batch x heads x T x T)`` with several materialised copies. It uses the model's own parameters and
 modules (gradients flow into the HookedTransformer) and is tested equal to ``model(tokens)``.
-Training and :func:`interp.evaluate.evaluate` use it when :func:`supports_query_forward` says so.
+Training and :func:`interp.evaluation.evaluate` use it when :func:`supports_query_forward` says so.
 
 This module is also the one home of the layer-0 prelude (embedding, positions, ``ln1``: :func:`layer0_inputs`,
 :func:`token_inputs`) and of the one vocabulary for choosing between the two exact ways analyses compute
@@ -16,6 +16,8 @@ recombining cached per-head outputs), ``"hooks"`` (TransformerLens' forward with
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
@@ -23,10 +25,13 @@ from torch import Tensor
 
 from .errors import ConfigError
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
 METHODS = ("auto", "fast", "hooks")
 
 
-def supports_query_forward(model) -> bool:
+def supports_query_forward(model: HookedTransformer) -> bool:
     from .positions import position_hook
 
     cfg = model.cfg
@@ -38,7 +43,7 @@ def supports_query_forward(model) -> bool:
     )
 
 
-def resolve_method(model, method: str) -> str:
+def resolve_method(model: HookedTransformer, method: str) -> str:
     """``"auto"`` -> ``"fast"`` for one-layer attention-only models, else ``"hooks"``; ``"fast"`` is refused where
     it does not apply."""
     if method not in METHODS:
@@ -50,7 +55,7 @@ def resolve_method(model, method: str) -> str:
     return method
 
 
-def layer0_inputs(model, tokens: Int[Tensor, "batch pos"], dropout: float = 0.0
+def layer0_inputs(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], dropout: float = 0.0
                   ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
     """The residual stream entering layer 0 (``hook_resid_pre``: embedding plus positions, with ``dropout`` if
     > 0) and its ``ln1``-normalised form that layer 0's heads read."""
@@ -60,7 +65,7 @@ def layer0_inputs(model, tokens: Int[Tensor, "batch pos"], dropout: float = 0.0
     return x, model.blocks[0].ln1(x)
 
 
-def token_inputs(model, token_ids) -> Float[Tensor, "token d_model"]:
+def token_inputs(model: HookedTransformer, token_ids) -> Float[Tensor, "token d_model"]:
     """``ln1(W_E[t])`` for each token: what layer 0's heads read from a token in a model without positional
     embedding, whatever its position (refused for models with one)."""
     cfg = model.cfg
@@ -70,7 +75,7 @@ def token_inputs(model, token_ids) -> Float[Tensor, "token d_model"]:
     return model.blocks[0].ln1(model.W_E[torch.as_tensor(token_ids, device=model.W_E.device)][None])[0]
 
 
-def query_attention(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"], dropout: float = 0.0
+def query_attention(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"], dropout: float = 0.0
                     ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head k pos"], Float[Tensor, "batch head pos d_head"]]:
     """The layer-0 attention inputs of the queries at ``query_pos`` only: the residual input ``x``
     (embedding, with ``dropout`` if > 0), the scaled attention scores (``-inf`` on future keys) and the
@@ -89,7 +94,7 @@ def query_attention(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tens
     return x, scores.masked_fill(future[:, None], float("-inf")), vals
 
 
-def logits_at(model, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"],
+def logits_at(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"],
               dropout: float = 0.0, embed_dropout: bool = True) -> Float[Tensor, "batch k vocab_out"]:
     """Logits at ``query_pos`` of a one-layer attention-only model, exactly as ``model(tokens)`` gives them
     (with ``dropout`` > 0: dropout after the embedding, unless ``embed_dropout`` is False, and after the attention

@@ -6,13 +6,16 @@ Implementations live in ``tasks/``; ``interp`` only knows this protocol.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from .errors import TaskError, TokenError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 IGNORE = -100  # target value meaning "no loss at this position" (torch's default ignore_index)
 
@@ -40,7 +43,7 @@ class Vocab:
     def index(self) -> dict[str, int]:
         return {t: i for i, t in enumerate(self.tokens)}
 
-    def encode(self, strs: list[str] | str) -> Int[Tensor, "pos"]:
+    def encode(self, strs: list[str] | str) -> Int[Tensor, " pos"]:
         """Token strings -> ids. A plain string is split on whitespace (``"[BOS] 0 1 ="``)."""
         if isinstance(strs, str):
             strs = strs.split()
@@ -83,9 +86,9 @@ class TaskData:
     task: str
     tokens: Int[Tensor, "batch pos"]
     targets: Int[Tensor, "batch pos"]
-    answer_pos: Int[Tensor, "batch"]
-    labels: Int[Tensor, "batch"]
-    lengths: Int[Tensor, "batch"]
+    answer_pos: Int[Tensor, " batch"]
+    labels: Int[Tensor, " batch"]
+    lengths: Int[Tensor, " batch"]
     fields: dict[str, Tensor] = field(default_factory=dict)
     vocab: Vocab | None = None
 
@@ -96,14 +99,14 @@ class TaskData:
     def device(self) -> torch.device:
         return self.tokens.device
 
-    def to(self, device) -> "TaskData":
+    def to(self, device) -> TaskData:
         return TaskData(
             self.task, self.tokens.to(device), self.targets.to(device), self.answer_pos.to(device),
             self.labels.to(device), self.lengths.to(device), {k: v.to(device) for k, v in self.fields.items()},
             self.vocab,
         )
 
-    def select(self, index) -> "TaskData":
+    def select(self, index) -> TaskData:
         """The examples at ``index`` (a slice, bool mask or index tensor), padding trimmed to their longest."""
         if isinstance(index, slice):
             idx = torch.arange(len(self), device=self.device)[index]
@@ -149,7 +152,7 @@ class Task(Protocol):
         """Raise a TaskError if ``data`` does not belong to this task."""
 
 
-def check_model_task(model, task) -> None:
+def check_model_task(model: HookedTransformer, task: Task) -> None:
     """Refuse a model whose vocabulary sizes do not fit the task's: a model of another task, caught before any
     work (a TaskError naming both)."""
     cfg = model.cfg

@@ -1,6 +1,6 @@
 """Training a task model: AdamW, linear warmup, dropout through hooks, best-by-validation, resumable.
 
-Defaults follow seed 000 §5.2: batch 128, lr 1e-3, weight decay 0.01, dropout 0.1, warmup over
+Defaults follow Fraknói 2024, §5.2: batch 128, lr 1e-3, weight decay 0.01, dropout 0.1, warmup over
 ``2 / (1 - beta2)`` steps (Ma & Yarats' untuned linear warmup, then constant), loss on the task's
 answer positions only. One-layer attention-only models train through the exact query-restricted
 forward of :mod:`interp.query_forward` (tested equal to the HookedTransformer forward). HookedTransformer has no
@@ -14,7 +14,7 @@ beats a later, better-trained one; ``"first-best"`` is the first epoch with the 
 to the earlier epoch: "the best model selected on validation accuracy" read literally, which is what a loop that
 only keeps a strictly better accuracy does); ``"last"`` is the final epoch.
 
-Halving heads (seed 000 §5.5, ``TrainConfig.halving``): a persistent head mask (:mod:`interp.halving`) that
+Halving heads (Fraknói 2024, §5.5, ``TrainConfig.halving``): a persistent head mask (:mod:`interp.halving`) that
 masks half of the active heads each time validation accuracy reaches ``halving_threshold``; the kept model is
 then the best one-head state. The mask and its steps travel in the resume file and the checkpoint's metadata.
 
@@ -27,78 +27,37 @@ nondeterministic). A new run never deletes another run's resume file unless told
 from __future__ import annotations
 
 import json
-import platform
 import time
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .checkpoint import save_checkpoint
+from .configs import TrainConfig
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
-from .evaluate import evaluate, evaluate_splits, target_positions
+from .evaluation import evaluate, evaluate_splits, target_positions
 from .files import AtomicFile, atomic_write
-from .halving import Halving, Scorer, check_strategy
+from .halving import Halving, Scorer
 from .model import ModelSpec, build_model, trainable_parameters
+from .options import options
 from .query_forward import logits_at, supports_query_forward
-from .task import IGNORE
+from .run_record import RunRecord, validation_split
+from .task import IGNORE, Task, TaskData
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
-KEEP = ("best", "first-best", "last")
-# Where dropout goes (the seed does not say): "embedding+attention" (after the embedding, per position, and after
-# the attention output: the default, as trained so far) or "attention" (after the attention output only). With
-# "attention" a one-layer attention-only model without positions depends, at a query, only on the query token and
-# the counts of the tokens before it, which interp.population exploits for an O(vocab) forward per sequence.
-DROPOUT_AT = ("embedding+attention", "attention")
 LOSS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
-RUN_OPTIONS = ("epochs", "save_every", "patience", "keep")  # may change when a run is resumed
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int = 900
-    batch_size: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.999
-    dropout: float = 0.1
-    warmup_steps: int | None = None  # None: 2 / (1 - beta2)
-    seed: int = 0
-    save_every: int = 5  # epochs between resume files
-    patience: int | None = None  # stop after this many epochs without a better validation accuracy
-    keep: str = "best"  # "best": best val accuracy, ties by lower val loss; "first-best": ties to the earlier epoch;
-    #                     "last": the final epoch
-    dropout_at: str = "embedding+attention"  # see DROPOUT_AT
-    loss_dtype: str = "float32"  # "float64": the cross-entropy in double precision (the grokking recipe)
-    halving: str | None = None  # a halving-heads strategy (interp.halving.STRATEGIES), or None
-    halving_threshold: float = 0.95  # validation accuracy at which half of the active heads are masked
-
-    def __post_init__(self):
-        checks = {
-            "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1, "lr": self.lr > 0,
-            "weight_decay": self.weight_decay >= 0, "beta1": 0 <= self.beta1 < 1, "beta2": 0 <= self.beta2 < 1,
-            "dropout": 0 <= self.dropout < 1, "save_every": self.save_every >= 1,
-            "warmup_steps": self.warmup_steps is None or self.warmup_steps >= 0,
-            "patience": self.patience is None or self.patience >= 1, "keep": self.keep in KEEP,
-            "dropout_at": self.dropout_at in DROPOUT_AT,
-            "loss_dtype": self.loss_dtype in LOSS_DTYPES,
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise ConfigError(f"invalid training option(s): " + ", ".join(f"{k}={getattr(self, k)!r}" for k in bad))
-        check_strategy(self.halving, self.halving_threshold)
-
-    @property
-    def warmup(self) -> int:
-        return round(2 / (1 - self.beta2)) if self.warmup_steps is None else self.warmup_steps
-
-
-def dropout_hooks(model, p: float, at: str = "embedding+attention") -> list:
+def dropout_hooks(model: HookedTransformer, p: float, at: str = "embedding+attention") -> list:
     """Forward hooks that apply dropout after the embedding (unless ``at == "attention"``) and after each attention
     (and MLP) output."""
     if p == 0:
@@ -120,7 +79,7 @@ def task_loss(logits, targets, dtype: torch.dtype = torch.float32) -> torch.Tens
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(dtype), targets.reshape(-1), ignore_index=IGNORE)
 
 
-def batch_loss(model, batch, hooks, dropout: float, dtype: torch.dtype = torch.float32,
+def batch_loss(model: HookedTransformer, batch, hooks, dropout: float, dtype: torch.dtype = torch.float32,
                dropout_at: str = "embedding+attention") -> torch.Tensor:
     """Training loss of one batch: the exact query-restricted forward where it applies, else TL's."""
     qpos = target_positions(batch) if supports_query_forward(model) else None
@@ -137,23 +96,14 @@ def resume_path(out: Path) -> Path:
 
 
 class _State:
-    """Mutable training state; (de)serialised to a safetensors resume file."""
+    """A solo run's mutable state: model, optimizer, data-order generator, epoch and step counters, the kept-so-far
+    weights and the :class:`interp.run_record.RunRecord`; (de)serialised to a safetensors resume file."""
 
-    def __init__(self, model, opt, gen):
-        self.model, self.opt, self.gen = model, opt, gen
+    def __init__(self, model: HookedTransformer, opt: torch.optim.Optimizer, gen: torch.Generator, record: RunRecord):
+        self.model, self.opt, self.gen, self.record = model, opt, gen, record
         self.epoch = 0  # epochs completed
         self.step = 0
-        self.best_val = -1.0
-        self.best_loss = float("inf")
-        self.best_epoch = -1
         self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.history: list[dict[str, float]] = []
-        self.halving: Halving | None = None  # the head mask and its steps (halving runs only)
-
-    def better(self, accuracy: float, loss: float, ties_by_loss: bool = True) -> bool:
-        """Whether a validation result beats the best so far: higher accuracy, or (``ties_by_loss``) equal accuracy
-        and lower loss."""
-        return accuracy > self.best_val or (ties_by_loss and accuracy == self.best_val and loss < self.best_loss)
 
     def save(self, path: Path, identity: dict[str, Any], options: dict[str, Any]) -> None:
         from safetensors.torch import save_file
@@ -171,10 +121,7 @@ class _State:
         meta = {
             "identity": json.dumps(identity, sort_keys=True),
             "options": json.dumps(options, sort_keys=True),
-            "progress": json.dumps({"epoch": self.epoch, "step": self.step, "best_val": self.best_val,
-                                    "best_loss": self.best_loss, "best_epoch": self.best_epoch,
-                                    "history": self.history,
-                                    "halving": self.halving.to_dict() if self.halving is not None else None}),
+            "progress": json.dumps({"epoch": self.epoch, "step": self.step, "record": self.record.to_dict()}),
             "param_groups": json.dumps(opt_sd["param_groups"]),
         }
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta), "the resume file")
@@ -213,10 +160,13 @@ class _State:
             torch.cuda.set_rng_state(tensors["rng.cuda"])
         prog = json.loads(meta["progress"])
         self.epoch, self.step = prog["epoch"], prog["step"]
-        self.best_val, self.best_epoch, self.history = prog["best_val"], prog["best_epoch"], prog["history"]
-        self.best_loss = prog.get("best_loss", float("inf"))
-        if prog.get("halving") is not None:
-            self.halving = Halving.from_dict(prog["halving"])
+        keep, patience = self.record.keep, self.record.patience
+        if "record" in prog:
+            self.record = RunRecord.from_dict(prog["record"], keep, patience)
+        else:  # a resume file written before the run record existed
+            halving = Halving.from_dict(prog["halving"]) if prog.get("halving") is not None else None
+            self.record = RunRecord(keep, patience, halving, prog["history"], prog["best_val"],
+                                    prog.get("best_loss", float("inf")), prog["best_epoch"], self.epoch, self.step)
 
 
 def resume_options(out) -> dict[str, Any]:
@@ -238,7 +188,7 @@ def resume_options(out) -> dict[str, Any]:
     return {"task": identity["task"], "spec": identity["spec"], "config": config}
 
 
-def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = None, resume: bool = False,
+def train(task: Task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = None, resume: bool = False,
           restart: bool = False, progress: bool = True,
           on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
           history_extras: Callable[[Any, int], dict[str, Any]] | None = None,
@@ -275,16 +225,69 @@ def train(task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = 
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
-def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_end, history_extras=None,
+def _train(task: Task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_end, history_extras=None,
            snapshot_every=None, snapshot_dir=None, head_scorer=None) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
+    snapshot_dir = _check_outputs(out, cfg, resume, restart, snapshot_every, snapshot_dir)
+    rpath = resume_path(out)
+    state, identity, options = _start(task, spec, cfg, device, rpath if resume else None)
+    record, model, opt, gen = state.record, state.model, state.opt, state.gen
+    halving = record.halving
+    if halving is not None:
+        halving.start(model, opt)
+    train_data = task.dataset("train").to(device)
+    val_data = task.dataset(validation_split(task)).to(device)
+    loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
+    hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
+    started = time.time()
+    if state.epoch >= cfg.epochs:
+        raise ConfigError(f"the resumed run has already done {state.epoch} epochs; ask for more than that")
+    bar = tqdm(total=cfg.epochs, initial=state.epoch, desc=f"train {task.name}", unit="epoch", disable=not progress)
+    while state.epoch < cfg.epochs:
+        train_loss = _train_epoch(state, cfg, train_data, hooks, loss_dtype)
+        model.eval()
+        val = evaluate(model, task, val_data)
+        state.epoch += 1
+        if record.end_epoch(state.epoch, state.step, train_loss, val):
+            state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if history_extras is not None:
+            with torch.no_grad():
+                record.history[-1].update(history_extras(model, state.epoch))
+        if snapshot_dir is not None and state.epoch % snapshot_every == 0:
+            save_checkpoint(snapshot_dir / f"epoch-{state.epoch:06d}.safetensors", model, spec, task,
+                            {"epoch": state.epoch, "seed": cfg.seed, "config": asdict(cfg), "record": record.history[-1]})
+        if halving is not None:
+            record.note_halving(halving.after_validation(model, opt, state.epoch, val["accuracy"], task, train_data,
+                                                         val_data, head_scorer))
+        bar.update(1)
+        bar.set_postfix(loss=f"{train_loss:.4f}", val=f"{val['accuracy']:.4f}",
+                        best=f"{record.best_accuracy:.4f}@{record.best_epoch}",
+                        **({"heads": len(halving.active)} if halving is not None else {}))
+        if state.epoch % cfg.save_every == 0 and state.epoch < cfg.epochs:
+            state.save(rpath, identity, options)
+        if on_epoch_end is not None:
+            on_epoch_end(state.epoch, record.history[-1])
+        if record.should_stop(state.epoch):
+            break
+    bar.close()
+    if record.kept != "last":
+        model.load_state_dict(state.best_state)
+    model.eval()
+    provenance = record.provenance(cfg, evaluate_splits(model, task), device, time.time() - started)
+    save_checkpoint(out, model, spec, task, provenance)
+    rpath.unlink(missing_ok=True)
+    return provenance
+
+
+def _check_outputs(out: Path, cfg: TrainConfig, resume: bool, restart: bool, snapshot_every: int | None,
+                   snapshot_dir) -> Path | None:
+    """Everything a run will write, checked before any training: the checkpoint path (a directory, a missing
+    folder or an unwritable path fails now), the resume file's state against ``resume`` / ``restart``, and the
+    snapshot folder (returned, created)."""
     if snapshot_every is not None and (not isinstance(snapshot_every, int) or snapshot_every < 1):
         raise ConfigError(f"snapshot_every must be a positive integer (epochs between snapshots), got {snapshot_every!r}")
-    if snapshot_every is not None:
-        snapshot_dir = Path(snapshot_dir) if snapshot_dir else out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
-        snapshot_dir.mkdir(parents=True, exist_ok=True)
-    with AtomicFile(out, "the checkpoint"):  # a directory, a missing folder or an unwritable path fails now
+    with AtomicFile(out, "the checkpoint"):
         pass
     rpath = resume_path(out)
     if resume and restart:
@@ -296,100 +299,53 @@ def _train(task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_
             raise ConfigError(f"{rpath} holds an interrupted run of {out}: continue it with --resume, or start over "
                               "with --restart (which deletes it)")
         rpath.unlink()
+    if snapshot_every is None:
+        return None
+    snapshot_dir = Path(snapshot_dir) if snapshot_dir else out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
+    snapshot_dir.mkdir(parents=True, exist_ok=True)
+    return snapshot_dir
 
+
+def _start(task: Task, spec: ModelSpec, cfg: TrainConfig, device: str, resume_file: Path | None
+           ) -> tuple[_State, dict[str, Any], dict[str, Any]]:
+    """A new run's state (seeded model, AdamW, data-order generator, empty record), continued from
+    ``resume_file`` when given; with the run's identity (what a resume file must match) and resumable options."""
     torch.manual_seed(cfg.seed)
     model = build_model(spec, device=device)
     model.train()
     opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                             weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
-    state = _State(model, opt, gen)
+    halving = (Halving(cfg.halving, cfg.halving_threshold, spec.n_layers, spec.n_heads, cfg.seed)
+               if cfg.halving is not None else None)
+    state = _State(model, opt, gen, RunRecord(cfg.keep, cfg.patience, halving))
+    resumable = [name for name, o in options(TrainConfig).items() if o.resumable]
     identity = {"task": {"name": task.name, "params": task.params()}, "spec": spec.to_dict(),
-                **{k: v for k, v in asdict(cfg).items() if k not in RUN_OPTIONS}}
-    if cfg.halving is not None:
-        state.halving = Halving(cfg.halving, cfg.halving_threshold, spec.n_layers, spec.n_heads, cfg.seed)
-    options = {k: getattr(cfg, k) for k in RUN_OPTIONS}
-    if resume:
-        state.load(rpath, identity)
-    halving = state.halving
-    if halving is not None:
-        halving.start(model, opt)
+                **{k: v for k, v in asdict(cfg).items() if k not in resumable}}
+    run_options = {k: getattr(cfg, k) for k in resumable}
+    if resume_file is not None:
+        state.load(resume_file, identity)
+    return state, identity, run_options
 
-    train_data = task.dataset("train").to(device)
-    val_data = task.dataset("val" if "val" in task.splits else task.splits[-1]).to(device)
-    loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
-    hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
+
+def _train_epoch(state: _State, cfg: TrainConfig, train_data: TaskData, hooks: list, loss_dtype: torch.dtype) -> float:
+    """One epoch of AdamW steps over the training data in this epoch's order; the mean training loss."""
+    model, opt = state.model, state.opt
+    halving = state.record.halving
+    model.train()
     n = len(train_data)
-    started = time.time()
-    if state.epoch >= cfg.epochs:
-        raise ConfigError(f"the resumed run has already done {state.epoch} epochs; ask for more than that")
-    bar = tqdm(total=cfg.epochs, initial=state.epoch, desc=f"train {task.name}", unit="epoch", disable=not progress)
-    while state.epoch < cfg.epochs:
-        model.train()
-        perm = torch.randperm(n, generator=gen).to(device)
-        total, count = 0.0, 0
-        for start in range(0, n, cfg.batch_size):
-            batch = train_data.select(perm[start : start + cfg.batch_size])
-            for g in opt.param_groups:
-                g["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(cfg.warmup, 1))
-            loss = batch_loss(model, batch, hooks, cfg.dropout, loss_dtype, cfg.dropout_at)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if halving is not None:
-                halving.apply(model)  # masked heads stay exactly zero
-            state.step += 1
-            total += loss.item() * len(batch)
-            count += len(batch)
-        model.eval()
-        val = evaluate(model, task, val_data)
-        state.epoch += 1
-        state.history.append({"epoch": state.epoch, "train_loss": total / count, "val_accuracy": val["accuracy"],
-                              "val_loss": val["loss"]})
-        if history_extras is not None:
-            with torch.no_grad():
-                state.history[-1].update(history_extras(model, state.epoch))
-        if snapshot_every is not None and state.epoch % snapshot_every == 0:
-            save_checkpoint(snapshot_dir / f"epoch-{state.epoch:06d}.safetensors", model, spec, task,
-                            {"epoch": state.epoch, "seed": cfg.seed, "config": asdict(cfg), "record": state.history[-1]})
-        # with halving, only one-head states compete for the kept model
-        if (halving is None or halving.done) and state.better(val["accuracy"], val["loss"],
-                                                                     cfg.keep != "first-best"):
-            state.best_val, state.best_loss, state.best_epoch = val["accuracy"], val["loss"], state.epoch
-            state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    perm = torch.randperm(n, generator=state.gen).to(train_data.device)
+    total = 0.0
+    for start in range(0, n, cfg.batch_size):
+        batch = train_data.select(perm[start : start + cfg.batch_size])
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(cfg.warmup, 1))
+        loss = batch_loss(model, batch, hooks, cfg.dropout, loss_dtype, cfg.dropout_at)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
         if halving is not None:
-            halved = halving.after_validation(model, opt, state.epoch, val["accuracy"], task, train_data, val_data,
-                                              head_scorer)
-            if halved is not None:
-                state.history[-1]["kept_heads"] = halved["kept"]
-        bar.update(1)
-        bar.set_postfix(loss=f"{total / count:.4f}", val=f"{val['accuracy']:.4f}", best=f"{state.best_val:.4f}@{state.best_epoch}",
-                        **({"heads": len(halving.active)} if halving is not None else {}))
-        if state.epoch % cfg.save_every == 0 and state.epoch < cfg.epochs:
-            state.save(rpath, identity, options)
-        if on_epoch_end is not None:
-            on_epoch_end(state.epoch, state.history[-1])
-        if cfg.patience is not None and (halving is None or halving.done) \
-                and state.epoch - max(state.best_epoch, halving.last_epoch if halving is not None else -1) >= cfg.patience:
-            break
-    bar.close()
-
-    kept = cfg.keep if state.best_epoch >= 0 else "last"  # a halving run that never got to one head: its last state
-    if kept != "last":
-        model.load_state_dict(state.best_state)
-    model.eval()
-    metrics = evaluate_splits(model, task)
-    provenance = {
-        "seed": cfg.seed, "epochs": cfg.epochs, "epochs_run": state.epoch, "steps": state.step,
-        "best_epoch": state.best_epoch, "kept": kept, "kept_epoch": state.best_epoch if kept != "last" else state.epoch,
-        "config": asdict(cfg),
-        "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
-        "history": state.history, "device": device, "wall_seconds_this_run": round(time.time() - started, 1),
-        "torch": torch.__version__, "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
-        "machine": platform.machine(),
-    }
-    if halving is not None:  # the seed scores a run that ends with more than one head as 0
-        provenance["halving"] = {**halving.summary(), "score": metrics.get("test", {}).get("accuracy") if halving.done else 0.0}
-    save_checkpoint(out, model, spec, task, provenance)
-    rpath.unlink(missing_ok=True)
-    return provenance
+            halving.apply(model)  # masked heads stay exactly zero
+        state.step += 1
+        total += loss.item() * len(batch)
+    return total / n

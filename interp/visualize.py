@@ -10,15 +10,19 @@ import html as _html
 import json
 import numbers
 import uuid
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from .errors import InterpError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 @lru_cache(maxsize=1)
@@ -127,7 +131,7 @@ class AttentionView:
         return notebook_script("circuitsvis") + self.body_html()
 
 
-def attention_patterns(model, tokens: Int[Tensor, "batch pos"], fwd_hooks=()) -> Float[Tensor, "batch layer head q k"]:
+def attention_patterns(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], fwd_hooks=()) -> Float[Tensor, "batch layer head q k"]:
     """Every layer's attention pattern ``[batch, layer, head, query, key]`` from one forward pass (optionally with
     intervention hooks): the one attention-pattern function of analyses and reports."""
     store: dict[int, Tensor] = {}
@@ -141,14 +145,14 @@ def attention_patterns(model, tokens: Int[Tensor, "batch pos"], fwd_hooks=()) ->
     return torch.stack([store[l] for l in range(model.cfg.n_layers)], dim=1)
 
 
-def attention_view(model, tokens: Int[Tensor, "pos"], heads=None, vocab=None, token_strs=None, title: str = "",
-                   max_len: int | None = None) -> "AttentionView":
+def attention_view(model: HookedTransformer, tokens: Int[Tensor, " pos"], heads=None, vocab=None, token_strs=None, title: str = "",
+                   max_len: int | None = None) -> AttentionView:
     """A circuitsvis view of ``heads`` (default: all) on one sequence, its tokens named by ``vocab`` (the task's) or
     ``token_strs`` (else their ids); only the first ``max_len`` tokens are shown if given (causal attention: the
     shown rows are exact). Displays inline in Jupyter; ``.save(path)`` writes an offline HTML file."""
     from .device import model_device
     from .errors import TokenError
-    from .evaluate import check_tokens
+    from .evaluation import check_tokens
     from .heads import head_label, parse_heads
 
     tokens = torch.as_tensor(tokens)
@@ -250,3 +254,9 @@ def _cell(value, spec: str | None, float_format: str = ".4g") -> tuple[str, bool
 def escape_text(text: str) -> str:
     """Plain text as HTML (escaped, newlines kept)."""
     return _html.escape(str(text)).replace("\n", "<br>")
+
+
+def aligned(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Rows of text cells as right-aligned columns under ``headers`` (the CLI's tables)."""
+    width = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, width)) for line in [list(headers), *rows])

@@ -1,4 +1,4 @@
-"""Integer addition (seed 004; seed 000 §4, Quirke & Barez): ``a + b = c`` on digit tokens.
+"""Integer addition (Ibrahimli 2024, Compositional Generalization in Transformers; Fraknói 2024, §4, Quirke & Barez): ``a + b = c`` on digit tokens.
 
 A sentence is ``[BOS] a + b = c [EOS]``. Both operands of one sentence have the same digit count ``n`` (drawn
 per sentence from a range), written with leading zeros, so digit ``i`` of ``a`` and of ``b`` have the same place
@@ -69,7 +69,7 @@ class IntegerAddition:
     """The task: digit-count ranges per split (inclusive), answer order, enrichment, split sizes, data seed."""
 
     digits: Any = (5, 5)  # operand digit counts of train and val sentences
-    test_digits: Any = None  # of the test and cascades splits (default: ``digits``)
+    test_digits: Any = None  # of the test and cascades splits (None: the same as ``digits``, also when it changes)
     max_digits: int | None = None  # the context is sized for operands this long (default: the longest split + 3)
     reverse_answer: bool = True
     reverse_operands: bool = False
@@ -88,7 +88,8 @@ class IntegerAddition:
         digits = _range(self.digits, "digits")
         test = digits if self.test_digits is None else _range(self.test_digits, "test_digits")
         object.__setattr__(self, "digits", digits)
-        object.__setattr__(self, "test_digits", test)
+        # left None, the test splits follow digits: a checkpoint's task rebuilt with --set digits=6 tests 6 digits
+        object.__setattr__(self, "test_digits", None if self.test_digits is None else test)
         longest = max(digits[1], test[1])
         if self.max_digits is None:
             object.__setattr__(self, "max_digits", longest + 3)
@@ -128,8 +129,13 @@ class IntegerAddition:
     def default_train(self) -> dict[str, Any]:
         return dict(epochs=6, batch_size=128, lr=1e-3, weight_decay=0.1, dropout=0.0, beta2=0.98)
 
+    @property
+    def test_range(self) -> tuple[int, int]:
+        """The operand digit counts of the test and cascades splits."""
+        return self.digits if self.test_digits is None else self.test_digits
+
     def split_digits(self, split: str) -> tuple[int, int]:
-        return self.test_digits if split in ("test", "cascades") else self.digits
+        return self.test_range if split in ("test", "cascades") else self.digits
 
     def dataset(self, split: str, seed: int | None = None) -> TaskData:
         """The sums of ``split`` from ``seed`` (default: the task's data seed)."""
@@ -197,7 +203,7 @@ def random_operands(size: int, digits: tuple[int, int], enrich: float, gen: torc
     return a * inside, b * inside, n
 
 
-def carry_structure(a: Int[Tensor, "batch digit"], b: Int[Tensor, "batch digit"], n: Int[Tensor, "batch"]):
+def carry_structure(a: Int[Tensor, "batch digit"], b: Int[Tensor, "batch digit"], n: Int[Tensor, " batch"]):
     """Answer digits and carry labels of ``a + b`` (digits units first, zero beyond ``n``).
 
     Returns ``answer [batch, digit+1]``, ``pair_kind [batch, digit]`` (0 base, 1 MS9, 2 MC1; -1 beyond n),

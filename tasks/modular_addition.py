@@ -1,4 +1,4 @@
-"""Modular addition (Nanda et al. 2023, seed 000 §4): ``a b =`` -> ``(a + b) mod p``.
+"""Modular addition (Nanda et al. 2023, Fraknói 2024, §4): ``a b =`` -> ``(a + b) mod p``.
 
 One token per number (ids ``0 .. p-1``) plus ``=`` (id ``p``); the model predicts the sum at the ``=`` position
 (position 2) over the ``p`` number tokens only (``d_vocab_out = p``). Every pair ``(a, b)`` appears exactly once:
@@ -81,7 +81,7 @@ class ModularAddition:
         return dict(epochs=3000, batch_size=self.n_train, lr=1e-3, weight_decay=1.0, beta1=0.9, beta2=0.98,
                     dropout=0.0, warmup_steps=10, loss_dtype="float64", keep="last")
 
-    def split_index(self, split: str) -> Int[Tensor, "n"]:
+    def split_index(self, split: str) -> Int[Tensor, " n"]:
         """Pair indices ``a * p + b`` of a split (``"all"``: every pair, in order)."""
         n = self.p ** 2
         if split == "all":

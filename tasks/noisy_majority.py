@@ -1,4 +1,4 @@
-"""Noisy majority (seed 000 §5.1-5.2): do 0s or 1s form the majority, ignoring the noise digit 2?
+"""Noisy majority (Fraknói 2024, §5.1-5.2): do 0s or 1s form the majority, ignoring the noise digit 2?
 
 A sentence is ``[BOS] x1 .. xn = y [EOS]`` with digits ``x_i`` in {0, 1, 2}; ``y`` is ``4`` when
 ``n0 >= n1`` (ties and empty inputs give ``4``) and ``5`` otherwise. The model predicts ``y`` at the
@@ -25,7 +25,7 @@ VOCAB = Vocab(tokens=TOKENS, bos=BOS, eos=EOS, pad=PAD, n_out=8)
 
 @dataclass(frozen=True)
 class NoisyMajority:
-    """The task with its split sizes and digit-count ranges (inclusive). Defaults follow seed 000."""
+    """The task with its split sizes and digit-count ranges (inclusive). Defaults follow Fraknói 2024."""
 
     train_size: int = 7500
     val_size: int = 1500
@@ -68,14 +68,15 @@ class NoisyMajority:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     def default_spec(self) -> dict[str, Any]:
-        """Seed 000's shape: 1 layer, attention only, no positional embedding, no output matrix."""
+        """Fraknói 2024 (§5.2): 1 layer, attention only, no positional embedding, no output matrix (the spec takes
+        the identity W_O where the heads fill the residual stream, a learned one otherwise)."""
         return dict(
             n_layers=1, d_model=32, n_heads=16, d_head=2, d_vocab=len(VOCAB), d_vocab_out=VOCAB.n_out,
-            n_ctx=self.n_ctx, positional="none", output_matrix="identity", attn_bias=False,
+            n_ctx=self.n_ctx, positional="none", attn_bias=False,
         )
 
     def default_train(self) -> dict[str, Any]:
-        """``interp.training.TrainConfig`` defaults for this task (seed 000 §5.2)."""
+        """``interp.training.TrainConfig`` defaults for this task (Fraknói 2024, §5.2)."""
         return dict(epochs=900, batch_size=128, lr=1e-3, weight_decay=0.01, dropout=0.1)
 
     def dataset(self, split: str, seed: int | None = None) -> TaskData:

@@ -1,4 +1,4 @@
-"""Repeated random tokens (seed 003): ``[BOS] R R (R ...)``, the task that grows induction heads.
+"""Repeated random tokens (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*): ``[BOS] R R (R ...)``, the task that grows induction heads.
 
 ``R`` is a sequence of ``n`` symbols drawn uniformly (with replacement, so a symbol may repeat inside
 ``R``) from ``n_symbols`` symbols; ``n`` is drawn per sequence from ``repeat_lengths`` and ``R`` is
@@ -111,7 +111,7 @@ class RepeatedTokens:
         symbols = torch.randint(0, self.n_symbols, (size, hi), generator=gen)
         return self.make_sequences(symbols, n)
 
-    def make_sequences(self, symbols: Int[Tensor, "batch max_n"], n: Int[Tensor, "batch"] | int) -> TaskData:
+    def make_sequences(self, symbols: Int[Tensor, "batch max_n"], n: Int[Tensor, " batch"] | int) -> TaskData:
         """Build ``[BOS] R R ...`` (``seq_len + 1`` tokens) with ``R = symbols[b, :n[b]]``."""
         symbols = torch.as_tensor(symbols, dtype=torch.long)
         if symbols.ndim != 2:

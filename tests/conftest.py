@@ -20,7 +20,7 @@ def nm_task():
 @pytest.fixture(scope="session")
 def nm_ckpt():
     """The shipped noisy-majority checkpoint, on CPU (shared: do not modify the model)."""
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     return load_checkpoint("noisy-majority", device="cpu")
 
@@ -63,7 +63,7 @@ def shipped_report(tmp_path_factory):
     by ``interp report NAME`` run in-process (shared by tests/test_report.py and tests/test_browser.py)."""
     import time
 
-    from interp.cli import main
+    from interp.app.cli import main
     from tasks import shipped_checkpoints
 
     built = {}

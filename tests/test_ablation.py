@@ -1,4 +1,4 @@
-"""Learned accuracy (analyses.ablation): known answers, the whole model, the direct path, and equality of the
+"""Learned accuracy (analyses.learned_accuracies): known answers, the whole model, the direct path, and equality of the
 batched paths with a slow loop of one run_with_hooks per subset. Tolerances: logits 1e-4 absolute
 (float32 sums in another order); accuracies exactly equal (same argmax on every example)."""
 
@@ -9,12 +9,18 @@ import dataclasses
 import pytest
 import torch
 
-from interp.heads import head_mask
-
-from analyses.ablation import (head_subsets, hooked_subset_logits, learned_accuracy, learned_accuracy_loop,
-                               learned_accuracy_of_size, mean_head_outputs, subset_answer_logits)
+from analyses.learned_accuracies import (
+    head_subsets,
+    hooked_subset_logits,
+    learned_accuracy,
+    learned_accuracy_loop,
+    learned_accuracy_of_size,
+    mean_head_outputs,
+    subset_answer_logits,
+)
 from interp.errors import HeadError, InterpError, TaskError, TokenError
-from interp.evaluate import evaluate
+from interp.evaluation import evaluate
+from interp.heads import head_mask
 
 SUBSETS = [[], ["L0H1"], ["L0H3"], ["L0H8", "L0H9"], ["L0H0", "L0H5"], ["L0H1", "L0H7", "L0H12"],
            [f"L0H{h}" for h in range(16)]]
@@ -138,7 +144,7 @@ def test_bad_input(nm_ckpt, small_test):
 
 def test_pair_matrix_and_one_subset(nm_ckpt, small_test):
     """Figure 5's matrix: singles on the diagonal, pairs off it, heads sorted by the diagonal in the figure."""
-    from analyses.ablation import learned_accuracy_of
+    from analyses.learned_accuracies import learned_accuracy_of
     from analyses.noisy_majority.head_summary import pair_matrix
 
     model = nm_ckpt.model

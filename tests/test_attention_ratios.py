@@ -10,8 +10,13 @@ import math
 import pytest
 import torch
 
-from analyses.noisy_majority.attention_ratios import (attention_ratios, exact_attention_ratios, measured_attention_ratios,
-                                       query_key_scores, task_token_ids)
+from analyses.noisy_majority.attention_ratios import (
+    attention_ratios,
+    exact_attention_ratios,
+    measured_attention_ratios,
+    query_key_scores,
+    task_token_ids,
+)
 from analyses.noisy_majority.handbuilt import attention_preference_model
 from interp.errors import ConfigError, TaskError
 from interp.task import Vocab

@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import save_file
 
 import interp
-from interp.checkpoint import load_checkpoint, read_metadata, save_checkpoint
+from interp.checkpoint import save_checkpoint
 from interp.errors import CheckpointError
 from interp.model import ModelSpec, build_model
-from tasks import get_task, shipped_checkpoints
+from tasks import get_task, load_checkpoint, read_metadata, shipped_checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_huge_header_length_is_reported_as_corrupt(tmp_path):
         load_checkpoint(bad)
 
 
-# -- issue 9 item 3: corrupted weights never load silently ---------------------------------------------------------
+# -- corrupted weights never load silently -----------------------------------------------------------------------
 def _tensor_span(path, name):
     """(start, end) byte offsets of tensor ``name``'s data in a safetensors file."""
     raw = path.read_bytes()
@@ -176,7 +176,7 @@ def test_flipped_bytes_in_the_weights_fail_the_checksum(tmp_path, saved, capsys)
     bad.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="do not match the checksum"):
         load_checkpoint(bad)
-    from interp.cli import main
+    from interp.app.cli import main
 
     assert main(["eval", str(bad)]) == 1  # was: accuracy 0.0000, loss nan, exit 0
     err = capsys.readouterr().err
@@ -219,7 +219,7 @@ def test_files_without_checksum_or_tl_config_still_load(tmp_path, saved):
     assert ckpt.spec == saved[2] and read_metadata(old)["checksum"] is None
 
 
-# -- issue 8: checkpoints open in plain TransformerLens -----------------------------------------------------------
+# -- checkpoints open in plain TransformerLens --------------------------------------------------------------------
 PLAIN_TL = r"""
 import json, sys, warnings
 warnings.filterwarnings("ignore")

@@ -1,13 +1,20 @@
 """QK/OV circuits equal the dense products they factor; copying scores and top-k against plain computations;
-the logit decomposition sums to the model's logits and matches the seed's tensor-product formula."""
+the logit decomposition sums to the model's logits and matches the thesis's tensor-product formula."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from analyses.circuits import (bigram_table, full_ov_circuit, full_qk_circuit, k_composition_circuit,
-                               logit_decomposition, ov_copying, positional_qk_circuit)
+from analyses.circuits import (
+    bigram_table,
+    full_ov_circuit,
+    full_qk_circuit,
+    k_composition_circuit,
+    logit_decomposition,
+    ov_copying,
+    positional_qk_circuit,
+)
 from analyses.repeated_tokens.handbuilt import induction_circuit_model
 from interp.errors import ConfigError, HeadError, InterpError
 from interp.model import ModelSpec, build_model

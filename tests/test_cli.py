@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from interp.cli import main
+from interp.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--set", "train_size=256", "--set", "val_size=64", "--set", "test_size=64",
@@ -15,11 +15,11 @@ TINY = ["--set", "train_size=256", "--set", "val_size=64", "--set", "test_size=6
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "interp", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "interp.app", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_help_does_not_import_torch():
-    code = "import sys, interp.cli as c\ntry:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, 'transformer_lens' in sys.modules)"
+    code = "import sys, interp.app.cli as c\ntry:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, 'transformer_lens' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "train" in out.stdout and out.stdout.strip().endswith("False False")
 
@@ -36,7 +36,7 @@ def test_train_then_eval_json_end_to_end(tmp_path, capsys):
     assert result["task"] == "noisy-majority"
     assert set(result["accuracy"]) == {"train", "val", "test"}
     assert all(0.0 <= v <= 1.0 for v in result["accuracy"].values())
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     ckpt = load_checkpoint(out)
     assert ckpt.model.cfg.n_heads == 4 and ckpt.training["seed"] == 3 and ckpt.training["epochs"] == 2
@@ -48,7 +48,7 @@ def test_train_options_reach_the_model_spec(tmp_path):
     out = tmp_path / "short.safetensors"
     assert main(["train", "noisy-majority", *TINY, "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--n-layers", "2",
                  "--positional", "shortformer", "--epochs", "1", "--out", str(out), "--quiet", "--device", "cpu"]) == 0
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     model = load_checkpoint(out).model
     assert model.cfg.positional_embedding_type == "shortformer" and model.cfg.n_layers == 2
@@ -99,7 +99,7 @@ def test_errors_from_a_real_process_have_no_traceback():
 
 
 def test_eval_of_chosen_splits(capsys):
-    from interp.cli import main
+    from interp.app.cli import main
 
     assert main(["eval", "noisy-majority", "--splits", "test,val", "--json", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -8,14 +8,14 @@ import random
 import pytest
 import torch
 
-from interp.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from interp.checkpoint import Checkpoint, save_checkpoint
 from interp.errors import ConfigError, TaskError, TokenError
-from interp.evaluate import evaluate
+from interp.evaluation import evaluate
 from interp.model import ModelSpec, build_model
 from interp.positions import position_hook, position_ids, run_index
 from interp.query_forward import supports_query_forward
 from interp.task import IGNORE
-from tasks import get_task
+from tasks import get_task, load_checkpoint
 from tasks.integer_addition import BOS, EOS, EQ, PAD, PLUS, VOCAB, carry_structure, digits_of, make_sums
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def plain_cases(a: int, b: int, n: int):
 
 def test_hand_picked_99999_plus_00001():
     d = make_sums([99999], [1], [5])
-    assert VOCAB.decode(d.tokens[0]) == "[BOS] 9 9 9 9 9 + 0 0 0 0 1 = 0 0 0 0 0 1 [EOS]".split()
+    assert VOCAB.decode(d.tokens[0]) == ["[BOS]", "9", "9", "9", "9", "9", "+", "0", "0", "0", "0", "1", "=", "0", "0", "0", "0", "0", "1", "[EOS]"]
     assert d.fields["answer"][0].tolist() == [0, 0, 0, 0, 0, 1]
     assert d.fields["pair_kind"][0].tolist() == [2, 1, 1, 1, 1]  # MC1 then four sum-9 pairs
     assert d.fields["digit_case"][0].tolist() == [0, 1, 2, 3, 4, 5]  # BA, UC1, US9-1 .. US9-4
@@ -343,7 +343,7 @@ def test_component_ablation_against_attn_result_hooks(small_model):
 
 def test_suite_on_a_small_checkpoint(small_model, tmp_path):
     from analyses import suite_for
-    from interp.report import Report
+    from interp.report_page import Report
 
     task, spec, model = small_model
     suite = suite_for(task)

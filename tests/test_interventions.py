@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from analyses.noisy_majority.head_outputs import head_outputs, value_vectors
-from analyses.noisy_majority.interventions import attention_intervention_sweep, intervened_head_outputs, intervention_rows
+from analyses.noisy_majority.interventions import (
+    attention_intervention_sweep,
+    intervened_head_outputs,
+    intervention_rows,
+)
 from interp.errors import InterpError
 from tasks.noisy_majority import BOS, ONE, TWO, ZERO, make_sentences
 

@@ -1,22 +1,181 @@
-"""The rules that keep the layout (issue 8), checked on the source: no attribute of ours on a HookedTransformer, no
-task named in code of a generic module, ``interp`` wired to ``analyses`` only by the CLI and the report, and one
-public API (``import analyses`` names every analysis; ``dir(interp)`` the entry points)."""
+"""The rules that keep the layout, checked on the source.
+
+Floors, from the bottom (imports only go down; function-local imports count):
+
+1. the core, ``interp`` (task protocol, model specs, checkpoint format, training, run record, the results-directory
+   format of sweeps, the report page builder, visualisation);
+2. ``tasks`` (what models learn; the registry; the shipped checkpoints);
+3. ``analyses`` (what we compute about trained models; each task's suite);
+4. the app, ``interp.app`` (the command line, whole reports, sweep orchestration).
+
+Only ``interp/__init__.py``, the lazy public face, names every floor. No module imports itself back through a
+circle, no exported name is the name of a submodule of the same package (importing the submodule would replace the
+export), no attribute of ours is set on a HookedTransformer, and generic modules name no task.
+"""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GENERIC = sorted([*ROOT.glob("interp/*.py"), *ROOT.glob("analyses/*.py")])
-WIRING = {"interp/cli.py", "interp/report.py"}  # the only places interp may reach analyses
+PACKAGES = ("interp", "tasks", "analyses")
+FACE = {"interp/__init__.py"}
+GENERIC = sorted(p for p in [*ROOT.glob("interp/**/*.py"), *ROOT.glob("analyses/*.py")]
+                 if "app" not in p.relative_to(ROOT).parts)
+
+
+def floor_of(module: str) -> int | None:
+    """1 core, 2 tasks, 3 analyses, 4 app; None for other packages."""
+    if module == "interp.app" or module.startswith("interp.app."):
+        return 4
+    top = module.split(".", maxsplit=1)[0]
+    return {"interp": 1, "tasks": 2, "analyses": 3}.get(top)
 
 
 def _rel(p: Path) -> str:
     return p.relative_to(ROOT).as_posix()
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def our_sources() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def imports_of(path: Path) -> list[tuple[str, int]]:
+    """``(module, line)`` of every import in the file, function-local ones included, relative ones resolved;
+    ``from pkg import name`` counts as an import of ``pkg.name`` where that is a module of ours."""
+    tree = ast.parse(path.read_text())
+    here = _module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            out.append((module, node.lineno))
+            for a in node.names:
+                sub = f"{module}.{a.name}"
+                if _is_our_module(sub):
+                    out.append((sub, node.lineno))
+    return out
+
+
+def _is_our_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_floor_map_covers_every_module():
+    for path in our_sources():
+        assert floor_of(_module_name(path)) is not None, _rel(path)
+
+
+def test_imports_only_go_down():
+    """No module imports a floor above its own (function-local imports included); the face is exempt."""
+    bad = []
+    for path in our_sources():
+        if _rel(path) in FACE:
+            continue
+        own = floor_of(_module_name(path))
+        for module, line in imports_of(path):
+            target = floor_of(module)
+            if target is not None and target > own:
+                bad.append(f"{_rel(path)}:{line} (floor {own}) imports {module} (floor {target})")
+    assert not bad, "imports that run up a floor:\n" + "\n".join(bad)
+
+
+def test_no_circles():
+    """No circle among our modules, counting function-local imports (the face, which imports nothing until a name
+    is asked for, and package inits that only name their submodules lazily are nodes like any other)."""
+    graph: dict[str, set[str]] = {}
+    for path in our_sources():
+        name = _module_name(path)
+        graph[name] = {m for m, _ in imports_of(path) if floor_of(m) is not None and m != name and _is_our_module(m)}
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+def _packages() -> list[str]:
+    return sorted(_module_name(p.parent / "__init__.py") for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py"))
+
+
+@pytest.mark.parametrize("package", _packages())
+def test_no_export_is_a_submodule_name(package):
+    """``interp.evaluate`` must stay the function after ``interp.evaluation`` is imported, and so on: no name a
+    package exports (its ``__all__``) is the name of one of its submodules."""
+    pkg = importlib.import_module(package)
+    folder = ROOT.joinpath(*package.split("."))
+    submodules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    submodules |= {p.parent.name for p in folder.glob("*/__init__.py")}
+    exported = set(getattr(pkg, "__all__", []))
+    assert not exported & submodules, f"{package} exports names of its submodules: {sorted(exported & submodules)}"
+
+
+def test_exports_survive_importing_every_submodule():
+    """The flip itself: after every module of ours is imported, the faces still hand out functions, not modules."""
+    import types
+
+    import analyses
+    import interp
+
+    for path in our_sources():
+        if path.name != "__main__.py":
+            importlib.import_module(_module_name(path))
+    for face in (interp, analyses):
+        modules = [n for n in face.__all__ if isinstance(getattr(face, n), types.ModuleType)]
+        assert not modules, f"{face.__name__} hands out modules for {modules}"
+    assert callable(interp.evaluate) and callable(analyses.repeated_random_tokens)
+
+
+def test_no_attributes_of_ours_on_models():
+    pattern = re.compile(r"\binterp_(task|checkpoint|spec)\b")
+    hits = [f"{_rel(p)}:{i}" for p in [*ROOT.rglob("*.py"), *ROOT.rglob("*.ipynb")]
+            if ".venv" not in p.parts and p.name != "test_layout.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits
 
 
 def _code_strings(tree: ast.AST) -> list[str]:
@@ -29,14 +188,6 @@ def _code_strings(tree: ast.AST) -> list[str]:
                 docs.add(id(first.value))
     return [n.value for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
-
-
-def test_no_attributes_of_ours_on_models():
-    pattern = re.compile(r"\binterp_(task|checkpoint|spec)\b")
-    hits = [f"{_rel(p)}:{i}" for p in [*ROOT.rglob("*.py"), *ROOT.rglob("*.ipynb")]
-            if ".venv" not in p.parts and p.name != "test_layout.py"
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
-    assert not hits
 
 
 def test_generic_modules_name_no_task():
@@ -52,23 +203,23 @@ def test_generic_modules_name_no_task():
         assert not bad, f"{_rel(path)} names a task in code: {bad}"
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
-                assert not any(node.module.startswith(f"{pkg}.") for pkg in ("tasks", "analyses.noisy_majority",
-                                                                            "analyses.repeated_tokens")), \
+                assert not any(node.module.startswith(f"{pkg}.") for pkg in ("tasks", *(f"analyses.{n}" for n in names))), \
                     f"{_rel(path)} imports a task module ({node.module})"
 
 
-def test_interp_reaches_analyses_only_through_the_cli_and_report():
-    for path in ROOT.glob("interp/*.py"):
-        tree = ast.parse(path.read_text())
-        imports = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-        imports += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        if any(m == "analyses" or m.startswith("analyses.") for m in imports):
-            assert _rel(path) in WIRING, f"{_rel(path)} imports analyses"
+def test_no_hasattr_or_getattr_default_on_tasks_and_suites():
+    for path in [*GENERIC, *ROOT.glob("interp/app/*.py")]:
+        text = path.read_text()
+        assert "hasattr(task" not in text and "getattr(suite" not in text, _rel(path)
 
 
-def test_no_hasattr_on_tasks():
-    for path in GENERIC:
-        assert "hasattr(task" not in path.read_text(), _rel(path)
+def test_suites_follow_the_protocol():
+    from analyses import suite_for
+    from interp.suite import Suite
+    from tasks import TASKS
+
+    for name in TASKS:
+        assert isinstance(suite_for(name), Suite), name
 
 
 def test_public_api():
@@ -79,10 +230,11 @@ def test_public_api():
         assert getattr(analyses, name) is not None, name
         assert name in dir(analyses)
     for name in ["learned_accuracy", "separation_accuracy", "head_scores", "composition_scores", "full_qk_circuit",
-                 "attention_ratios", "head_summary", "probe_tokens", "minimal_majority_transformer", "suite_for"]:
+                 "attention_ratios", "head_summary", "probe_tokens", "minimal_majority_transformer", "suite_for",
+                 "population_table"]:
         assert name in analyses.__all__, name
     for name in ["load", "get_task", "train", "TrainConfig", "ModelSpec", "build_model", "evaluate", "Checkpoint",
-                 "attention_view", "Result"]:
+                 "attention_view", "Result", "load_checkpoint", "write_report", "Suite"]:
         assert name in dir(interp) and getattr(interp, name) is not None, name
     with pytest.raises(AttributeError):
-        interp.no_such_name  # noqa: B018
+        interp.no_such_name

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from interp.errors import ConfigError
-from interp.evaluate import evaluate
-from interp.query_forward import logits_at, supports_query_forward
 from analyses.noisy_majority.handbuilt import minimal_majority_transformer
+from interp.errors import ConfigError
+from interp.evaluation import evaluate
 from interp.model import ModelSpec, build_model
+from interp.query_forward import logits_at, supports_query_forward
 from tasks.noisy_majority import make_sentences
 
 
@@ -50,8 +50,10 @@ def test_learned_output_matrix_and_shape_checks(nm_task):
     spec = ModelSpec(**{**nm_task.default_spec(), "d_model": 2, "n_heads": 64, "d_head": 2, "output_matrix": "learned"})
     model = build_model(spec, device="cpu")
     assert model.blocks[0].attn.W_O.requires_grad and model.W_O.shape == (1, 64, 2, 2)
+    auto = ModelSpec(**{**nm_task.default_spec(), "d_model": 2, "n_heads": 64, "d_head": 2})  # unset: the rule
+    assert auto.output_matrix is None and auto.w_o == "learned" and ModelSpec(**nm_task.default_spec()).w_o == "identity"
     with pytest.raises(ConfigError, match="n_heads \\* d_head == d_model"):
-        ModelSpec(**{**nm_task.default_spec(), "d_model": 2, "n_heads": 64, "d_head": 2})
+        ModelSpec(**{**nm_task.default_spec(), "d_model": 2, "n_heads": 64, "d_head": 2, "output_matrix": "identity"})
     with pytest.raises(ConfigError, match="positional"):
         ModelSpec(**{**nm_task.default_spec(), "positional": "sinusoidal"})
     with pytest.raises(ConfigError, match="d_model must be a positive integer"):
@@ -104,7 +106,7 @@ def minimal(nm_task):
 
 
 class TestMinimalTransformer:
-    """Seed 000 §5.3: d_model = d_head = 1, one head, hand-set weights, large N."""
+    """Fraknói 2024, §5.3: d_model = d_head = 1, one head, hand-set weights, large N."""
 
     def test_it_is_a_one_dimensional_hooked_transformer(self, minimal):
         assert (minimal.cfg.d_model, minimal.cfg.d_head, minimal.cfg.n_heads) == (1, 1, 1)
@@ -119,7 +121,7 @@ class TestMinimalTransformer:
 
     def test_exhaustive_ties_and_near_ties_up_to_200_digits(self, minimal, nm_task):
         seqs = []
-        for n0 in range(0, 101):
+        for n0 in range(101):
             for n1 in (n0 - 1, n0, n0 + 1):
                 if n1 >= 0 and 0 < n0 + n1 <= 200:
                     for n2 in sorted({0, 200 - n0 - n1}):

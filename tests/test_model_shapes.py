@@ -1,6 +1,6 @@
-"""Every analysis suite, the CLI and the report on every shape the spec allows (issue 9 item 1): one head (the
+"""Every analysis suite, the CLI and the report on every shape the spec allows: one head (the
 thesis's d=2 model, which crashed `analyze` and `report`), 64 heads with a trained W_O (d=2, d_head=2), and two
-layers, for both shipped tasks; and a user's own plain HookedTransformer paired with a task (issue 8)."""
+layers, for both shipped tasks; and a user's own plain HookedTransformer paired with a task."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from analyses import suite_for
+from interp.app.report import build_report
 from interp.checkpoint import Checkpoint, save_checkpoint
 from interp.model import ModelSpec, build_model
-from interp.report import build_report
 from tasks import get_task
 
 SHAPES = {
@@ -54,7 +54,7 @@ def test_suite_and_report_on_every_shape(task_name, shape):
     assert page.count("CircuitsVis.render(") >= 1
     if task_name == "noisy-majority":
         caption_claims_exact = "measured ratios equal the exact values from the QK circuit" in page
-        assert caption_claims_exact == (model.cfg.n_layers == 1)  # issue 9 item 5: captions computed from the model
+        assert caption_claims_exact == (model.cfg.n_layers == 1)  # captions computed from the model
         if model.cfg.n_layers * model.cfg.n_heads == 1:
             assert "so there are no pairs" in page and d["pairs"]["learned_accuracy"] == [[d["heads"][0]["learned_accuracy"]]]
 
@@ -62,7 +62,7 @@ def test_suite_and_report_on_every_shape(task_name, shape):
 def test_the_issues_one_head_repro_through_the_cli(tmp_path, capsys):
     """`interp analyze m.safetensors` and `interp report m.safetensors` on a d=2, 1-head model (the issue's repro;
     trained for 2 epochs here to keep the test fast)."""
-    from interp.cli import main
+    from interp.app.cli import main
 
     out = tmp_path / "m.safetensors"
     assert main(["train", "noisy-majority", "--d-model", "2", "--n-heads", "1", "--d-head", "2", "--epochs", "2",
@@ -105,7 +105,7 @@ def test_a_saved_one_head_checkpoint_round_trips(tmp_path):
     task = small_task("noisy-majority")
     model, spec = shaped(task, "1-head")
     path = save_checkpoint(tmp_path / "one.safetensors", model, spec, task)
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     back = load_checkpoint(path, device="cpu")
     tokens = task.dataset("test").tokens[:4]
@@ -157,7 +157,7 @@ def test_shapley_patching_and_population_on_every_shape(shape, tmp_path):
 
 
 def test_the_shapley_cli_on_a_one_head_checkpoint(tmp_path, capsys):
-    from interp.cli import main
+    from interp.app.cli import main
 
     task = small_task("noisy-majority")
     model, spec = shaped(task, "1-head")
@@ -170,7 +170,7 @@ def test_the_shapley_cli_on_a_one_head_checkpoint(tmp_path, capsys):
 
 
 def test_sweep_and_table_cli_on_one_head_models(tmp_path, capsys):
-    from interp.cli import main
+    from interp.app.cli import main
 
     args = ["sweep", "noisy-majority", "--seeds", "0..1", "--d-model", "2", "--n-heads", "1", "--d-head", "2",
             "--epochs", "1", "--set", "train_size=300", "--set", "val_size=30", "--set", "test_size=60",

@@ -11,10 +11,24 @@ import pytest
 import torch
 
 from analyses.modular_addition.exhaustive import ablated_accuracies, ablated_accuracy, attention_split
-from analyses.modular_addition.fourier import (embedding_norms, key_frequencies_of, logit_frequency_energy, find_key_frequencies, fourier_basis, frequency_energy,
-                                               neuron_frequencies, neuron_logit_map)
-from analyses.modular_addition.progress import (excluded_logits, find_phases, key_directions, progress_measures,
-                                                restricted_logits, sum_squared_weights)
+from analyses.modular_addition.fourier import (
+    embedding_norms,
+    find_key_frequencies,
+    fourier_basis,
+    frequency_energy,
+    key_frequencies_of,
+    logit_frequency_energy,
+    neuron_frequencies,
+    neuron_logit_map,
+)
+from analyses.modular_addition.progress import (
+    excluded_logits,
+    find_phases,
+    key_directions,
+    progress_measures,
+    restricted_logits,
+    sum_squared_weights,
+)
 from interp.errors import InterpError, TaskError
 from interp.model import ModelSpec, build_model
 from interp.task import IGNORE
@@ -222,8 +236,8 @@ def test_neuron_logit_map_is_w_out_w_u_in_the_basis():
 
 @pytest.mark.parametrize("n_heads", [1, 4])
 def test_attention_split_and_ablation_match_library_paths(n_heads):
-    from analyses.ablation import learned_accuracy
-    from interp.evaluate import evaluate
+    from analyses.learned_accuracies import learned_accuracy
+    from interp.evaluation import evaluate
 
     task = get_task("modular-addition", p=13)
     model = build_model(small_spec(task, n_heads=n_heads, d_head=32 // n_heads), device="cpu")
@@ -268,7 +282,7 @@ def memorised(tmp_path_factory):
 
 
 def test_short_run_memorises_with_snapshots_and_progress(memorised):
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     task, out, prov, info = memorised
     assert prov["accuracy"]["train"] == 1.0
@@ -293,8 +307,8 @@ def test_phases_from_a_history():
 
 def test_suite_and_cli_on_a_trained_checkpoint(memorised, capsys, tmp_path):
     from analyses import suite_for
-    from interp.checkpoint import load_checkpoint
-    from interp.cli import main
+    from interp.app.cli import main
+    from tasks import load_checkpoint
 
     task, out, _, _ = memorised
     res = suite_for(task).analyze(load_checkpoint(out, device="cpu"))
@@ -310,8 +324,8 @@ def test_suite_and_cli_on_a_trained_checkpoint(memorised, capsys, tmp_path):
 
 
 def test_cli_train_with_snapshots(tmp_path, capsys):
-    from interp.checkpoint import load_checkpoint
-    from interp.cli import main
+    from interp.app.cli import main
+    from tasks import load_checkpoint
 
     out = tmp_path / "m.safetensors"
     assert main(["train", "modular-addition", "--set", "p=7", "--set", "fraction=0.5", "--epochs", "4", "--d-model", "16",
@@ -332,7 +346,7 @@ def test_grokks_at_a_large_fraction(tmp_path):
     cfg = TrainConfig(**{**task.default_train(), "epochs": 1000})
     prov = train(task, ModelSpec(**task.default_spec()), cfg, tmp_path / "g.safetensors", progress=False, device="cpu")
     assert prov["accuracy"]["test"] >= 0.99
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     ck = load_checkpoint(tmp_path / "g.safetensors", device="cpu")
     assert embedding_norms(ck.model, task).key_frequencies
@@ -358,9 +372,8 @@ def test_history_extras_and_bad_snapshot_option(tmp_path):
 
 
 def test_shipped_checkpoint_is_grokked(capsys):
-    from interp.checkpoint import load_checkpoint
-    from interp.cli import main
-    from tasks import shipped_checkpoints
+    from interp.app.cli import main
+    from tasks import load_checkpoint, shipped_checkpoints
 
     if "modular-addition" not in shipped_checkpoints():
         pytest.skip("no shipped modular-addition checkpoint")
@@ -376,7 +389,7 @@ def test_shipped_checkpoint_is_grokked(capsys):
 
 @pytest.mark.slow
 def test_shipped_checkpoint_analyze_cli(capsys):
-    from interp.cli import main
+    from interp.app.cli import main
     from tasks import shipped_checkpoints
 
     if "modular-addition" not in shipped_checkpoints():

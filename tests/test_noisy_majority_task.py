@@ -1,4 +1,4 @@
-"""Data generation rules of the noisy-majority task (seed 000 §5.1-5.2)."""
+"""Data generation rules of the noisy-majority task (Fraknói 2024, §5.1-5.2)."""
 
 import pytest
 import torch

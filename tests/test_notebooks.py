@@ -52,7 +52,7 @@ def test_notebook_executes(path):
     assert code and all(c.execution_count is not None for c in code)
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.name}: error outputs {errors}"
-    # notebook weight (issue 8): each bundle goes on the page once, however many views and figures follow
+    # notebook weight: each bundle goes on the page once, however many views and figures follow
     from plotly.offline import get_plotlyjs
 
     from interp.visualize import circuitsvis_bundle

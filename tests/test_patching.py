@@ -243,7 +243,7 @@ def test_corruptions_change_the_answer_and_little_else():
 
 def test_noisy_majority_flip(nm_task):
     from analyses.noisy_majority.corrupt import corrupted_pair, flip_answer
-    from tasks.noisy_majority import FOUR, FIVE, make_sentences
+    from tasks.noisy_majority import FIVE, FOUR, make_sentences
 
     clean, corr = corrupted_pair(nm_task, 16, n_digits=20, seed=2)
     assert (clean.labels != corr.labels).all()
@@ -297,7 +297,7 @@ def test_shipped_induction_model_key_path():
     from analyses.pattern_scores import head_scores
     from analyses.repeated_tokens import probe_tokens
     from analyses.repeated_tokens.corrupt import corrupted_pair
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     ck = load_checkpoint("repeated-tokens", device="cpu")
     prev = head_scores(ck.model, probe_tokens(ck.task, 32), n_boot=10).best("prev_token", layer=0)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from analyses.pattern_scores import ablation_induction_test, head_scores, repeated_random_tokens, target_masks
 from analyses.repeated_tokens.handbuilt import induction_circuit_model
-from interp.visualize import attention_patterns, attention_view
-from analyses.pattern_scores import (ablation_induction_test, head_scores,
-                                  repeated_tokens, target_masks)
 from interp.errors import HeadError, InterpError, TokenError
+from interp.visualize import attention_patterns, attention_view
 
 V = 12  # symbols of the hand-built model; [BOS] = V
 
@@ -22,13 +21,13 @@ def circuit():
 
 @pytest.fixture(scope="module")
 def unique_tokens():
-    return repeated_tokens(16, 10, V, bos=V, seed=3, unique=True)
+    return repeated_random_tokens(16, 10, V, bos=V, seed=3, unique=True)
 
 
 @pytest.fixture(scope="module")
 def dup_tokens():
     """R drawn with replacement from 12 symbols: most sequences repeat a symbol inside R."""
-    toks = repeated_tokens(16, 12, V, bos=V, seed=4)
+    toks = repeated_random_tokens(16, 12, V, bos=V, seed=4)
     r = toks[:, 1:13]
     assert sum(len(set(row.tolist())) < 12 for row in r) >= 12
     return toks
@@ -140,7 +139,7 @@ def test_batched_ablation_equals_one_run_per_head(dup_tokens):
 
 
 def test_bad_input(circuit):
-    toks = repeated_tokens(2, 5, V, bos=V)
+    toks = repeated_random_tokens(2, 5, V, bos=V)
     with pytest.raises(HeadError, match="later layer"):
         ablation_induction_test(circuit, toks, layer=1)
     with pytest.raises(HeadError, match="out of range"):
@@ -148,7 +147,7 @@ def test_bad_input(circuit):
     with pytest.raises(InterpError, match="unknown path"):
         ablation_induction_test(circuit, toks, path="keys")
     with pytest.raises(TokenError, match="n_ctx"):
-        head_scores(circuit, repeated_tokens(2, 20, V, bos=V))
+        head_scores(circuit, repeated_random_tokens(2, 20, V, bos=V))
 
 
 def test_attention_view_offline_html(circuit, unique_tokens, tmp_path):
@@ -164,15 +163,15 @@ def test_attention_view_offline_html(circuit, unique_tokens, tmp_path):
 
 def test_default_probe_for_a_foreign_model():
     """A model of another task gets [R R] over its output symbols, no BOS, filling the context."""
-    from analyses.pattern_scores import repeated_tokens
+    from analyses.pattern_scores import repeated_random_tokens
     from interp.model import ModelSpec, build_model
 
     m = build_model(ModelSpec(d_vocab=10, d_vocab_out=7, n_ctx=21, n_layers=1, d_model=8, n_heads=2, d_head=4,
                               output_matrix="learned"), device="cpu")
-    toks = repeated_tokens(5, 10, 7, seed=0)
+    toks = repeated_random_tokens(5, 10, 7, seed=0)
     assert toks.shape == (5, 20) and int(toks.max()) < 7
     assert torch.equal(toks[:, :10], toks[:, 10:])
-    s = head_scores(m, repeated_tokens(64, 10, 7, seed=0))
+    s = head_scores(m, repeated_random_tokens(64, 10, 7, seed=0))
     assert s.induction.shape == (1, 2) and s.tokens.shape == (64, 20)
     with pytest.raises(TokenError, match="longer than the model's context"):
-        head_scores(m, repeated_tokens(5, 11, 7))
+        head_scores(m, repeated_random_tokens(5, 11, 7))

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from interp.checkpoint import load_checkpoint
 from interp.errors import ConfigError
 from interp.population import seed_population, train_population
 from interp.training import train
+from tasks import load_checkpoint
 
 # Tolerances: the batched forward sums in another order than the solo one (einsum with a model axis), so weights
 # agree to float32 rounding accumulated over the run, not bit for bit. Measured: 2.4e-7 after 6 epochs.
@@ -63,10 +63,10 @@ def test_each_batched_model_equals_its_seed_trained_alone(tmp_path, tiny_task, t
 def test_the_token_count_forward_equals_the_positional_one(tiny_task, tiny_spec):
     """Where dropout does not touch the embedding, attention at a query depends on the query token and the counts
     of the tokens before it: the O(vocab) forward equals the O(pos) one (float32 rounding: atol 1e-5)."""
+    from interp.evaluation import target_positions
     from interp.model import build_model
     from interp.population import PARAMS, stacked_count_logits, stacked_logits_at, token_counts
     from interp.query_forward import logits_at
-    from interp.evaluate import target_positions
 
     models = [build_model(tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1)]
     for m in models:  # random, larger weights than the initialisation, so attention is far from uniform
@@ -320,7 +320,7 @@ def test_first_best_keeps_the_first_epoch_at_the_best_validation_accuracy(tmp_pa
 @pytest.mark.parametrize("shape", [dict(d_model=2, n_heads=1, d_head=2), dict(d_model=8, n_heads=64, d_head=2)],
                          ids=["1 head", "64 heads, trained W_O"])
 def test_population_of_one_head_and_of_64_heads_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape):
-    """The token-count forward and the halving mask on the shapes at both ends: one head (the seed's d = 2, a = 1)
+    """The token-count forward and the halving mask on the shapes at both ends: one head (the thesis's d = 2, a = 1)
     and 64 heads whose W_O is trained (n_heads x d_head != d_model)."""
     from dataclasses import replace
 

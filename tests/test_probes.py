@@ -1,4 +1,4 @@
-"""Separation accuracy (analyses.probes): equal to a plain scikit-learn fit on features read from
+"""Separation accuracy (analyses.separation_accuracies): equal to a plain scikit-learn fit on features read from
 run_with_cache, and right on hand-built heads whose answer is known."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from analyses.answer_cache import cache_answer
 from analyses.noisy_majority.handbuilt import attention_preference_model
-from analyses.probes import fit_separator, head_features, separation_accuracy
+from analyses.separation_accuracies import fit_separator, head_features, separation_accuracy
 from interp.errors import HeadError, InterpError, TaskError
 
 

@@ -92,7 +92,7 @@ def table_with_caption(page: PageParser, prefix: str) -> list[dict[str, str]]:
 def test_report_builder_escapes_formats_and_inlines_scripts_once(tmp_path):
     import plotly.graph_objects as go
 
-    from interp.report import Report
+    from interp.report_page import Report
     from interp.visualize import AttentionView, circuitsvis_bundle
 
     r = Report(title="t <1>")
@@ -124,7 +124,7 @@ def test_report_builder_escapes_formats_and_inlines_scripts_once(tmp_path):
 
 
 def test_report_without_figures_or_views_carries_no_scripts():
-    from interp.report import Report
+    from interp.report_page import Report
 
     r = Report()
     r.section("Only text")
@@ -134,7 +134,7 @@ def test_report_without_figures_or_views_carries_no_scripts():
 
 
 def test_report_builder_rejects_bad_arguments():
-    from interp.report import Report
+    from interp.report_page import Report
 
     r = Report()
     with pytest.raises(InterpError, match="unknown column"):
@@ -152,7 +152,8 @@ def test_report_builder_rejects_bad_arguments():
 def test_missing_suite_gives_a_note_not_an_error():
     from types import SimpleNamespace
 
-    from interp.report import Report, add_suite_sections
+    from interp.app.report import add_suite_sections
+    from interp.report_page import Report
 
     r = Report()
     add_suite_sections(SimpleNamespace(task=SimpleNamespace(name="no-such-task")), r, progress=False)
@@ -162,7 +163,7 @@ def test_missing_suite_gives_a_note_not_an_error():
 
 
 def test_pick_examples_prefers_short_sequences_with_distinct_labels(nm_task):
-    from interp.report import pick_examples
+    from interp.app.report import pick_examples
 
     chosen, why = pick_examples(nm_task, n=3, target_len=28)
     assert len(chosen) == 3
@@ -241,7 +242,7 @@ def test_model_card_accuracy_matches_a_plain_forward(nm_page, nm_ckpt):
 
 def test_attention_views_show_every_head_and_the_models_patterns(shipped_page):
     """Each view's tokens, encoded again and run through the model, give the patterns in the page."""
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     name, text, _, _ = shipped_page
     section = text[text.index("<h2>Attention patterns</h2>"):]
@@ -285,7 +286,7 @@ def test_report_is_offline_by_inspection(shipped_page):
 
 # -- bad input through the CLI ----------------------------------------------------------------------
 def _report(argv, capsys):
-    from interp.cli import main
+    from interp.app.cli import main
 
     rc = main(["report", *argv, "--quiet"])
     err = capsys.readouterr().err.strip()
@@ -350,8 +351,8 @@ def test_failure_while_building_leaves_no_partial_file(tmp_path, small_checkpoin
     """An error after the output was opened (here: the task cannot make its data) removes the temp file."""
     from dataclasses import replace
 
-    from interp.checkpoint import load_checkpoint
-    from interp.report import write_report
+    from interp.app.report import write_report
+    from tasks import load_checkpoint
     from tasks.noisy_majority import NoisyMajority
 
     class NoData(NoisyMajority):
@@ -367,8 +368,9 @@ def test_failure_while_building_leaves_no_partial_file(tmp_path, small_checkpoin
 
 def test_model_card_and_views_of_an_untrained_checkpoint(small_checkpoint):
     """Any checkpoint of a task gets a model card (even with little provenance) and views of all its heads."""
-    from interp.checkpoint import load_checkpoint
-    from interp.report import Report, add_attention_views, add_model_card
+    from interp.app.report import add_attention_views, add_model_card
+    from interp.report_page import Report
+    from tasks import load_checkpoint
 
     ckpt = load_checkpoint(small_checkpoint, device="cpu")
     r = Report()
@@ -387,7 +389,7 @@ def test_model_card_and_views_of_an_untrained_checkpoint(small_checkpoint):
 def test_cli_subprocess_reports_a_missing_checkpoint_in_one_line(tmp_path):
     """The real command (one subprocess): exit status 1, one line on stderr, nothing written."""
     out = tmp_path / "r.html"
-    proc = subprocess.run([sys.executable, "-m", "interp", "report", str(tmp_path / "nope.safetensors"), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "interp.app", "report", str(tmp_path / "nope.safetensors"), "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("interp: error: no checkpoint file") and proc.stderr.strip().count("\n") == 0

@@ -1,4 +1,4 @@
-"""Regression tests for the defects a researcher reported (issue 9), one test (or more) per item, each failing
+"""Regression tests for the defects a researcher reported, one test (or more) per item, each failing
 before its fix. Items tested elsewhere: 1 and 5 in test_model_shapes.py (every shape; captions computed from the
 model), 3 in test_checkpoint.py (checksum, frozen and non-finite tensors named), 8 in test_pattern_scores.py and
 test_suite_repeated_tokens.py (path-specific ablation), 15 in test_suite_repeated_tokens.py (one probe default,
@@ -45,7 +45,7 @@ def test_best_epoch_breaks_accuracy_ties_by_validation_loss(tmp_path, tiny_cfg, 
 
 
 def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec, tiny_cfg):
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     out = tmp_path / "last.safetensors"
     stops = {}
@@ -66,8 +66,9 @@ def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec, tiny_cf
 
 def test_noisy_majority_analyses_refuse_the_induction_checkpoint_at_once():
     from analyses.noisy_majority.head_summary import head_summary
-    from analyses.probes import separation_accuracy
-    from interp.checkpoint import Checkpoint, load_checkpoint
+    from analyses.separation_accuracies import separation_accuracy
+    from interp.checkpoint import Checkpoint
+    from tasks import load_checkpoint
 
     ind = load_checkpoint("repeated-tokens", device="cpu")
     nm = get_task("noisy-majority", train_size=64, val_size=8, test_size=32)
@@ -111,12 +112,12 @@ def test_an_untrained_model_is_flagged_not_graded_good(tiny_task, tiny_spec):
     assert s.warning in s.text() and s.to_dict()["warning"] == s.warning
 
 
-# -- 7. the minimal transformer is perfect; what remains below 1 is the seed's own definition, and it is flagged ---
+# -- 7. the minimal transformer is perfect; what remains below 1 is the thesis's own definition, and it is flagged ---
 
 def test_minimal_transformer_separation_is_explained():
     from analyses.noisy_majority.handbuilt import minimal_majority_transformer
-    from analyses.probes import separation_accuracy
-    from interp.evaluate import evaluate
+    from analyses.separation_accuracies import separation_accuracy
+    from interp.evaluation import evaluate
 
     task = get_task("noisy-majority")
     model = minimal_majority_transformer(task, device="cpu")
@@ -128,13 +129,13 @@ def test_minimal_transformer_separation_is_explained():
     assert float(raw.accuracy[0]) == pytest.approx(0.928, abs=0.002)
     assert float(centered.accuracy[0]) == pytest.approx(0.968, abs=0.002)
     assert float(centered.train_accuracy[0]) == 1.0 and float(centered.roc_auc[0]) == 1.0
-    # the rest is the seed's definition (max-margin threshold fitted on short train inputs, tested on long ones)
+    # the rest is the thesis's definition (max-margin threshold fitted on short train inputs, tested on long ones)
     assert bool(centered.threshold_limited[0])
     assert "threshold" in json.dumps(centered.to_dict())
 
 
 def test_centering_makes_the_probe_translation_invariant():
-    from analyses.probes import fit_separator
+    from analyses.separation_accuracies import fit_separator
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(400, 3, generator=g, dtype=torch.float64)
@@ -150,11 +151,11 @@ def test_centering_makes_the_probe_translation_invariant():
 # -- 9. empty data: one clear error --------------------------------------------------------------------------------
 
 def test_empty_data_gives_one_clear_error(nm_ckpt):
-    from analyses.ablation import learned_accuracy
     from analyses.answer_cache import cache_answer
+    from analyses.learned_accuracies import learned_accuracy
     from analyses.noisy_majority.attention_ratios import attention_ratios
-    from analyses.probes import separation_accuracy
-    from interp.evaluate import evaluate
+    from analyses.separation_accuracies import separation_accuracy
+    from interp.evaluation import evaluate
 
     model, task = nm_ckpt.model, nm_ckpt.task
     empty = task.dataset("test").select(slice(0, 0))
@@ -183,7 +184,7 @@ def test_float_tokens_in_logit_decomposition_are_refused(nm_ckpt):
 # -- 10, 11. resume files are never deleted silently; --resume reads its options; --out checked before training ------
 
 def _cli(*args):
-    from interp.cli import main
+    from interp.app.cli import main
 
     return main(list(args))
 
@@ -219,7 +220,7 @@ def test_resume_file_protection_and_resume_without_retyping(tmp_path, capsys, ti
     assert "lr" in capsys.readouterr().err and rfile.read_bytes() == before
     # --resume alone: every option from the resume file (task params, spec, config), epochs may change
     assert _cli("train", "noisy-majority", "--resume", "--out", str(out), "--quiet", "--epochs", "3") == 0
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     ckpt = load_checkpoint(out, device="cpu")
     assert ckpt.training["epochs_run"] == 3 and ckpt.model.cfg.n_heads == 4 and ckpt.task.params()["train_size"] == 512
@@ -256,7 +257,7 @@ def test_bad_heads_are_refused(bad):
 
 
 def test_good_heads_and_learned_accuracy_lookup(nm_ckpt):
-    from analyses.ablation import learned_accuracy
+    from analyses.learned_accuracies import learned_accuracy
     from interp.heads import parse_head
 
     assert parse_head("L0H3", 1, 16) == parse_head("0.3", 1, 16) == parse_head((0, 3), 1, 16) == (0, 3)
@@ -294,7 +295,7 @@ def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
 def test_sigterm_during_report_leaves_no_temp_file(tmp_path):
     out = tmp_path / "r.html"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "interp", "report", "noisy-majority", "--out", str(out), "--quiet",
+    proc = subprocess.Popen([sys.executable, "-m", "interp.app", "report", "noisy-majority", "--out", str(out), "--quiet",
                              "--threads", "1"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline and not list(tmp_path.glob(".r.html.*.tmp")):  # wait until the temp file exists
@@ -330,7 +331,7 @@ def test_eval_on_longer_inputs_than_n_ctx(tmp_path, capsys, tiny_task):
 
 def test_logit_difference_at_the_answer_sums_to_the_models(nm_ckpt):
     from analyses.circuits import logit_decomposition
-    from interp.evaluate import target_positions
+    from interp.evaluation import target_positions
 
     model, task = nm_ckpt.model, nm_ckpt.task
     data = task.dataset("test").select(slice(0, 40))
@@ -358,7 +359,7 @@ def test_positional_qk_of_a_nope_model_is_refused(nm_ckpt):
 # -- 18. --threads is honoured and recorded --------------------------------------------------------------------------
 
 def test_threads_are_recorded_in_the_checkpoint(tmp_path, tiny_args):
-    from interp.checkpoint import read_metadata
+    from tasks import read_metadata
 
     out = tmp_path / "t.safetensors"
     before = torch.get_num_threads()
@@ -374,8 +375,8 @@ def test_threads_are_recorded_in_the_checkpoint(tmp_path, tiny_args):
 def test_report_figures_titles_triangles_labels_and_example_choice():
     from analyses.circuits import positional_qk_circuit
     from analyses.noisy_majority.attention_ratios import ratio_figure
-    from interp.checkpoint import load_checkpoint
-    from interp.report import pick_examples
+    from interp.app.report import pick_examples
+    from tasks import load_checkpoint
 
     ind = load_checkpoint("repeated-tokens", device="cpu")
     qk = positional_qk_circuit(ind.model, "L0H1", n_pos=12)
@@ -398,7 +399,7 @@ def test_report_figures_titles_triangles_labels_and_example_choice():
 def test_causal_test_heatmap_title_fits(nm_ckpt):
     from analyses.pattern_scores import ablation_induction_test
     from analyses.repeated_tokens import probe_tokens
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     ind = load_checkpoint("repeated-tokens", device="cpu")
     res = ablation_induction_test(ind.model, probe_tokens(ind.task, n_seqs=8), path="key")

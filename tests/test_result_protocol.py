@@ -1,4 +1,4 @@
-"""One result protocol (issue 8): every result type subclasses interp.results.Result, and each one, computed here on
+"""One result protocol: every result type subclasses interp.results.Result, and each one, computed here on
 a small model, has a ``to_dict()`` that survives a strict JSON round trip, a ``figure()`` (plotly or None), and a
 rich notebook display (``_repr_html_``) that is real HTML. The list below must name every Result subclass in
 ``analyses``: a new result type without an entry here fails ``test_every_result_type_is_covered``."""
@@ -11,13 +11,12 @@ import json
 import pkgutil
 
 import pytest
-import torch
 
 import analyses
-from interp.checkpoint import Checkpoint, load_checkpoint
+from interp.checkpoint import Checkpoint
 from interp.model import ModelSpec, build_model
 from interp.results import Result
-from tasks import get_task
+from tasks import get_task, load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +33,12 @@ def rt():
 
 
 def _nm_results(ck):
-    from analyses.ablation import learned_accuracy
+    from analyses.learned_accuracies import learned_accuracy
     from analyses.noisy_majority.attention_ratios import attention_ratios
     from analyses.noisy_majority.head_outputs import head_outputs
     from analyses.noisy_majority.head_summary import head_summary
     from analyses.noisy_majority.interventions import attention_intervention_sweep
-    from analyses.probes import separation_accuracy
+    from analyses.separation_accuracies import separation_accuracy
 
     m, t = ck.model, ck.task
     tr, te = t.dataset("train"), t.dataset("test")
@@ -48,10 +47,10 @@ def _nm_results(ck):
     from analyses.shapley import shapley
 
     values = coalition_values(m, te, value="learned-accuracy", task=t)
+    import tempfile
+
     from analyses.halving import halving_history, train_halving
     from interp.training import TrainConfig
-
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:  # a short run that halves (threshold 0.01: at the first validation)
         cfg = TrainConfig(epochs=3, batch_size=64, lr=1e-2, warmup_steps=5, halving="random", halving_threshold=0.01)
@@ -73,12 +72,10 @@ def _nm_results(ck):
 def _rt_results(ck):
     from analyses.circuits import full_qk_circuit, logit_decomposition, ov_copying
     from analyses.composition import composition_scores
-    from analyses.pattern_scores import ablation_induction_test, head_scores
-    from analyses.repeated_tokens import probe_tokens
-    from analyses.repeated_tokens.suite import analyze
-
     from analyses.patching import activation_patching, path_patching
-    from analyses.repeated_tokens import corrupted_pair
+    from analyses.pattern_scores import ablation_induction_test, head_scores
+    from analyses.repeated_tokens import corrupted_pair, probe_tokens
+    from analyses.repeated_tokens.suite import analyze
 
     toks = probe_tokens(ck.task, n_seqs=8)
     clean, corrupted = corrupted_pair(ck.task, 4, kind="key")
@@ -143,10 +140,10 @@ def _result_classes() -> set[str]:
 
 
 def _population_results(ck):
-    """The sweep summaries (interp.population_figures) on hand-written rows, and a census entry of a small model."""
+    """The sweep summaries (analyses.population_figures) on hand-written rows, and a census entry of a small model."""
     from analyses.noisy_majority.census import Census, run_heads
-    from interp.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
-    from interp.sweeps import results_frame
+    from analyses.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
+    from interp.sweep_directory import results_frame
 
     rows = [{"name": f"r{i}", "d_model": d, "n_heads": h, "lr": lr, "strategy": "normal", "seed": i,
              "metrics": {"test": {"accuracy": acc}}}

@@ -2,7 +2,7 @@
 
 Independent references: the textbook formulas as plain loops over subsets (n <= 8), shapiq's ExactComputer
 (n <= 6), direct logit attribution from TransformerLens' own cache, learned_accuracy / learned_accuracy_loop of
-analyses.ablation (one run_with_hooks per subset), and scikit-learn's LinearSVC. Tolerances: transforms 1e-12
+analyses.learned_accuracies (one run_with_hooks per subset), and scikit-learn's LinearSVC. Tolerances: transforms 1e-12
 (float64 sums in another order); accuracies 1e-6 (float32 means of 0/1 values); logit values 1e-5 (float32
 logits summed in another order); separation: within one test sequence.
 """
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from analyses.ablation import learned_accuracy, learned_accuracy_loop
-from analyses.coalitions import bits_of, coalition_evaluator, coalition_values
+from analyses.coalitions import coalition_evaluator, coalition_values
+from analyses.learned_accuracies import learned_accuracy, learned_accuracy_loop
 from analyses.shapley import moebius, sampled_shapley, shapley, shapley_transform, zeta
 from interp.errors import InterpError
 from interp.model import ModelSpec, build_model
@@ -121,7 +121,7 @@ def test_shipped_learned_accuracy_exact_and_equal_to_ablation(nm_ckpt):
 
 
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
-@pytest.mark.parametrize("value", ["learned-accuracy", "loss", "logit-diff"])
+@pytest.mark.parametrize("value", ["learned-accuracy", "answer-loss", "logit-diff"])
 def test_fast_equals_hooks_on_every_coalition(nm_task, short, value, ablation):
     """One-layer model, 4 heads: the cached recombination equals the hook path with a subset axis."""
     model = tiny(nm_task, 4)
@@ -174,7 +174,7 @@ def test_dla_equals_shapley_of_linear_logit_difference(nm_task, short):
         assert res.interactions.abs().max() < 1e-5  # additive: no interactions
 
 
-@pytest.mark.parametrize("value", ["learned-accuracy", "logit-diff", "loss", "separation"])
+@pytest.mark.parametrize("value", ["learned-accuracy", "logit-diff", "answer-loss", "separation"])
 def test_dummy_head_gets_zero(nm_task, short, value):
     """A head with W_V = 0 outputs nothing: every marginal contribution is 0, so is its Shapley value."""
     model = tiny(nm_task, 4, seed=2)
@@ -326,7 +326,7 @@ def test_svc_weights_match_sklearn(nm_ckpt):
 
 
 def test_cli_json(tmp_path, capsys):
-    from interp.cli import main
+    from interp.app.cli import main
 
     out = tmp_path / "shapley.json"
     rc = main(["shapley", "noisy-majority", "--value", "learned-accuracy", "--json", "--out", str(out),
@@ -341,7 +341,7 @@ def test_cli_json(tmp_path, capsys):
 
 
 def test_cli_sampled_and_errors(capsys):
-    from interp.cli import main
+    from interp.app.cli import main
 
     rc = main(["shapley", "noisy-majority", "--value", "logit-diff", "--samples", "20", "--heads", "L0H8", "L0H1",
                "L0H3", "--device", "cpu", "--quiet"])
@@ -350,14 +350,16 @@ def test_cli_sampled_and_errors(capsys):
     assert "sampled, 20 permutations" in text and "L0H8" in text
     assert main(["shapley", "noisy-majority", "--heads", "L0H99", "--device", "cpu"]) == 1
     assert "L0H99" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="invalid choice"):
-        main(["shapley", "noisy-majority", "--value", "accuracy"])
+    assert main(["shapley", "noisy-majority", "--value", "accuracy"]) == 1
+    assert "unknown value 'accuracy'" in capsys.readouterr().err
+    assert main(["shapley", "noisy-majority", "--value", "loss"]) == 1  # renamed: the answer position's loss only
+    assert "'answer-loss'" in capsys.readouterr().err
 
 
 def test_report_section(nm_ckpt):
     """The noisy-majority report's Shapley section: computed caption, table and figure."""
     from analyses.noisy_majority.suite import _shapley_section, checkpoint_summary
-    from interp.report import Report
+    from interp.report_page import Report
 
     report = Report("t")
     s, train, test, tr, te = checkpoint_summary(nm_ckpt, train_size=500, test_size=300)

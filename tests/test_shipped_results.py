@@ -33,13 +33,13 @@ def test_shipped_table1_has_every_cell_with_the_same_number_of_runs():
 
 
 def test_interp_table_prints_table1_from_the_shipped_results():
-    out = subprocess.run([sys.executable, "-m", "interp", "table", str(TABLE1), "--json"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "interp.app", "table", str(TABLE1), "--json"], cwd=ROOT,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-800:]
     table = json.loads(out.stdout)
     assert {(t["d_model"], t["n_heads"], t["strategy"]) for t in table} == CELLS
     rows = _rows()
-    for t in table:  # recount: a halving run left with more than one head scores 0 (seed 000 Table 1)
+    for t in table:  # recount: a halving run left with more than one head scores 0 (Fraknói 2024, Table 1)
         cell = [r for r in rows if (r["d_model"], r["n_heads"], r["strategy"]) == (t["d_model"], t["n_heads"],
                                                                                     t["strategy"])]
         accs = [0.0 if r["strategy"] != "normal" and r["final_active_heads"] != 1 else r["accuracy"]["test"]
@@ -50,13 +50,13 @@ def test_interp_table_prints_table1_from_the_shipped_results():
         centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
         assert t["share_test_at_1_low"] == pytest.approx(0.0 if hits == 0 else centre - half, abs=1e-12)
         assert t["share_test_at_1_high"] == pytest.approx(1.0 if hits == n else centre + half, abs=1e-12)
-    text = subprocess.run([sys.executable, "-m", "interp", "table", str(TABLE1)], cwd=ROOT, capture_output=True,
+    text = subprocess.run([sys.executable, "-m", "interp.app", "table", str(TABLE1)], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert text.returncode == 0 and "shapley-svc" in text.stdout and "[" in text.stdout
 
 
 def test_status_of_the_shipped_results_says_the_checkpoints_are_not_there(capsys):
-    from interp.cli import main
+    from interp.app.cli import main
 
     assert main(["sweep", str(TABLE1), "--status"]) == 0
     out = capsys.readouterr().out

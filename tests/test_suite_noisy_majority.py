@@ -20,7 +20,7 @@ def _strict(name):
 
 @pytest.fixture(scope="module")
 def summary(nm_ckpt):
-    out = subprocess.run([sys.executable, "-m", "interp", "analyze", "noisy-majority", "--json", "--device", "cpu"],
+    out = subprocess.run([sys.executable, "-m", "interp.app", "analyze", "noisy-majority", "--json", "--device", "cpu"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout, parse_constant=_strict)
@@ -28,7 +28,7 @@ def summary(nm_ckpt):
 
 def test_analyze_json(summary, nm_ckpt):
     from analyses.noisy_majority.attention_ratios import exact_attention_ratios
-    from interp.evaluate import evaluate
+    from interp.evaluation import evaluate
 
     assert summary["task"] == "noisy-majority" and summary["n_train"] == 7500 and summary["n_test"] == 1000
     heads = summary["heads"]
@@ -72,7 +72,7 @@ def test_report_sections(nm_ckpt):
     """The suite's sections on a small copy of the task (400 train, 150 test sequences) with the real builder."""
     from analyses import suite_for
     from interp.checkpoint import Checkpoint
-    from interp.report import Report
+    from interp.report_page import Report
     from tasks import get_task
 
     task = get_task("noisy-majority", train_size=400, val_size=10, test_size=150)

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from analyses.composition import composition_scores
 from analyses import suite_for
+from analyses.composition import composition_scores
 from analyses.pattern_scores import ablation_induction_test, head_scores
 from analyses.repeated_tokens import PROBE_SEED, probe_tokens
-from interp.checkpoint import load_checkpoint
+from tasks import load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_analyze_json_shape(ckpt):
 
 
 def test_analyze_one_layer_and_cli(ckpt1, capsys):
-    from interp.cli import main
+    from interp.app.cli import main
 
     suite = suite_for("repeated-tokens")
     result = suite.analyze(ckpt1)
@@ -100,7 +100,7 @@ def test_analyze_one_layer_and_cli(ckpt1, capsys):
 
 
 def test_report_sections(ckpt, ckpt1):
-    from interp.report import Report
+    from interp.report_page import Report
 
     for c in (ckpt, ckpt1):
         report = Report("induction")
@@ -114,7 +114,7 @@ def test_report_sections(ckpt, ckpt1):
 
 
 def test_path_specific_ablation_names_what_it_removed(ckpt):
-    """Issue 9 item 8: removing L0H1 only from the layer-1 key input (K-composition proper) is not zero-ablating it.
+    """Removing L0H1 only from the layer-1 key input (K-composition proper) is not zero-ablating it.
     The value path cannot change a layer-1 pattern at all; the key path must collapse induction far more than the
     query path."""
     toks = probe_tokens(ckpt.task)  # the one default probe (seed PROBE_SEED)
@@ -159,7 +159,7 @@ def test_key_path_equals_a_hand_written_hook(ckpt):
 
 
 def test_head_scores_have_one_default_probe_and_intervals(ckpt):
-    """Issue 9 item 15: the Python API and `interp analyze` score the same probe; intervals bracket the score."""
+    """The Python API and `interp analyze` score the same probe; intervals bracket the score."""
     s = head_scores(ckpt.model, probe_tokens(ckpt.task))
     a = suite_for(ckpt.task).analyze(ckpt).scores
     assert torch.equal(s.induction, a.induction) and PROBE_SEED == 1234

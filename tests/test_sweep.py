@@ -15,8 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from analyses.populations import population_table, wilson_interval
+from interp.app.sweeps import parse_grid, parse_seeds, run_sweep
 from interp.errors import ConfigError
-from interp.sweeps import parse_grid, parse_seeds, population_table, read_results, run_sweep, wilson_interval
+from interp.sweep_directory import read_results
 from interp.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +49,10 @@ def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_sp
     cfg = tiny_cfg(epochs=2)
     rows = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path, group=2, device="cpu",
                      progress=False)
-    assert [r["name"] for r in rows] == ["noisy-majority-lr0.01-seed0", "noisy-majority-lr0.01-seed1",
-                                         "noisy-majority-lr0.003-seed0", "noisy-majority-lr0.003-seed1"]
+    names = [r["name"] for r in rows]  # task, grid values, seed, then the hash of the whole configuration
+    assert [n.rsplit("-", 1)[0] for n in names] == ["noisy-majority-lr0.01-seed0", "noisy-majority-lr0.01-seed1",
+                                                    "noisy-majority-lr0.003-seed0", "noisy-majority-lr0.003-seed1"]
+    assert names[0][-8:] == names[1][-8:] != names[2][-8:] == names[3][-8:]  # one configuration, one hash
     assert read_results(tmp_path) == rows
     assert all(r["population"]["size"] == 2 for r in rows)  # lr varies within a batch: 4 runs in 2 groups of 2
     solo = train(tiny_task, tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": 1}),
@@ -76,7 +80,7 @@ def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_sp
 
 def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task, capsys):
     # 8 runs of 4 epochs, killed as soon as the first row is written: the other 7 cannot finish within one poll
-    args = [sys.executable, "-m", "interp", "sweep", "noisy-majority", "--seeds", "0..7", "--group", "1",
+    args = [sys.executable, "-m", "interp.app", "sweep", "noisy-majority", "--seeds", "0..7", "--group", "1",
             "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--epochs", "4", "--batch-size", "64", "--lr", "0.01",
             "--threads", "1", "--quiet"]
     for k in ("train_size", "val_size", "test_size", "train_lengths", "val_lengths", "test_lengths"):
@@ -93,7 +97,7 @@ def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task
     done_before = len(read_results(killed))
     assert 1 <= done_before < 8
     assert subprocess.run(args + ["--out", str(killed)], env=env, cwd=tmp_path).returncode == 0
-    from interp.cli import main
+    from interp.app.cli import main
     from interp.model import ModelSpec
     from interp.training import TrainConfig
 
@@ -148,12 +152,15 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
     heads = census(tmp_path, train_size=100, test_size=50, progress=False).heads()
     assert [sum(h["active"] for h in heads if h["name"] == r["name"]) for r in rows] == [1, 1]
     assert all(h["separation_accuracy"] <= 0.75 for h in heads if not h["active"])  # masked heads output exactly 0
-    from interp.report import build_sweep_report
+    from interp.app.report import build_sweep_report
 
     page = build_sweep_report(tmp_path, progress=False).html()  # Figure 11: the strategies of one shape together
     assert "the halving strategies on [0.98, 1]" in page and "random" in page and "learned" in page
     failed = [{**rows[0], "halving_result": {**rows[0]["halving_result"], "success": False},
                "accuracy": {"test": 1.0}, "metrics": {"test": {"accuracy": 1.0}}}]
     assert population_table(failed)[0]["mean_test_accuracy"] == 0.0  # the seed: a run left with > 1 head scores 0
-    with pytest.raises(ConfigError, match="head scorer"):  # svc scores heads with analyses: a scorer is needed
-        run_sweep(tiny_task, tiny_spec, cfg, [1], {"halving": ["svc"]}, tmp_path / "x", device="cpu", progress=False)
+    from interp.population import seed_population, train_population
+
+    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg.__class__(**{**cfg.__dict__, "halving": "svc"}), [1])
+    with pytest.raises(ConfigError, match="head scorer"):  # the core trainer cannot score heads by itself
+        train_population(tiny_task, specs, cfgs, [tmp_path / "x.safetensors"], device="cpu", progress=False)

@@ -1,4 +1,4 @@
-"""Sweep summaries (issue 11): load_results and results.csv, rows of older sweeps, `interp table` against hand-computed
+"""Sweep summaries: load_results and results.csv, rows of older sweeps, `interp table` against hand-computed
 shares and Wilson intervals, `interp sweep DIR --status/--resume` and the option aliases, the population figures,
 the per-head census against each model's own head summary, and `interp report DIR` in a real headless browser."""
 
@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from interp.checkpoint import load_checkpoint, read_metadata
-from interp.cli import build_parser, main
-from interp.sweeps import CONFIG, load_results, population_table, run_sweep, sweep_status
 from test_browser import box, browser, pixel_std  # noqa: F401  (the existing headless-Chromium fixture and helpers)
+
+from analyses.populations import population_table
+from interp.app.cli import build_parser, main
+from interp.app.sweeps import run_sweep
+from interp.sweep_directory import config_columns_all, load_results, sweep_status
+from tasks import load_checkpoint, read_metadata
 
 PARAMS = dict(train_size=256, val_size=64, test_size=96, train_lengths=[0, 20], val_lengths=[21, 30],
               test_lengths=[31, 40])
@@ -39,7 +41,7 @@ def sweep(tmp_path_factory):
 def test_load_results_rows_and_csv(sweep):
     frame = load_results(sweep)
     assert len(frame) == 4
-    for col in (*CONFIG, "seed", "best_epoch", "kept_epoch", "train_accuracy", "val_accuracy", "test_accuracy",
+    for col in (*config_columns_all(), "seed", "best_epoch", "kept_epoch", "train_accuracy", "val_accuracy", "test_accuracy",
                 "test_eos_accuracy", "final_active_heads", "wall_seconds", "population_size", "population_forward"):
         assert col in frame.columns, col
     assert set(frame["strategy"]) == {"normal"} and list(frame["n_heads"]) == [1, 1, 2, 2]
@@ -146,16 +148,16 @@ def test_status_resume_and_option_aliases(sweep, tmp_path, capsys):
     old = p.parse_args(base + ["--group", "7", "--ray-address", "auto"])
     assert old.group == 7 and old.ray_address == "auto" and p.parse_args(base).group == 100
     assert main(["sweep", str(d)]) == 1  # a directory takes --status or --resume
+    from interp.app.sweeps import parse_grid
     from interp.errors import ConfigError
-    from interp.sweeps import parse_grid
 
     assert parse_grid(["halving=none,svc,shapley-svc"]) == {"halving": [None, "svc", "shapley-svc"]}
-    with pytest.raises(ConfigError, match="unknown halving strategy"):
+    with pytest.raises(ConfigError, match="svd not among random, svc"):
         parse_grid(["halving=none,svd"])
 
 
 def test_population_figures_against_hand_and_pandas(sweep):
-    from interp.population_figures import Survival, accuracy_survival, grid_accuracy, lr_accuracy
+    from analyses.population_figures import Survival, accuracy_survival, grid_accuracy, lr_accuracy
 
     s = Survival({"a": [0.5, 1.0, 1.0, 0.98]})
     assert s.curve("a") == ([0.5, 0.98, 1.0], [1.0, 0.75, 0.5]) and s.share_at_least("a", 0.99) == 0.5
@@ -257,7 +259,7 @@ def test_two_sweeps_into_one_directory_keep_both(tmp_path, capsys):
     """Table 1's rows come from several sweeps (normal runs, then halving runs): the second keeps the first's rows,
     sweep.json holds both plans, --status counts both and --resume retrains a lost run of the first."""
     from interp.model import ModelSpec
-    from interp.sweeps import read_plans
+    from interp.sweep_directory import read_plans
     from interp.training import TrainConfig
     from tasks import get_task
 
@@ -267,7 +269,7 @@ def test_two_sweeps_into_one_directory_keep_both(tmp_path, capsys):
     run_sweep(task, spec, cfg, [0, 1], {}, tmp_path, device="cpu", progress=False)
     run_sweep(task, spec, cfg, [0], {"lr": [3e-3]}, tmp_path, device="cpu", progress=False)
     assert len(read_plans(tmp_path)) == 2 and len(load_results(tmp_path)) == 3
-    first = tmp_path / "runs" / "noisy-majority-seed1.safetensors"
+    first = next((tmp_path / "runs").glob("noisy-majority-seed1-*.safetensors"))
     first.unlink()
     capsys.readouterr()
     assert main(["sweep", str(tmp_path), "--status"]) == 0
@@ -280,8 +282,8 @@ def test_a_results_table_without_checkpoints_still_reports(sweep, tmp_path):
     """A shipped results table (rows and census.jsonl, no checkpoints): load_results, the table and the report work;
     the census uses its cache, and runs with neither a checkpoint nor a cached entry are left out, or refused."""
     from analyses.noisy_majority.census import CENSUS, census, read_census
+    from interp.app.report import build_sweep_report
     from interp.errors import ConfigError
-    from interp.report import build_sweep_report
 
     census(sweep, progress=False)  # the default sizes, cached in the sweep
     d = tmp_path / "shipped"
@@ -306,8 +308,9 @@ def test_two_layer_runs_sweep_table_and_report(tmp_path, tiny_task, tiny_spec, t
     and the table, the rows and the sweep report (with its census) take them like any other."""
     from dataclasses import replace
 
-    from interp.report import write_sweep_report
-    from interp.sweeps import population_table, run_sweep
+    from analyses.populations import population_table
+    from interp.app.report import write_sweep_report
+    from interp.app.sweeps import run_sweep
 
     rows = run_sweep(tiny_task, replace(tiny_spec, n_layers=2), tiny_cfg(epochs=1), [0, 1], {}, tmp_path,
                      device="cpu", progress=False)

@@ -4,12 +4,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from interp.checkpoint import load_checkpoint
-from interp.errors import InterpError, CheckpointError, ConfigError
+from interp.errors import CheckpointError, ConfigError, InterpError
 from interp.model import ModelSpec
 from interp.training import TrainConfig, dropout_hooks, resume_path, train
-from tasks import get_task
-
+from tasks import get_task, load_checkpoint
 
 
 def test_a_tiny_run_learns_and_generalises_to_longer_inputs(tmp_path, tiny_task, tiny_spec, tiny_cfg):
@@ -21,7 +19,7 @@ def test_a_tiny_run_learns_and_generalises_to_longer_inputs(tmp_path, tiny_task,
     ckpt = load_checkpoint(out, device="cpu")
     assert ckpt.training["best_epoch"] == prov["best_epoch"] and ckpt.training["seed"] == 0
     # the stored accuracies are those of the stored weights
-    from interp.evaluate import evaluate
+    from interp.evaluation import evaluate
 
     assert evaluate(ckpt.model, tiny_task, tiny_task.dataset("test"))["accuracy"] == prov["accuracy"]["test"]
     assert not resume_path(out).exists()

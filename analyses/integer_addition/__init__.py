@@ -1,4 +1,4 @@
-"""The integer-addition task's own analyses (seed 004; seed 000 §4): accuracy by carry case, by answer digit and by
+"""The integer-addition task's own analyses (Ibrahimli 2024, Compositional Generalization in Transformers; Fraknói 2024, §4): accuracy by carry case, by answer digit and by
 operand length (length generalisation), per-component ablation per answer digit and carry case, and the task's
 ``analyze``/``report`` suite."""
 

@@ -10,18 +10,22 @@ through TransformerLens hooks, so any depth, MLPs and positional scheme work.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from interp.errors import TaskError
-from interp.evaluate import predictions_and_loss
+from interp.evaluation import predictions_and_loss
 from interp.heads import head_label, head_mask
 from interp.results import Result, jsonable
 from interp.task import TaskData, check_nonempty
 from tasks.integer_addition import case_name, digit_correct
 
 from . import require_task_data
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 @dataclass
@@ -70,7 +74,7 @@ class DigitAblation(Result):
         return "\n".join(lines)
 
 
-def _scores(model, data: TaskData, hooks, case: Tensor, codes: list[int]):
+def _scores(model: HookedTransformer, data: TaskData, hooks, case: Tensor, codes: list[int]):
     preds = predictions_and_loss(model, data, fwd_hooks=hooks)["preds"]
     ok = digit_correct(preds, data.to(preds.device)).cpu().float()
     valid = case >= 0
@@ -79,7 +83,7 @@ def _scores(model, data: TaskData, hooks, case: Tensor, codes: list[int]):
     return digit, by_case
 
 
-def component_ablation(model, data: TaskData, neuron_groups: int = 4) -> DigitAblation:
+def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: int = 4) -> DigitAblation:
     """Mean-ablate every head, and every MLP layer's neurons in ``neuron_groups`` equal groups, one at a time."""
     require_task_data(data)
     check_nonempty(data)

@@ -8,20 +8,25 @@ writes the right answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
 from interp.errors import TaskError
-from interp.evaluate import predictions_and_loss
+from interp.evaluation import predictions_and_loss
 from interp.results import Result, jsonable
 from interp.task import TaskData, check_model_task, check_nonempty
 from tasks.integer_addition import case_name, complexity_name, digit_correct, seq_len
 
 from . import require_task_data
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
-def correct_digits(model, data: TaskData) -> Tensor:
+    from interp.task import Task
+
+
+def correct_digits(model: HookedTransformer, data: TaskData) -> Tensor:
     """``[batch, max n + 1]`` bool: answer digit ``10**i`` predicted right (False beyond an example's answer)."""
     require_task_data(data)
     check_nonempty(data)
@@ -50,7 +55,6 @@ class CaseAccuracy(Result):
                          "by_complexity": self.by_complexity, "by_digit": self.by_digit})
 
     def figure(self):
-        import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
         fig = make_subplots(rows=1, cols=3, subplot_titles=("answer digit by carry case", "exact match by class",
@@ -71,7 +75,7 @@ class CaseAccuracy(Result):
         return "\n".join(lines)
 
 
-def accuracy_by_case(model, data: TaskData, correct: Tensor | None = None) -> CaseAccuracy:
+def accuracy_by_case(model: HookedTransformer, data: TaskData, correct: Tensor | None = None) -> CaseAccuracy:
     """Accuracy of ``model`` on ``data`` by carry case, Quirke class and answer digit (``correct``: precomputed
     :func:`correct_digits`)."""
     require_task_data(data)
@@ -116,7 +120,7 @@ class LengthAccuracy(Result):
         return f"exact match by operand digits (trained on {self.trained[0]}..{self.trained[1]}; {self.n} sums each): " + " ".join(cells)
 
 
-def accuracy_by_length(model, task, lengths, n: int = 1000, seed: int = 0) -> LengthAccuracy:
+def accuracy_by_length(model: HookedTransformer, task: Task, lengths, n: int = 1000, seed: int = 0) -> LengthAccuracy:
     """Exact match on ``n`` uniform random sums of each operand length in ``lengths`` (the same test sets for every
     model of the same task parameters and seed); lengths whose sums do not fit the model's context give None."""
     from tasks import get_task

@@ -6,17 +6,22 @@ carry case, and the attention of a carry cascade (``10**n - 1 + 1``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from interp.checkpoint import Checkpoint
-from interp.evaluate import evaluate
+from interp.evaluation import evaluate
 from interp.results import Result, jsonable
+from interp.suite import FunctionSuite
 from interp.visualize import attention_view
 from tasks.integer_addition import make_sums, seq_len
 
 from .ablation import DigitAblation, component_ablation
 from .accuracy import CaseAccuracy, LengthAccuracy, accuracy_by_case, accuracy_by_length
+
+if TYPE_CHECKING:
+    from interp.task import Task
 
 N_LENGTH = 500  # sums per operand length
 N_ABLATION = 500  # sums in the ablation
@@ -57,7 +62,7 @@ def _positional(ckpt) -> str:
     return ckpt.spec.positional if ckpt.spec is not None else ckpt.model.cfg.positional_embedding_type
 
 
-def _ablation_data(task):
+def _ablation_data(task: Task):
     """Half uniform test sums, half rare-cascade sums, all of the longest test length (so every carry case has
     examples)."""
     parts = []
@@ -83,9 +88,9 @@ def analyze(ckpt: Checkpoint, ablation: bool = True) -> AdditionAnalysis:
         ablation=component_ablation(model, _ablation_data(task)) if ablation else None)
 
 
-def cascade_example(task):
+def cascade_example(task: Task):
     """The longest carry cascade at the task's test length: ``(10**n - 1) + 1`` (``99999 + 00001`` for n = 5)."""
-    n = task.test_digits[1]
+    n = task.test_range[1]
     return make_sums([10 ** n - 1], [1], [n], reverse_answer=task.reverse_answer, reverse_operands=task.reverse_operands)
 
 
@@ -115,3 +120,6 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
     view = attention_view(model, ex.tokens[0, : int(ex.lengths[0])], vocab=task.vocab, title="a full carry cascade")
     report.attention(view, caption="Every head on the longest cascade: the carry made by the units pair must reach the "
                      "leading answer digit through the sum-9 pairs.")
+
+
+SUITE = FunctionSuite("integer-addition", analyze, add_report_sections)

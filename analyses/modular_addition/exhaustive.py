@@ -4,18 +4,24 @@ accuracy with heads or MLP neurons ablated (not a sample: every input the task h
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from interp.errors import InterpError
-from interp.heads import head_label, head_mask, parse_heads
+from interp.heads import head_label, head_mask
 from interp.results import Result, jsonable
 from interp.task import check_model_task
 from interp.visualize import attention_patterns
 
 from .fourier import all_pairs
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 
 @dataclass
@@ -46,7 +52,7 @@ class AttentionSplit(Result):
         return fig
 
 
-def attention_split(model, task) -> AttentionSplit:
+def attention_split(model: HookedTransformer, task: Task) -> AttentionSplit:
     """Attention from ``=`` to ``a``, ``b`` and ``=`` of every layer-0 head over all pairs."""
     check_model_task(model, task)
     pat = attention_patterns(model, all_pairs(task, model.W_E.device))[:, 0, :, -1, :].double()  # [pair, head, key]
@@ -55,13 +61,13 @@ def attention_split(model, task) -> AttentionSplit:
                           share.std(0).cpu())
 
 
-def ablated_accuracy(model, task, heads=(), neurons=(), ablation: str = "zero") -> float:
+def ablated_accuracy(model: HookedTransformer, task: Task, heads=(), neurons=(), ablation: str = "zero") -> float:
     """Accuracy over all ``p**2`` pairs with ``heads`` (e.g. ``['L0H1']``) and MLP ``neurons`` (indices in layer 0)
     ablated: ``"zero"`` sets their outputs to 0, ``"mean"`` to their mean over all pairs at ``=``."""
     return float(ablated_accuracies(model, task, [(heads, neurons)], ablation)[0])
 
 
-def ablated_accuracies(model, task, ablations, ablation: str = "zero") -> Float[Tensor, "n"]:
+def ablated_accuracies(model: HookedTransformer, task: Task, ablations, ablation: str = "zero") -> Float[Tensor, " n"]:
     """:func:`ablated_accuracy` of each ``(heads, neurons)`` in ``ablations``."""
     if ablation not in ("zero", "mean"):
         raise InterpError(f"unknown ablation {ablation!r}; expected 'zero' or 'mean'")
@@ -121,7 +127,7 @@ class AblationTable(Result):
         return jsonable({"ablations": self.rows_})
 
 
-def ablation_table(model, task, neuron_frequencies=None, ablation: str = "mean") -> AblationTable:
+def ablation_table(model: HookedTransformer, task: Task, neuron_frequencies=None, ablation: str = "mean") -> AblationTable:
     """Every head alone, all heads, and (given :class:`NeuronFrequencies`) each key frequency's neurons, ablated."""
     n_heads = model.cfg.n_heads
     items = [("none", (), ())] + [(head_label(0, h), [(0, h)], ()) for h in range(n_heads)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -18,6 +19,11 @@ from torch import Tensor
 
 from interp.errors import InterpError
 from interp.results import Result, jsonable
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 
 def n_frequencies(p: int) -> int:
@@ -49,14 +55,14 @@ def component_frequency(p: int) -> Tensor:
     return torch.tensor([0 if n == "const" else int(n.split()[1]) for n in names])
 
 
-def frequency_energy(coeffs: Float[Tensor, "component ..."], p: int) -> Float[Tensor, "freq"]:
+def frequency_energy(coeffs: Float[Tensor, "component ..."], p: int) -> Float[Tensor, " freq"]:
     """Squared coefficients summed per frequency ``0 .. p // 2`` (cos and sin together; all other dims summed)."""
     freq = component_frequency(p).to(coeffs.device)
     sq = coeffs.pow(2).reshape(coeffs.shape[0], -1).sum(-1)
     return torch.zeros(n_frequencies(p) + 1, dtype=sq.dtype, device=sq.device).index_add_(0, freq, sq)
 
 
-def find_key_frequencies(energy: Float[Tensor, "freq"], max_keys: int | None = None, min_ratio: float = 4.0) -> list[int]:
+def find_key_frequencies(energy: Float[Tensor, " freq"], max_keys: int | None = None, min_ratio: float = 4.0) -> list[int]:
     """Key frequencies from energies per frequency 1 .. K (``energy[0]``, the constant, is ignored): the top ``k``
     where the largest drop between consecutive sorted energies (as a ratio) falls, if that drop is at least
     ``min_ratio``; else [] (no frequency stands out). ``max_keys`` (default K // 3) bounds ``k``."""
@@ -108,12 +114,12 @@ class FrequencyNorms(Result):
         return fig
 
 
-def number_embedding(model, p: int) -> Float[Tensor, "p d_model"]:
+def number_embedding(model: HookedTransformer, p: int) -> Float[Tensor, "p d_model"]:
     """The embedding rows of the numbers 0 .. p-1 (the ``=`` row left out)."""
     return model.W_E.detach()[:p].double()
 
 
-def embedding_norms(model, task, key_frequencies: list[int] | None = None) -> FrequencyNorms:
+def embedding_norms(model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None) -> FrequencyNorms:
     """The embedding's norm per frequency, with the model's key frequencies (default: :func:`key_frequencies`)."""
     p = task.p
     basis, _ = fourier_basis(p, device=model.W_E.device)
@@ -122,11 +128,9 @@ def embedding_norms(model, task, key_frequencies: list[int] | None = None) -> Fr
     return FrequencyNorms(p, energy, keys)
 
 
-def logit_frequency_energy(model, task) -> Float[Tensor, "freq"]:
+def logit_frequency_energy(model: HookedTransformer, task: Task) -> Float[Tensor, " freq"]:
     """Squared norm of the ``=`` logits over all pairs along ``cos(w_k (a + b))`` and ``sin(w_k (a + b))``, per
     frequency ``k`` (index 0: the constant, i.e. each logit's mean). This is what the restricted loss keeps."""
-    from .progress import answer_logits, key_directions
-
     p = task.p
     logits = answer_logits(model, task)
     out = torch.zeros(n_frequencies(p) + 1, dtype=torch.float64)
@@ -141,7 +145,7 @@ def logit_frequency_energy(model, task) -> Float[Tensor, "freq"]:
 SOURCES = ("logits", "embedding", "w_l")
 
 
-def key_frequencies_of(model, task, source: str = "logits") -> list[int]:
+def key_frequencies_of(model: HookedTransformer, task: Task, source: str = "logits") -> list[int]:
     """The model's key frequencies: :func:`find_key_frequencies` on the Fourier energies of its ``=`` logits over all
     pairs as functions of ``a + b`` (``"logits"``, the default: sharpest, and what the restricted loss uses), of its
     number embedding (``"embedding"``; before cleanup ends it still holds other frequencies) or of its neuron-logit
@@ -158,12 +162,35 @@ def key_frequencies_of(model, task, source: str = "logits") -> list[int]:
     return find_key_frequencies(energy.cpu())
 
 
-def all_pairs(task, device=None) -> Tensor:
+def all_pairs(task: Task, device=None) -> Tensor:
     """Tokens ``a b =`` of every pair, row ``a * p + b``."""
     return task.dataset("all").tokens.to(device)
 
 
-def mlp_activations(model, task) -> Float[Tensor, "a b d_mlp"]:
+def answer_logits(model: HookedTransformer, task: Task) -> Float[Tensor, "pair p"]:
+    """Logits at ``=`` for every pair (row ``a * p + b``), in float64."""
+    with torch.inference_mode():
+        return model(all_pairs(task, model.W_E.device))[:, -1].double()
+
+
+def key_directions(p: int, freqs: list[int], device=None) -> Float[Tensor, "dirs pair"]:
+    """Unit vectors ``cos(w_k (a + b))``, ``sin(w_k (a + b))`` over the ``p**2`` pairs, for ``k`` in ``freqs``
+    (mutually orthogonal, and orthogonal to the constant)."""
+    a = torch.arange(p, dtype=torch.float64, device=device)
+    s = (a[:, None] + a[None, :]).flatten()
+    rows = []
+    for k in freqs:
+        if not 1 <= int(k) <= p // 2:
+            raise InterpError(f"key frequency {k} is outside 1 .. {p // 2}")
+        w = 2 * math.pi * int(k) / p
+        for v in (torch.cos(w * s), torch.sin(w * s)):
+            n = v.norm()
+            if n > 1e-9:
+                rows.append(v / n)
+    return torch.stack(rows) if rows else torch.zeros(0, p * p, dtype=torch.float64, device=device)
+
+
+def mlp_activations(model: HookedTransformer, task: Task) -> Float[Tensor, "a b d_mlp"]:
     """MLP neuron activations (after ReLU) at the ``=`` position for every pair."""
     p = task.p
     store = {}
@@ -213,7 +240,7 @@ class NeuronFrequencies(Result):
         return fig
 
 
-def neuron_frequencies(model, task, key_frequencies: list[int] | None = None, threshold: float = 0.5) -> NeuronFrequencies:
+def neuron_frequencies(model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None, threshold: float = 0.5) -> NeuronFrequencies:
     """Dominant frequency and explained variance fraction of every MLP neuron (over all ``p**2`` pairs)."""
     p = task.p
     acts = mlp_activations(model, task)
@@ -267,7 +294,7 @@ class NeuronLogitMap(Result):
         return fig
 
 
-def neuron_logit_map(model, task, key_frequencies: list[int] | None = None) -> NeuronLogitMap:
+def neuron_logit_map(model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None) -> NeuronLogitMap:
     p = task.p
     basis, names = fourier_basis(p, device=model.W_E.device)
     w_l = model.W_out[0].detach().double() @ model.W_U.detach().double()  # [d_mlp, p]

@@ -16,42 +16,23 @@ checkpoint's history).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from interp.errors import InterpError
 from interp.results import Result, jsonable
 
-from .fourier import all_pairs, embedding_norms, key_frequencies_of
+from .fourier import answer_logits, embedding_norms, key_directions, key_frequencies_of
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
-def answer_logits(model, task) -> Float[Tensor, "pair p"]:
-    """Logits at ``=`` for every pair (row ``a * p + b``), in float64."""
-    with torch.inference_mode():
-        return model(all_pairs(task, model.W_E.device))[:, -1].double()
-
-
-def key_directions(p: int, freqs: list[int], device=None) -> Float[Tensor, "dirs pair"]:
-    """Unit vectors ``cos(w_k (a + b))``, ``sin(w_k (a + b))`` over the ``p**2`` pairs, for ``k`` in ``freqs``
-    (mutually orthogonal, and orthogonal to the constant)."""
-    a = torch.arange(p, dtype=torch.float64, device=device)
-    s = (a[:, None] + a[None, :]).flatten()
-    rows = []
-    for k in freqs:
-        if not 1 <= int(k) <= p // 2:
-            raise InterpError(f"key frequency {k} is outside 1 .. {p // 2}")
-        w = 2 * math.pi * int(k) / p
-        for v in (torch.cos(w * s), torch.sin(w * s)):
-            n = v.norm()
-            if n > 1e-9:
-                rows.append(v / n)
-    return torch.stack(rows) if rows else torch.zeros(0, p * p, dtype=torch.float64, device=device)
+    from interp.task import Task
 
 
 def key_projection(logits: Float[Tensor, "pair c"], p: int, freqs: list[int]) -> Float[Tensor, "pair c"]:
@@ -78,12 +59,12 @@ def _accuracy(logits, labels) -> float:
     return (logits.argmax(-1) == labels.to(logits.device)).double().mean().item()
 
 
-def sum_squared_weights(model) -> float:
+def sum_squared_weights(model: HookedTransformer) -> float:
     """Sum of squared trained parameters (frozen ones, such as zeroed biases, left out)."""
     return float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad))
 
 
-def progress_measures(model, task, key_frequencies: list[int] | None = None) -> dict[str, float]:
+def progress_measures(model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None) -> dict[str, float]:
     """Train / test loss and accuracy, restricted and excluded loss, sum of squared weights and the share of the
     embedding's norm in the key frequencies (default: the model's own, from :func:`embedding_norms`)."""
     p = task.p
@@ -104,10 +85,10 @@ def progress_measures(model, task, key_frequencies: list[int] | None = None) -> 
     return out
 
 
-def progress_from_snapshots(snapshot_dir, task, key_frequencies: list[int], device: str | None = None) -> list[dict]:
+def progress_from_snapshots(snapshot_dir, task: Task, key_frequencies: list[int], device: str | None = None) -> list[dict]:
     """:func:`progress_measures` of every snapshot ``epoch-*.safetensors`` in ``snapshot_dir`` (sorted by epoch), with
     fixed ``key_frequencies`` (the final model's): one record per snapshot with its ``epoch``."""
-    from interp.checkpoint import load_checkpoint
+    from tasks import load_checkpoint
 
     files = sorted(Path(snapshot_dir).glob("epoch-*.safetensors"))
     if not files:
@@ -132,8 +113,9 @@ def merge_progress(history: list[dict], rows: list[dict]) -> list[dict]:
 def write_progress(checkpoint_path, snapshot_dir, device: str | None = None) -> dict:
     """Recompute the progress measures from a run's snapshots with the final model's key frequencies and write them
     into the checkpoint's history (the file is rewritten atomically; the weights are unchanged)."""
-    from interp.checkpoint import load_checkpoint, save_checkpoint
+    from interp.checkpoint import save_checkpoint
     from interp.model import ModelSpec
+    from tasks import load_checkpoint
 
     ck = load_checkpoint(checkpoint_path, device=device)
     keys = key_frequencies_of(ck.model, ck.task)

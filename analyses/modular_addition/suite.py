@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from interp.checkpoint import Checkpoint
 from interp.results import Result, jsonable
+from interp.suite import FunctionSuite
 from interp.task import check_model_task
 
 from .exhaustive import AblationTable, AttentionSplit, ablation_table, attention_split
@@ -81,7 +82,7 @@ def _phases(ckpt) -> Phases | None:
 
 
 def analyze(ckpt: Checkpoint) -> ModularAdditionAnalysis:
-    from interp.evaluate import evaluate
+    from interp.evaluation import evaluate
 
     model, task = ckpt.model, ckpt.task
     check_model_task(model, task)
@@ -130,7 +131,7 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
                                        "in the key frequencies.")
     att = attention_split(model, task)
     report.section("Attention to a vs b", "Mean attention from '=' to each input over all pairs.")
-    report.table(att.rows(), formats={k: ".3f" for k in ("to_a", "to_b", "to_=", "a_share_std")})
+    report.table(att.rows(), formats=dict.fromkeys(("to_a", "to_b", "to_=", "a_share_std"), ".3f"))
     abl = ablation_table(model, task, neurons)
     report.section("Exhaustive accuracy under ablation", "Accuracy over all p^2 pairs (the whole domain, not a sample) "
                    "with heads or the neurons of one key frequency mean-ablated.")
@@ -140,3 +141,6 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
 def finish_run(out, snapshot_dir, device=None) -> dict:
     """After ``interp train ... --snapshots N``: progress measures of every snapshot into the checkpoint's history."""
     return write_progress(out, snapshot_dir, device=device)
+
+
+SUITE = FunctionSuite("modular-addition", analyze, add_report_sections, finish_fn=finish_run)

@@ -1,4 +1,4 @@
-"""The noisy-majority task's own analyses (seed 000 §5.3-5.4): attention ratios w01/w02, head outputs (Figure 6),
+"""The noisy-majority task's own analyses (Fraknói 2024, §5.3-5.4): attention ratios w01/w02, head outputs (Figure 6),
 attention interventions (Figure 8), the head summary with its pair tables (Figures 4, 5, 7), hand-built models
 (the §5.3 minimal transformer, hand-set preference heads), and the task's ``analyze``/``report`` suite."""
 

@@ -1,4 +1,4 @@
-"""Attention ratios of the answer query (seed 000 §5.4): ``w01 = A(= -> 0) / A(= -> 1)`` and
+"""Attention ratios of the answer query (Fraknói 2024, §5.4): ``w01 = A(= -> 0) / A(= -> 1)`` and
 ``w02 = A(= -> 0) / A(= -> 2)`` per head.
 
 Measured on data (:func:`measured_attention_ratios`), precisely: for sequence ``b`` and head ``h`` let
@@ -19,8 +19,8 @@ where it does not hold (more than one layer, or a positional embedding).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -34,6 +34,9 @@ from tasks.noisy_majority import VOCAB
 
 from ..answer_cache import AnswerCache, as_cache
 from . import require_task_data
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 DIGITS = ("0", "1", "2")
 QUERY = "="
@@ -82,7 +85,7 @@ class AttentionRatios(Result):
         return float(rel.max()) if len(rel) else None
 
     def figure(self, separation: Float[Tensor, "layer head"] | None = None, title: str = ""):
-        """The seed's Figure 7: ``w01`` against ``w02`` per head on log axes, coloured by separation accuracy."""
+        """The thesis's Figure 7: ``w01`` against ``w02`` per head on log axes, coloured by separation accuracy."""
         return ratio_figure(self.w01.flatten(), self.w02.flatten(), self.heads,
                             None if separation is None else torch.as_tensor(separation).flatten(), title)
 
@@ -137,7 +140,7 @@ def class_log_attention(cache: AnswerCache, token_ids: list[int]) -> tuple[Tenso
     return torch.stack(out, -1), torch.stack(counts, -1)
 
 
-def measured_attention_ratios(model, data) -> AttentionRatios:
+def measured_attention_ratios(model: HookedTransformer, data) -> AttentionRatios:
     """``w01``, ``w02`` per head measured from the answer query's attention on ``data`` (see module doc)."""
     require_task_data(data)
     cache = as_cache(model, data, attention=True)
@@ -153,7 +156,7 @@ def measured_attention_ratios(model, data) -> AttentionRatios:
     return AttentionRatios(w01=log_w01.nanmean(0).exp(), w02=log_w02.nanmean(0).exp(), log_w01=log_w01, log_w02=log_w02)
 
 
-def query_key_scores(model, vocab=None) -> Float[Tensor, "head vocab"]:
+def query_key_scores(model: HookedTransformer, vocab=None) -> Float[Tensor, "head vocab"]:
     """Exact attention scores of the ``=`` query to every token, for a one-layer model without positional
     embedding (refused otherwise): ``(x_= W_Q + b_Q) . (x_t W_K + b_K) / attn_scale``, ``x = ln1(W_E)``."""
     cfg = model.cfg
@@ -175,7 +178,7 @@ def query_key_scores(model, vocab=None) -> Float[Tensor, "head vocab"]:
         return torch.einsum("he,hve->hv", q, k) / attn.attn_scale
 
 
-def exact_attention_ratios(model, vocab=None) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
+def exact_attention_ratios(model: HookedTransformer, vocab=None) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
     """``(w01, w02)`` per head from the QK circuit of a one-layer model without positional embedding."""
     vocab = vocab or VOCAB
     z, o, t = task_token_ids(vocab)[:3]
@@ -183,7 +186,7 @@ def exact_attention_ratios(model, vocab=None) -> tuple[Float[Tensor, "layer head
     return (s[:, z] - s[:, o]).exp()[None], (s[:, z] - s[:, t]).exp()[None]
 
 
-def attention_ratios(model, data) -> AttentionRatios:
+def attention_ratios(model: HookedTransformer, data) -> AttentionRatios:
     """Measured ratios, plus the exact ones when the model is one-layer without positional embedding."""
     res = measured_attention_ratios(model, data)
     try:
@@ -191,8 +194,3 @@ def attention_ratios(model, data) -> AttentionRatios:
     except ConfigError:
         pass
     return res
-
-
-def log10_or_none(x: float) -> float | None:
-    """``log10(x)`` for JSON, ``None`` when ``x`` is not a positive finite number."""
-    return math.log10(x) if x > 0 and math.isfinite(x) else None

@@ -1,4 +1,4 @@
-"""The per-head census of a sweep (seed 000 §5.4 over a population): separation accuracy, learned accuracy, ROC AUC
+"""The per-head census of a sweep (Fraknói 2024, §5.4 over a population): separation accuracy, learned accuracy, ROC AUC
 and ``w01``/``w02`` of every head of every run, how many runs have k good heads, Figure 7 over all of them, and the
 1 - CDF of per-head separation accuracy by number of heads (Figure 9, right: 1-head against many-head models).
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import ConfigError
-from interp.sweeps import checkpoint_path
 from interp.results import Result, jsonable
+from interp.sweep_directory import checkpoint_path
 
 from .head_summary import GOOD
 
@@ -36,7 +36,7 @@ RUN_COLUMNS = ("d_model", "n_heads", "strategy", "seed", "test_accuracy")
 def run_heads(ckpt, train_size: int | None = TRAIN_SIZE, test_size: int | None = TEST_SIZE) -> dict[str, Any]:
     """One run's census entry: the model's accuracy on the subsample and its head rows (head, learned and
     separation accuracy, ROC AUC, w01, w02, grade, ``active``: not masked by halving)."""
-    from .suite import checkpoint_summary
+    from .head_summary import checkpoint_summary
 
     summary, *_ = checkpoint_summary(ckpt, train_size, test_size, pairs=False)
     halving = (ckpt.training or {}).get("halving")
@@ -69,15 +69,15 @@ def _write_census(directory: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def census(directory, *, train_size: int | None = TRAIN_SIZE, test_size: int | None = TEST_SIZE,
-           device: str | None = "cpu", progress: bool = True, missing: str = "error") -> "Census":
+           device: str | None = "cpu", progress: bool = True, missing: str = "error") -> Census:
     """The census of every finished run of the sweep in ``directory`` (see the module doc), computing only the runs
     not yet cached in ``directory/census.jsonl`` with these sizes. A run whose checkpoint is gone (e.g. a results
     table shipped without its checkpoints) uses its cached entry; without one, ``missing="error"`` raises and
     ``"skip"`` leaves the run out (listed in ``Census.skipped``)."""
     from tqdm.auto import tqdm
 
-    from interp.checkpoint import load_checkpoint, read_metadata
-    from interp.sweeps import load_results
+    from interp.sweep_directory import load_results
+    from tasks import load_checkpoint, read_metadata
 
     if missing not in ("error", "skip"):
         raise ConfigError(f"missing must be 'error' or 'skip', got {missing!r}")
@@ -142,14 +142,14 @@ class Census(Result):
         return list(table.values())
 
     def separation_survival(self):
-        """Figure 9 (right) of seed 000: 1 - CDF of per-head separation accuracy, one curve per number of heads."""
-        from interp.population_figures import Survival
+        """Figure 9 (right) of Fraknói 2024: 1 - CDF of per-head separation accuracy, one curve per number of heads."""
+        from analyses.population_figures import Survival
 
         groups: dict[str, list[float]] = {}
         for r in sorted(self.runs, key=lambda r: r["n_heads"]):
             label = f"{r['n_heads']}-head models"
             groups.setdefault(label, []).extend(h["separation_accuracy"] for h in r["heads"])
-        return Survival(groups, title="1 - CDF of per-head separation accuracy (seed 000 Figure 9, right)",
+        return Survival(groups, title="1 - CDF of per-head separation accuracy (Fraknói 2024, Figure 9, right)",
                         xlabel="separation accuracy of a head", unit="heads")
 
     def figure(self):
@@ -183,4 +183,4 @@ class Census(Result):
                          "good_heads": self.good_heads(), "runs": self.runs, "skipped": self.skipped})
 
 
-__all__ = ["Census", "census", "run_heads", "read_census"]
+__all__ = ["Census", "census", "read_census", "run_heads"]

@@ -7,11 +7,16 @@ enough. When there are no 0s or 1s to swap (an answer 4 with ``n0 = n1 = 0``) a 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from interp.errors import TaskError
 from interp.task import IGNORE, TaskData
 from tasks.noisy_majority import ONE, PAD, TWO, ZERO, make_sentences
+
+if TYPE_CHECKING:
+    from interp.task import Task
 
 
 def flip_answer(data: TaskData, seed: int = 0) -> TaskData:
@@ -47,7 +52,7 @@ def flip_answer(data: TaskData, seed: int = 0) -> TaskData:
     return flipped.to(data.device)
 
 
-def corrupted_pair(task, n_seqs: int = 32, n_digits: int = 40, seed: int = 0, device=None) -> tuple[TaskData, TaskData]:
+def corrupted_pair(task: Task, n_seqs: int = 32, n_digits: int = 40, seed: int = 0, device=None) -> tuple[TaskData, TaskData]:
     """``(clean, corrupted)`` noisy-majority data for ``task``: ``n_seqs`` sequences of ``n_digits`` digits with ``|n0 - n1| <= 1`` (near a tie, so
     one swap flips the answer; half of them answer 4), and the same with the answer flipped by :func:`flip_answer`.
     All have the same length, so positions line up across examples."""

@@ -1,6 +1,6 @@
 """Hand-built noisy-majority models whose answers are known: ground truth for tests and for teaching.
 
-**The minimal transformer** (:func:`minimal_majority_transformer`) is seed 000 §5.3's minimal theoretical
+**The minimal transformer** (:func:`minimal_majority_transformer`) is Fraknói 2024, §5.3's minimal theoretical
 transformer: d_model = d_head = 1, one head, ``W_Q = W_K = W_V = 1``, no positional embedding, ``W_O = 1``. The
 seed's printed ``W_E`` column is garbled (nine entries for eight tokens); from its attention formula
 ``y_= = (v_BOS + n0 e^N v_0 + n1 e^(N+1) v_1 + n2 v_2 + e v_=) / (1 + n0 e^N + n1 e^(N+1) + n2 + e)``
@@ -9,7 +9,7 @@ the ``=`` query scores ``x_= x_t`` must be 0, N, N+1, 0, 1 for [BOS], 0, 1, 2, =
     x_[BOS] = 0, x_0 = N, x_1 = N + 1, x_2 = 0, x_= = 1, x_4 = x_5 = N^2, x_[EOS] = 0 (x_[PAD] = 0).
 
 Then ``y_= ~ N + n1 e / (n0 + n1 e)`` grows with the share of 1s, and ``n0 >= n1`` iff ``y_= <= a`` with
-``a = N + e / (1 + e)`` (the seed's ``(e(N+1) + N) / (1 + e)``). The seed's printed ``W_out`` (+1 on '4',
+``a = N + e / (1 + e)`` (the thesis's ``(e(N+1) + N) / (1 + e)``). The thesis's printed ``W_out`` (+1 on '4',
 -1 on '5') would predict '4' exactly when the 1s win, so the signs are flipped here: logit('4') =
 a' - y, logit('5') = y - a' (with y the head output; the bias also cancels the residual's x_= = 1). At a tie
 ``y_= = a`` exactly, so the threshold ``a'`` sits a small ``tie_margin`` above ``a`` (a quarter of the gap to the
@@ -28,7 +28,8 @@ model's own predictions are meaningless; only its head outputs are of interest.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,12 +37,15 @@ from interp.errors import ConfigError
 from interp.model import ModelSpec, build_model
 from tasks.noisy_majority import NoisyMajority
 
+if TYPE_CHECKING:
+    from interp.task import Task
+
 DEFAULT_VALUES = {"0": (1.0, 0.0), "1": (0.0, 1.0), "2": (-1.0, -1.0)}
 IGNORED = -1e4  # a score this low gets attention exp(-1e4) = 0 in float32
 
 
 def attention_preference_model(scores: Sequence[Mapping[str, float]], values: Sequence[Mapping[str, Sequence[float]]] | None = None,
-                               task=None, device: str | None = None):
+                               task: Task | None = None, device: str | None = None):
     """One head per entry of ``scores`` (token string -> score of the ``=`` query; unnamed tokens get
     :data:`IGNORED`); ``values`` per head (token -> 2-vector; default :data:`DEFAULT_VALUES`, others 0)."""
     task = task or NoisyMajority()
@@ -73,8 +77,8 @@ def attention_preference_model(scores: Sequence[Mapping[str, float]], values: Se
     return model
 
 
-def minimal_majority_transformer(task=None, N: float = 30.0, max_digits: int | None = None, device: str | None = None):
-    """Seed 000 §5.3's one-head, one-dimensional transformer for noisy majority, as a HookedTransformer.
+def minimal_majority_transformer(task: Task | None = None, N: float = 30.0, max_digits: int | None = None, device: str | None = None):
+    """Fraknói 2024, §5.3's one-head, one-dimensional transformer for noisy majority, as a HookedTransformer.
 
     It predicts every sequence with ``n0 + n1 > 0`` correctly (up to ``max_digits`` digits, default the
     task's longest), and '[EOS]' after the answer."""
@@ -103,7 +107,7 @@ def minimal_majority_transformer(task=None, N: float = 30.0, max_digits: int | N
         model.unembed.W_U[0, v["4"]] = -1.0
         model.unembed.W_U[0, v["5"]] = 1.0
         model.unembed.W_U[0, v["[EOS]"]] = 4.0
-        # the residual at '=' is x_= + y_= = 1 + y_=, hence the +1 (the seed's b_out has it too)
+        # the residual at '=' is x_= + y_= = 1 + y_=, hence the +1 (the thesis's b_out has it too)
         model.unembed.b_U[v["4"]] = threshold + 1
         model.unembed.b_U[v["5"]] = -threshold - 1
         model.unembed.b_U[v["[EOS]"]] = -12.0 * (N + 1)

@@ -1,4 +1,4 @@
-"""Value vectors and head outputs (seed 000 §5.4, Figure 6).
+"""Value vectors and head outputs (Fraknói 2024, §5.4, Figure 6).
 
 For a head with ``d_head = 2`` the answer query's output ``z`` is a point in the plane: a convex combination
 of the value vectors of the tokens it attends to. A good counting head puts its outputs on the segment
@@ -9,6 +9,7 @@ red) fall on two sides of a line; a bad one collapses them or mixes in ``v_2``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -24,8 +25,11 @@ from ..answer_cache import as_cache
 from . import require_task_data
 from .attention_ratios import DIGITS, task_token_ids
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
-def value_vectors(model, head, tokens=DIGITS, vocab=None) -> Float[Tensor, "token d_head"]:
+
+def value_vectors(model: HookedTransformer, head, tokens=DIGITS, vocab=None) -> Float[Tensor, "token d_head"]:
     """``v_t = ln1(W_E[t]) W_V + b_V`` of layer-0 ``head`` for each token (exact for one-layer models without
     positional embedding, where a token's value does not depend on its position; refused otherwise)."""
     cfg = model.cfg
@@ -44,7 +48,7 @@ class HeadOutputs(Result):
 
     head: str
     outputs: Float[Tensor, "batch d_head"]
-    labels: Int[Tensor, "batch"]
+    labels: Int[Tensor, " batch"]
     values: Float[Tensor, "token d_head"] | None
     value_tokens: tuple[str, ...]
     label_names: dict[int, str]
@@ -78,7 +82,7 @@ class HeadOutputs(Result):
                          "label_names": {str(k): v for k, v in self.label_names.items()}})
 
 
-def head_outputs(model, data, head) -> HeadOutputs:
+def head_outputs(model: HookedTransformer, data, head) -> HeadOutputs:
     """The outputs ``z`` of ``head`` (``'L0H3'`` or ``(0, 3)``) at the answer position of every example."""
     cfg = model.cfg
     layer, h = parse_head(head, cfg.n_layers, cfg.n_heads)

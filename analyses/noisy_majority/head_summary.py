@@ -1,8 +1,8 @@
-"""Per-head summary of a noisy-majority model (seed 000 §5.4): learned accuracy, separation accuracy, ROC AUC,
+"""Per-head summary of a noisy-majority model (Fraknói 2024, §5.4): learned accuracy, separation accuracy, ROC AUC,
 ``w01``, ``w02`` and a one-line verdict per head; plus the pair tables of Figures 4 and 5.
 
-The **grade** is based on the head's separation accuracy A_s alone (the seed's measure of whether a linear
-probe can read the answer from the head's output; the seed finds good heads above 95% and bad ones near 50%):
+The **grade** is based on the head's separation accuracy A_s alone (the thesis's measure of whether a linear
+probe can read the answer from the head's output; the thesis finds good heads above 95% and bad ones near 50%):
 ``good``: A_s >= 0.95; ``partial``: 0.70 <= A_s < 0.95; ``bad``: A_s < 0.70. A probe can read the answer from
 heads the model does not use (even from the heads of an untrained model, whose outputs still mix the digits'
 value vectors by their counts), so the summary warns when the model itself is at chance, and the learned
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -29,9 +30,16 @@ from interp.query_forward import supports_query_forward
 from interp.results import Result, jsonable
 from interp.task import TaskData
 
-from ..ablation import head_subsets, learned_accuracy
+from ..answer_cache import cache_answer
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.checkpoint import Checkpoint
+
 from ..answer_cache import as_cache
-from ..probes import separation_accuracy
+from ..learned_accuracies import head_subsets, learned_accuracy
+from ..separation_accuracies import separation_accuracy
 from . import require_task_data
 from .attention_ratios import attention_ratios
 
@@ -214,7 +222,7 @@ class HeadSummary(Result):
         return note + render_table(self.rows, list(self.COLUMNS), float_format=".3g")
 
 
-def head_summary(model, train, test, *, pairs: bool = True, C: float = 1000.0, standardize: bool = False,
+def head_summary(model: HookedTransformer, train, test, *, pairs: bool = True, C: float = 1000.0, standardize: bool = False,
                  center: bool = True, test_data: TaskData | None = None) -> HeadSummary:
     """Everything in the head table, from one pass over ``train`` and one over ``test`` (noisy-majority task data
     or :class:`AnswerCache`; the test cache needs attention rows for ``w01``/``w02``). Models deeper than one layer
@@ -266,3 +274,19 @@ def _take(result, n: int):
     r = copy(result)
     r.subsets, r.accuracy = result.subsets[:n], result.accuracy[:n]
     return r
+
+
+def checkpoint_summary(ckpt: Checkpoint, train_size: int | None = None, test_size: int | None = None, pairs: bool = True):
+    """The head summary of ``ckpt`` on the first ``train_size`` / ``test_size`` sequences of its task's splits
+    (all by default), with the caches and data it used."""
+    model, task = ckpt.model, ckpt.task
+    train, test = task.dataset("train"), task.dataset("test")
+    if train_size is not None and train_size < len(train):
+        train = train.select(slice(0, train_size))
+    if test_size is not None and test_size < len(test):
+        test = test.select(slice(0, test_size))
+    tr = cache_answer(model, train, attention=False, task=task)
+    te = cache_answer(model, test, attention=True, task=task)
+    summary = head_summary(model, tr, te, pairs=pairs, test_data=test)
+    summary.checkpoint = ckpt.name
+    return summary, train, test, tr, te

@@ -1,4 +1,4 @@
-"""Attention interventions (seed 000 §5.4, Figure 8): set the ``=`` query's attention by hand and ask how well
+"""Attention interventions (Fraknói 2024, §5.4, Figure 8): set the ``=`` query's attention by hand and ask how well
 each head's output then separates the answers.
 
 The intervened attention row gives every token ``c`` in {0, 1, 2} the weight ``c_0 = w01``, ``c_1 = 1``,
@@ -16,15 +16,16 @@ The intervened attention row gives every token ``c`` in {0, 1, 2} the weight ``c
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.errors import InterpError
-from interp.evaluate import map_chunks
+from interp.evaluation import map_chunks
 from interp.heads import head_label
 from interp.query_forward import layer0_inputs, supports_query_forward
 from interp.results import Result, jsonable
@@ -32,9 +33,14 @@ from interp.task import TaskData
 from tasks.noisy_majority import VOCAB
 
 from ..answer_cache import check_model_data
-from ..probes import fit_separator
+from ..separation_accuracies import fit_separator
 from . import require_task_data
 from .attention_ratios import task_token_ids
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 W01_VALUES = (1 / 16, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 16.0)
 W02_VALUES = (1 / 4, 1.0, 4.0, 16.0, 64.0, 256.0, math.inf)
@@ -55,7 +61,7 @@ def _check_settings(settings) -> list[tuple[float, float]]:
     return out
 
 
-def intervention_rows(tokens: Int[Tensor, "batch pos"], answer_pos: Int[Tensor, "batch"], settings: Sequence[tuple[float, float]],
+def intervention_rows(tokens: Int[Tensor, "batch pos"], answer_pos: Int[Tensor, " batch"], settings: Sequence[tuple[float, float]],
                       token_ids: Sequence[int], bos_pos: int = 0) -> Float[Tensor, "setting batch pos"]:
     """The hand-set attention rows of the answer query, one per ``(w01, w02)`` setting (see module doc)."""
     zero, one, two = token_ids[:3]
@@ -73,8 +79,8 @@ def intervention_rows(tokens: Int[Tensor, "batch pos"], answer_pos: Int[Tensor, 
     return torch.stack(rows)
 
 
-def intervened_head_outputs(model, data: TaskData, settings, *, layer: int = 0, method: str = "auto",
-                            task=None) -> Float[Tensor, "setting batch head d_head"]:
+def intervened_head_outputs(model: HookedTransformer, data: TaskData, settings, *, layer: int = 0, method: str = "auto",
+                            task: Task | None = None) -> Float[Tensor, "setting batch head d_head"]:
     """Every head's output ``z`` at the answer position of layer ``layer`` under each intervention setting."""
     require_task_data(data)
     check_model_data(model, data, task)
@@ -94,7 +100,7 @@ def intervened_head_outputs(model, data: TaskData, settings, *, layer: int = 0, 
     return map_chunks(model, data, one)["z"].transpose(0, 1)
 
 
-def _fast_chunk(model, chunk: TaskData, rows, layer: int):
+def _fast_chunk(model: HookedTransformer, chunk: TaskData, rows, layer: int):
     if layer == 0 and supports_query_forward(model):
         attn = model.blocks[0].attn
         _, h = layer0_inputs(model, chunk.tokens)
@@ -106,7 +112,7 @@ def _fast_chunk(model, chunk: TaskData, rows, layer: int):
     return torch.einsum("kbt,bthe->kbhe", rows.to(v.dtype), v)
 
 
-def _hooks_chunk(model, chunk: TaskData, rows, layer: int):
+def _hooks_chunk(model: HookedTransformer, chunk: TaskData, rows, layer: int):
     K, b, t = rows.shape
     idx = torch.arange(K * b, device=rows.device)
     ap = chunk.answer_pos.repeat(K)
@@ -156,9 +162,9 @@ class InterventionSweep(Result):
                             "mean_accuracy": self.w02_mean.tolist(), "accuracy": self.w02_accuracy.tolist()}})
 
     def figure(self):
-        """The seed's Figure 8: mean separation accuracy over heads against w01 (w02 = inf) and against w02 (w01 = 1)."""
-        from plotly.subplots import make_subplots
+        """The thesis's Figure 8: mean separation accuracy over heads against w01 (w02 = inf) and against w02 (w01 = 1)."""
         import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
 
         fig = make_subplots(rows=1, cols=2, subplot_titles=("w02 = ∞ (2s ignored)", "w01 = 1 (0s and 1s weighted equally)"))
         fig.add_trace(go.Scatter(x=self.w01_values, y=self.w01_mean.tolist(), mode="lines+markers", name="w02 = ∞"), 1, 1)
@@ -175,9 +181,9 @@ class InterventionSweep(Result):
         return fig
 
 
-def attention_intervention_sweep(model, train: TaskData, test: TaskData, *, w01_values=W01_VALUES, w02_values=W02_VALUES,
+def attention_intervention_sweep(model: HookedTransformer, train: TaskData, test: TaskData, *, w01_values=W01_VALUES, w02_values=W02_VALUES,
                                  layer: int = 0, C: float = 1000.0, standardize: bool = False, center: bool = True,
-                                 task=None) -> InterventionSweep:
+                                 task: Task | None = None) -> InterventionSweep:
     """Figure 8: the separation accuracy of each head of ``layer`` under each hand-set attention."""
     w01_values, w02_values = [float(w) for w in w01_values], [float(w) for w in w02_values]
     settings = [(w, math.inf) for w in w01_values] + [(1.0, w) for w in w02_values]

@@ -1,4 +1,4 @@
-"""The noisy-majority suite (seed 000 §5.4): what ``interp analyze`` prints and ``interp report`` draws.
+"""The noisy-majority suite (Fraknói 2024, §5.4): what ``interp analyze`` prints and ``interp report`` draws.
 
 ``analyze`` uses the task's full train split (separators are fitted there) and test split (everything is
 scored there). The report sections subsample where the work is repeated per setting (Figure 8) and say so.
@@ -10,30 +10,14 @@ import math
 import time
 
 from interp.checkpoint import Checkpoint
+from interp.suite import FunctionSuite
 
-from ..answer_cache import cache_answer
 from .head_outputs import head_outputs
-from .head_summary import HeadSummary, head_summary
+from .head_summary import HeadSummary, checkpoint_summary
 from .interventions import attention_intervention_sweep
 
 REPORT_TRAIN, REPORT_TEST = 2000, 500  # Figure 8 in the report: subsample sizes
 PATCH_SEQS, PATCH_DIGITS = 16, 40  # the report's activation patching: near-tie pairs of this many digits
-
-
-def checkpoint_summary(ckpt: Checkpoint, train_size: int | None = None, test_size: int | None = None, pairs: bool = True):
-    """The head summary of ``ckpt`` on the first ``train_size`` / ``test_size`` sequences of its task's splits
-    (all by default), with the caches and data it used."""
-    model, task = ckpt.model, ckpt.task
-    train, test = task.dataset("train"), task.dataset("test")
-    if train_size is not None and train_size < len(train):
-        train = train.select(slice(0, train_size))
-    if test_size is not None and test_size < len(test):
-        test = test.select(slice(0, test_size))
-    tr = cache_answer(model, train, attention=False, task=task)
-    te = cache_answer(model, test, attention=True, task=task)
-    summary = head_summary(model, tr, te, pairs=pairs, test_data=test)
-    summary.checkpoint = ckpt.name
-    return summary, train, test, tr, te
 
 
 def analyze(ckpt: Checkpoint) -> HeadSummary:
@@ -54,7 +38,7 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
     s, train, test, tr, te = checkpoint_summary(ckpt)
     secs = time.perf_counter() - t0
     report.section("Heads: learned and separation accuracy",
-                   "Seed 000 §5.4. Learned accuracy: the model's test accuracy when every other head is zeroed "
+                   "Fraknói 2024, §5.4. Learned accuracy: the model's test accuracy when every other head is zeroed "
                    "(Definition 5.1). Separation accuracy: test accuracy of a linear SVC (C=1000, features centred at "
                    "the train mean) fitted on the train split to the head's output at '=' (Definition 5.2), with its ROC "
                    "AUC. w01 and w02: how much more the '=' query attends to a 0 than to a 1 or a 2 (geometric mean over "
@@ -84,7 +68,7 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
         report.section("Head pairs", f"Not drawn: this model has {L * H} head, so there are no pairs.")
 
     report.section("Attention ratios", "Figure 7: w01 against w02 per head (log axes), coloured by separation accuracy. "
-                   "The seed finds good heads near w01 = 1 with w02 >> 1: they weigh 0s and 1s alike and ignore 2s.")
+                   "The thesis finds good heads near w01 = 1 with w02 >> 1: they weigh 0s and 1s alike and ignore 2s.")
     report.figure(s.figure(), caption=s.ratio_note())
 
     order = sorted(range(len(s.rows)), key=lambda i: s.rows[i]["separation_accuracy"], reverse=True)
@@ -155,7 +139,7 @@ SHAPLEY_SAMPLES = 200  # permutations beyond that
 
 
 def _shapley_section(ckpt: Checkpoint, report, s: HeadSummary, test, te) -> None:
-    """Shapley values of the heads with v = learned accuracy (seed 000 Definition 5.3), next to the single-head
+    """Shapley values of the heads with v = learned accuracy (Fraknói 2024, Definition 5.3), next to the single-head
     numbers of the head table: exact up to 16 heads, else sampled."""
     from interp.query_forward import supports_query_forward
 
@@ -174,7 +158,7 @@ def _shapley_section(ckpt: Checkpoint, report, s: HeadSummary, test, te) -> None
         how = f"estimated from {SHAPLEY_SAMPLES} random permutations (error bars: one standard error)"
     secs = time.perf_counter() - t0
     report.section("Heads: Shapley values",
-                   "Seed 000 §5.5, Definition 5.3: a head's Shapley value is its marginal contribution to the learned "
+                   "Fraknói 2024, §5.5, Definition 5.3: a head's Shapley value is its marginal contribution to the learned "
                    "accuracy (all other heads zeroed), averaged over the orders in which heads can be added; the values "
                    "add up to v(all heads) - v(no heads). Banzhaf: the plain mean of the same contributions. Pairwise "
                    "interaction > 0: the two heads are worth more together than apart (synergy); < 0: redundant.")
@@ -214,7 +198,7 @@ def add_sweep_sections(directory, report, progress: bool = False) -> None:
     c = census(directory, progress=progress, missing="skip")
     secs = time.perf_counter() - t0
     report.section("Heads across the population",
-                   "Seed 000 §5.4 over every run: each head's separation accuracy (linear SVC, C=1000, centred, fitted on "
+                   "Fraknói 2024, §5.4 over every run: each head's separation accuracy (linear SVC, C=1000, centred, fitted on "
                    f"the first {c.train_size} train sequences, scored on the first {c.test_size} test sequences), "
                    "learned accuracy and w01/w02, as in each model's head summary; a head is good at separation "
                    "accuracy >= 0.95. Cached per run in census.jsonl beside the results.")
@@ -227,4 +211,8 @@ def add_sweep_sections(directory, report, progress: bool = False) -> None:
                              "clipped), coloured by separation accuracy.")
     report.figure(c.separation_survival().figure(),
                   caption="1 - CDF of the separation accuracy of individual heads, per number of heads in the model "
-                          "(seed 000 Figure 9, right: the seed compares 1-head and 64-head models).")
+                          "(Fraknói 2024, Figure 9, right: the thesis compares 1-head and 64-head models).")
+
+
+
+SUITE = FunctionSuite("noisy-majority", analyze, add_report_sections, add_sweep_sections)

@@ -19,6 +19,8 @@ Only positions the answer can see change (plus, for ``"answer"``, the final toke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from interp.errors import TaskError
@@ -26,10 +28,13 @@ from interp.task import IGNORE, TaskData
 
 from .probe import PROBE_SEED
 
+if TYPE_CHECKING:
+    from interp.task import Task
+
 KINDS = ("answer", "key", "query")
 
 
-def corrupted_pair(task, n_seqs: int = 32, kind: str = "key", seed: int = PROBE_SEED, device=None
+def corrupted_pair(task: Task, n_seqs: int = 32, kind: str = "key", seed: int = PROBE_SEED, device=None
                    ) -> tuple[TaskData, TaskData]:
     """``(clean, corrupted)`` task data of ``n_seqs`` sequences with the ``kind`` of corruption (random choices
     drawn from ``seed``); each one's ``labels`` hold its answer at the shared ``answer_pos``."""

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from interp.errors import TaskError
 
+if TYPE_CHECKING:
+    from interp.task import Task
+
 PROBE_SEED = 1234  # the one default seed of the probe sequences (Python API, `interp analyze` and the report alike)
 
 
-def probe_tokens(task, n_seqs: int = 64, rep_len: int | None = None, seed: int = PROBE_SEED,
+def probe_tokens(task: Task, n_seqs: int = 64, rep_len: int | None = None, seed: int = PROBE_SEED,
                  device=None) -> Int[Tensor, "batch pos"]:
     """``n_seqs`` sequences ``[BOS] R R`` of the repeated-tokens ``task`` (``task.make_sequences``) with
     ``len(R) = rep_len`` for all (default: half the sequence, so R occurs exactly twice), R uniform over the task's

@@ -7,19 +7,26 @@ Works for 1-layer checkpoints too: composition and the causal test then say ther
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from interp.checkpoint import Checkpoint
-from interp.evaluate import evaluate
+from interp.evaluation import evaluate
 from interp.heads import head_label
 from interp.results import Result, jsonable
+from interp.suite import FunctionSuite
 from interp.visualize import attention_view
 
 from ..circuits import OVCopying, full_ov_circuit, k_composition_circuit, ov_copying, positional_qk_circuit
 from ..composition import MODES, CompositionScores, composition_scores
-from ..pattern_scores import PATHS, AblationTest, HeadScores, ablation_induction_test, head_scores
 from ..patching import activation_patching, path_patching
+from ..pattern_scores import PATHS, HeadScores, ablation_induction_test, head_scores
 from .corrupt import corrupted_pair
 from .probe import probe_tokens
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 N_SEQS = 64  # repeated-token sequences scored per analysis
 N_PATCH = 16  # clean/corrupted pairs of the report's patching section
@@ -114,7 +121,7 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
                    "attention to the token after an earlier occurrence of the current token. Previous-token: attention "
                    "to the position before. Duplicate: attention to earlier copies of the current token. BOS: "
                    "attention to position 0. Each is the mean attention mass over the queries that have such a target.")
-    report._add(scores.table_html())
+    report.add_html(scores.table_html())
     report.figure(scores.figure(), caption="The same scores as a heatmap.")
 
     copying = ov_copying(model)
@@ -175,7 +182,7 @@ def _where(r: dict) -> str:
     return " ".join(str(r[k]) if k == "head" else f"{k} {r[k]}" for k in ("head", "pos") if k in r)
 
 
-def add_patching_sections(model, task, report, prev=None) -> None:
+def add_patching_sections(model: HookedTransformer, task: Task, report, prev=None) -> None:
     """Activation patching (every head x position of ``hook_z``, every position of ``resid_pre``) and, for models
     with a later layer, path patching from the layer-0 heads into each later head's query, key and value
     (``prev``: the previous-token head, named in the caption)."""
@@ -220,3 +227,6 @@ def add_patching_sections(model, task, report, prev=None) -> None:
                    + f". Largest query path {abs(other['q']['normalized']):.2f}, largest value path "
                    f"{abs(other['v']['normalized']):.2f}, largest key path {abs(other['k']['normalized']):.2f} (absolute).")
     report.result(paths)
+
+
+SUITE = FunctionSuite("repeated-tokens", analyze, add_report_sections)

@@ -1,23 +1,23 @@
-"""Separation accuracy A_s(H) (seed 000, Definition 5.2): how well a linear separator on the outputs of the
+"""Separation accuracy A_s(H) (Fraknói 2024, Definition 5.2): how well a linear separator on the outputs of the
 heads in H, at the answer position, predicts the answer.
 
 Features are the heads' outputs ``r^h`` = ``hook_z`` at the answer position (``d_head`` numbers per head,
 concatenated over the heads of H). The separator is scikit-learn's
-``LinearSVC(penalty="l2", loss="squared_hinge", C=1000)`` as the seed specifies, fitted on the train split and
+``LinearSVC(penalty="l2", loss="squared_hinge", C=1000)`` as the thesis specifies, fitted on the train split and
 scored on the test split; ROC AUC of its decision function is reported beside accuracy (the published
 follow-up, Zsamboki et al. 2025, reports both).
 
 Centring (``center=True``, the default) subtracts the train features' mean before the fit (and from the test
 features). The separator's function class is unchanged (any ``w.x + b`` stays expressible), but liblinear
 penalises the intercept like a weight (a bias feature of value ``intercept_scaling = 1``), so on raw features far
-from the origin the fit cannot place its threshold: the seed's §5.3 minimal transformer has head outputs near 30.7
+from the origin the fit cannot place its threshold: the thesis's §5.3 minimal transformer has head outputs near 30.7
 and, raw, a train accuracy of 0.987 and test accuracy 0.928 although its ROC AUC is 1.0; centred it separates the
 train split exactly. ``center=False`` gives scikit-learn's raw number. Where a perfect ranking (ROC AUC = 1) still
 comes with test accuracy < 1 (the max-margin threshold fitted on the short train sequences misplaced on the
-longer test ones: the seed's definition itself), ``threshold_limited`` flags it.
+longer test ones: the thesis's definition itself), ``threshold_limited`` flags it.
 
 Standardisation (``standardize=True``) puts a ``StandardScaler`` fitted on the train features in front of the
-SVC. It is off by default because the seed fits the raw outputs; with ``C=1000`` the penalty is weak either
+SVC. It is off by default because the thesis fits the raw outputs; with ``C=1000`` the penalty is weak either
 way, but it changes the effective regularisation when head outputs are tiny or huge. The solver is
 liblinear's primal Newton method (``dual=False``: far more samples than features), which converges in a few
 dozen iterations here; a fit that still hits ``max_iter`` is recorded in ``converged`` instead of warning.
@@ -28,8 +28,9 @@ Tensors stay on the model's device until the scikit-learn boundary, where the fe
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -40,8 +41,13 @@ from interp.errors import HeadError, InterpError
 from interp.heads import head_label
 from interp.results import Result, jsonable
 
-from .ablation import Subset, head_subsets, parse_subsets, subset_name
 from .answer_cache import AnswerCache, as_cache
+from .learned_accuracies import Subset, head_subsets, parse_subsets, subset_name
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 
 @dataclass
@@ -49,9 +55,9 @@ class SeparationAccuracy(Result):
     """Test accuracy and ROC AUC of a linear separator per head subset (``accuracy[s]`` is ``subsets[s]``'s)."""
 
     subsets: list[Subset]
-    accuracy: Float[Tensor, "subset"]
-    roc_auc: Float[Tensor, "subset"]
-    train_accuracy: Float[Tensor, "subset"]
+    accuracy: Float[Tensor, " subset"]
+    roc_auc: Float[Tensor, " subset"]
+    train_accuracy: Float[Tensor, " subset"]
     converged: Tensor
     C: float
     standardize: bool
@@ -96,7 +102,7 @@ def head_features(cache: AnswerCache, subset: Subset) -> Float[Tensor, "batch fe
 
 
 def make_separator(C: float = 1000.0, standardize: bool = False, max_iter: int = 10_000, random_state: int = 0):
-    """The seed's separator: ``LinearSVC(penalty="l2", loss="squared_hinge", C)``, optionally after a scaler."""
+    """The thesis's separator: ``LinearSVC(penalty="l2", loss="squared_hinge", C)``, optionally after a scaler."""
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     from sklearn.svm import LinearSVC
@@ -135,9 +141,9 @@ def fit_separator(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, 
             "train_accuracy": float((clf.predict(x_train) == y_train).mean()), "converged": converged}
 
 
-def separation_accuracy(model, train, test, subsets: Iterable | None = None, *, C: float = 1000.0,
+def separation_accuracy(model: HookedTransformer, train, test, subsets: Iterable | None = None, *, C: float = 1000.0,
                         standardize: bool = False, center: bool = True, max_iter: int = 10_000,
-                        task=None) -> SeparationAccuracy:
+                        task: Task | None = None) -> SeparationAccuracy:
     """A_s(H) for every H in ``subsets`` (default: every single head). ``train``/``test`` are task data or
     :class:`AnswerCache` objects (reuse them across calls: the forward pass is the expensive part)."""
     cfg = model.cfg

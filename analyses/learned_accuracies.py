@@ -1,4 +1,4 @@
-"""Learned accuracy A_l(H) (seed 000, Definition 5.1): the model's accuracy with every head outside H ablated.
+"""Learned accuracy A_l(H) (Fraknói 2024, Definition 5.1): the model's accuracy with every head outside H ablated.
 
 Heads are ablated through their outputs ``z`` (TransformerLens' ``hook_z``, before ``W_O``): zeroing ``z``
 zeroes the head's contribution ``z W_O`` (``b_O`` is not per head and stays). Mean-ablation replaces ``z``
@@ -18,22 +18,28 @@ Accuracy means ``argmax(logits[answer_pos]) == labels``, as the task's own ``acc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from interp.errors import HeadError, InterpError
-from interp.evaluate import DEFAULT_BUDGET, map_chunks
+from interp.evaluation import DEFAULT_BUDGET, check_finite_logits, check_finite_parameters, map_chunks
 from interp.heads import Head, all_heads, head_label, head_mask, parse_head, parse_heads
 from interp.query_forward import resolve_method
 from interp.results import Result, jsonable
 from interp.task import TaskData
 
 from .answer_cache import AnswerCache, as_cache, check_model_data
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 ABLATIONS = ("zero", "mean")
 Subset = tuple[Head, ...]
@@ -56,7 +62,7 @@ def parse_subsets(subsets: Iterable, n_layers: int, n_heads: int, *, allow_empty
     return out
 
 
-def mean_head_outputs(model, data: "TaskData | AnswerCache") -> Float[Tensor, "layer head d_head"]:
+def mean_head_outputs(model: HookedTransformer, data: TaskData | AnswerCache) -> Float[Tensor, "layer head d_head"]:
     """Each head's mean output ``z`` at the answer positions of ``data``: the mean-ablation reference."""
     cache = as_cache(model, data, attention=False)
     return cache.z.mean(0)
@@ -67,7 +73,7 @@ class LearnedAccuracy(Result):
     """Accuracy per head subset with the other heads ablated. ``accuracy[s]`` belongs to ``subsets[s]``."""
 
     subsets: list[Subset]
-    accuracy: Float[Tensor, "subset"]
+    accuracy: Float[Tensor, " subset"]
     ablation: str
     n_examples: int
 
@@ -108,8 +114,8 @@ def subset_name(subset: Subset) -> str:
     return "{" + ",".join(head_label(*h) for h in subset) + "}" if subset else "{}"
 
 
-def learned_accuracy(model, data: TaskData, subsets: Iterable, *, ablation: str = "zero", reference=None,
-                     method: str = "auto", task=None, budget: int = DEFAULT_BUDGET, cache: AnswerCache | None = None) -> LearnedAccuracy:
+def learned_accuracy(model: HookedTransformer, data: TaskData, subsets: Iterable, *, ablation: str = "zero", reference=None,
+                     method: str = "auto", task: Task | None = None, budget: int = DEFAULT_BUDGET, cache: AnswerCache | None = None) -> LearnedAccuracy:
     """A_l(H) for every H in ``subsets`` (a list of head lists; ``[]`` is the direct path alone).
 
     ``ablation``: ``"zero"`` or ``"mean"`` (the ablated heads output their mean ``z`` at the answer
@@ -119,28 +125,30 @@ def learned_accuracy(model, data: TaskData, subsets: Iterable, *, ablation: str 
         cache, method = data, ("fast" if method == "auto" else method)
         if method != "fast":
             raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")
+        check_finite_parameters(model)
     else:
         check_model_data(model, data, task)
     cfg = model.cfg
     parsed = parse_subsets(subsets, cfg.n_layers, cfg.n_heads)
     logits = subset_answer_logits(model, data, parsed, ablation=ablation, reference=reference, method=method,
                                   budget=budget, cache=cache)
+    check_finite_logits(logits, "the answer logits under these ablations")
     labels = data.labels.to(logits.device)
     acc = (logits.argmax(-1) == labels[None]).float().mean(-1)
     return LearnedAccuracy(parsed, acc, ablation, len(data))
 
 
-def learned_accuracy_of(model, data: TaskData, heads, **kw) -> float:
+def learned_accuracy_of(model: HookedTransformer, data: TaskData, heads, **kw) -> float:
     """A_l(H) of one subset ``heads`` (e.g. ``['L0H8', 'L0H9']``; ``[]``: the direct path alone)."""
     return float(learned_accuracy(model, data, [heads], **kw).accuracy[0])
 
 
-def learned_accuracy_of_size(model, data: TaskData, size: int, **kw) -> LearnedAccuracy:
+def learned_accuracy_of_size(model: HookedTransformer, data: TaskData, size: int, **kw) -> LearnedAccuracy:
     """A_l(H) for every subset of ``size`` heads (1: singles, 2: pairs, 3: triples)."""
     return learned_accuracy(model, data, head_subsets(model.cfg.n_layers, model.cfg.n_heads, size), **kw)
 
 
-def subset_answer_logits(model, data: TaskData, subsets: Sequence[Subset], *, ablation: str = "zero", reference=None,
+def subset_answer_logits(model: HookedTransformer, data: TaskData, subsets: Sequence[Subset], *, ablation: str = "zero", reference=None,
                          method: str = "auto", budget: int = DEFAULT_BUDGET,
                          cache: AnswerCache | None = None) -> Float[Tensor, "subset batch vocab_out"]:
     """The answer-position logits of every example under every subset's ablation."""
@@ -162,7 +170,7 @@ def subset_answer_logits(model, data: TaskData, subsets: Sequence[Subset], *, ab
     return hooked_subset_logits(model, data, masks, z_ref, budget)
 
 
-def cached_subset_logits(model, cache: AnswerCache, masks: Float[Tensor, "subset layer head"],
+def cached_subset_logits(model: HookedTransformer, cache: AnswerCache, masks: Float[Tensor, "subset layer head"],
                          z_ref: Float[Tensor, "layer head d_head"] | None = None,
                          block_elems: int = 1 << 24) -> Float[Tensor, "subset batch vocab_out"]:
     """Exact answer logits per subset for a one-layer attention-only model, from cached ``z``."""
@@ -196,7 +204,7 @@ def _mask_hook(layer: int, rows: Float[Tensor, "rows layer head"], z_ref):
     return hook
 
 
-def hooked_subset_logits(model, data: TaskData, masks: Float[Tensor, "subset layer head"], z_ref=None,
+def hooked_subset_logits(model: HookedTransformer, data: TaskData, masks: Float[Tensor, "subset layer head"], z_ref=None,
                          budget: int = DEFAULT_BUDGET) -> Float[Tensor, "subset batch vocab_out"]:
     """Answer logits per subset through ``hook_z`` hooks, any number of layers: each forward runs a group of
     subsets at once on a repeated batch (subset-major), with at most ``budget`` attention entries per head."""
@@ -223,8 +231,8 @@ def hooked_subset_logits(model, data: TaskData, masks: Float[Tensor, "subset lay
     return out["logits"].transpose(0, 1)
 
 
-def learned_accuracy_loop(model, data: TaskData, subsets: Iterable, *, ablation: str = "zero", reference=None,
-                          task=None) -> LearnedAccuracy:
+def learned_accuracy_loop(model: HookedTransformer, data: TaskData, subsets: Iterable, *, ablation: str = "zero", reference=None,
+                          task: Task | None = None) -> LearnedAccuracy:
     """The slow reference: one ``run_with_hooks`` pass over the data per subset (tests and benchmarks)."""
     check_model_data(model, data, task)
     cfg = model.cfg

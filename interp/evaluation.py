@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .errors import TokenError
+from .errors import InterpError, TokenError
 from .query_forward import logits_at, supports_query_forward
-from .task import IGNORE, TaskData, check_model_task, check_nonempty
+from .task import IGNORE, Task, TaskData, check_model_task, check_nonempty
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 DEFAULT_BUDGET = 4_000_000  # batch x pos x pos per chunk: bounds the [batch, head, pos, pos] attention memory
 
 
-def check_tokens(model, tokens: Tensor, vocab=None) -> None:
+def check_tokens(model: HookedTransformer, tokens: Tensor, vocab=None) -> None:
     """Refuse tokens the model cannot take: ids outside its vocabulary or longer than its context."""
     if not isinstance(tokens, Tensor):
         raise TokenError(f"tokens must be a tensor of token ids [batch, pos], got {type(tokens).__name__}")
@@ -38,6 +42,22 @@ def check_tokens(model, tokens: Tensor, vocab=None) -> None:
         raise TokenError(f"token ids must lie in [0, {model.cfg.d_vocab - 1}], got min {int(tokens.min())} max {int(tokens.max())}")
 
 
+def check_finite_parameters(model: HookedTransformer) -> None:
+    """Refuse a model with a NaN or infinite parameter: its logits are not numbers, so its accuracy (and every
+    value built on it) is undefined. One InterpError naming the first such parameter, on every path (evaluation,
+    learned accuracy, coalition values), instead of a number that depends on how each path treats NaN."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p.detach()).all()):
+            raise InterpError(f"the model's parameter {name} holds NaN or infinite values: its outputs, and any "
+                              "accuracy or value computed from them, are undefined")
+
+
+def check_finite_logits(logits: Tensor, what: str = "the model's logits") -> None:
+    """Refuse non-finite logits (finite parameters can still overflow): one InterpError saying so."""
+    if not bool(torch.isfinite(logits).all()):
+        raise InterpError(f"{what} hold NaN or infinite values (overflow?); an accuracy of them is undefined")
+
+
 def length_chunks(data: TaskData, budget: int = DEFAULT_BUDGET) -> Iterator[Tensor]:
     """Index tensors over ``data``, sorted by length, each chunk holding at most ``budget``
     attention entries per head (chunk size x longest length squared), so padding and memory stay small."""
@@ -52,7 +72,7 @@ def length_chunks(data: TaskData, budget: int = DEFAULT_BUDGET) -> Iterator[Tens
         start = end
 
 
-def map_chunks(model, data: TaskData, fn: Callable[[TaskData], dict[str, Tensor]], budget: int = DEFAULT_BUDGET) -> dict[str, Tensor]:
+def map_chunks(model: HookedTransformer, data: TaskData, fn: Callable[[TaskData], dict[str, Tensor]], budget: int = DEFAULT_BUDGET) -> dict[str, Tensor]:
     """Apply ``fn`` to length-sorted chunks of ``data`` (moved to the model's device) and reassemble
     the per-example outputs (dim 0) in the original order."""
     check_nonempty(data)
@@ -80,7 +100,7 @@ def _cat_padded(chunks: list[Tensor]) -> Tensor:
     return torch.cat([F.pad(c, (0, 0) * (c.ndim - 2) + (0, t - c.shape[1])) for c in chunks])
 
 
-def predictions_and_loss(model, data: TaskData, fwd_hooks=()) -> dict[str, Tensor]:
+def predictions_and_loss(model: HookedTransformer, data: TaskData, fwd_hooks=()) -> dict[str, Tensor]:
     """Per-position argmax ``preds [batch, pos]`` and cross-entropy ``loss [batch, pos]`` (0 where no target)."""
 
     def one(chunk: TaskData) -> dict[str, Tensor]:
@@ -96,7 +116,7 @@ def per_position_loss(logits: Float[Tensor, "batch pos vocab"], targets: Int[Ten
     return F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE, reduction="none")
 
 
-def evaluate(model, task, data: TaskData, *, full_forward: bool = False) -> dict[str, float]:
+def evaluate(model: HookedTransformer, task: Task, data: TaskData, *, full_forward: bool = False) -> dict[str, float]:
     """The task's metrics (``accuracy`` first) of ``model`` on ``data``.
 
     One-layer attention-only models on tasks with a few target positions per sequence use the exact
@@ -105,6 +125,7 @@ def evaluate(model, task, data: TaskData, *, full_forward: bool = False) -> dict
     task.check_data(data)
     check_model_task(model, task)
     check_nonempty(data)
+    check_finite_parameters(model)
     if not full_forward:
         out = sparse_predictions_and_loss(model, data)
         if out is not None:
@@ -113,7 +134,7 @@ def evaluate(model, task, data: TaskData, *, full_forward: bool = False) -> dict
     return task.metrics(out["preds"], out["loss"], data.to(out["preds"].device))
 
 
-def evaluate_splits(model, task, splits=None, seed: int | None = None, *, full_forward: bool = False) -> dict[str, dict[str, float]]:
+def evaluate_splits(model: HookedTransformer, task: Task, splits=None, seed: int | None = None, *, full_forward: bool = False) -> dict[str, dict[str, float]]:
     """Metrics per split, e.g. ``{"train": {...}, "val": {...}, "test": {...}}``."""
     return {s: evaluate(model, task, task.dataset(s, seed), full_forward=full_forward) for s in (splits or task.splits)}
 
@@ -127,7 +148,7 @@ def target_positions(data) -> Tensor | None:
     return mask.nonzero()[:, 1].view(len(data), -1)
 
 
-def sparse_predictions_and_loss(model, data, batch_size: int = 512) -> dict[str, Tensor] | None:
+def sparse_predictions_and_loss(model: HookedTransformer, data, batch_size: int = 512) -> dict[str, Tensor] | None:
     """Like :func:`predictions_and_loss` (argmax and loss at target positions; ``preds`` is -1 and ``loss`` 0
     elsewhere) via the exact query-restricted forward, or None where that forward does not apply."""
     if not supports_query_forward(model):

@@ -1,11 +1,19 @@
-"""The ``interp`` command line. Heavy imports happen inside the commands, so ``--help`` is instant."""
+"""The ``interp`` command line. Heavy imports happen inside the commands, so ``--help`` is instant.
+
+The model and training flags of ``interp train`` and ``interp sweep`` are read off the config dataclasses' option
+descriptions (:mod:`interp.options`): a new option there is a new flag here.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
+from typing import Any
+
+from interp.errors import ConfigError, InterpError, TaskError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,10 +38,6 @@ def _checked(convert, ok, expected: str):
 
 _positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
 _nonneg_int = _checked(int, lambda v: v >= 0, "a non-negative integer")
-_positive_float = _checked(float, lambda v: v > 0, "a positive number")
-_fraction = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
-_threshold = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-_nonneg_float = _checked(float, lambda v: v >= 0, "a non-negative number")
 
 
 def _add_common(p, threads: bool = True) -> None:
@@ -44,60 +48,54 @@ def _add_common(p, threads: bool = True) -> None:
                             "between thread counts, and on a loaded machine fewer threads can be much faster")
 
 
-def _add_model_and_training_options(p, TASKS) -> None:
-    """The task, model and training options shared by ``train`` and ``sweep``."""
-    p.add_argument("task", help="task name: " + ", ".join(sorted(TASKS)))
+def _option_type(opt):
+    """An argparse type for an option (:class:`interp.options.Option`): its text parsed as the option's type,
+    errors as argparse errors (one line)."""
+
+    def parse(text: str):
+        try:
+            return opt.parse(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = opt.type.__name__
+    return parse
+
+
+def _add_option(p, opt, *, help_default: str = "") -> None:
+    """One model or training option as a flag (default None: the task's default, then the dataclass's)."""
+    text = opt.help + (f" (default: {help_default})" if help_default else "")
+    if opt.type is bool:
+        p.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        return
+    choices = None
+    if opt.choices is not None:
+        choices = list(opt.choices) + ([opt.none] if opt.optional else [])
+    p.add_argument(opt.flag, dest=opt.name, type=_option_type(opt) if choices is None else str, choices=choices,
+                   default=None, metavar=None if choices else opt.name.upper(), help=text)
+
+
+def _model_and_training_options(p, task_names) -> None:
+    """The task, model and training options shared by ``train`` and ``sweep``, from the config dataclasses."""
+    from interp.configs import ModelSpec, TrainConfig
+    from interp.options import options
+
+    p.add_argument("task", help="task name: " + ", ".join(sorted(task_names)))
     p.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
                    help="task parameter, e.g. --set train_size=2000 --set 'test_lengths=[151,300]' (repeatable)")
-    p.add_argument("--d-model", type=_positive_int)
-    p.add_argument("--n-heads", type=_positive_int)
-    p.add_argument("--d-head", type=_positive_int)
-    p.add_argument("--n-layers", type=_positive_int)
-    p.add_argument("--positional", choices=["none", "standard", "shortformer", "rotary", "random", "abacus"],
-                   help="positional embedding: none (zeroed, frozen), standard (added to the residual stream), "
-                        "shortformer (into queries and keys only), rotary, random (randomised positions in training), "
-                        "abacus (index of a digit within its number; see interp.positions); default: the task's")
-    p.add_argument("--output-matrix", choices=["identity", "learned"],
-                   help="default: the task's (identity when n_heads*d_head == d_model, else learned)")
-    p.add_argument("--epochs", type=_positive_int, default=None, help="default: the task's")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's (128)")
-    p.add_argument("--lr", type=_positive_float, default=None, help="default: the task's (1e-3)")
-    p.add_argument("--weight-decay", type=_nonneg_float, default=None, help="default: the task's (0.01)")
-    p.add_argument("--dropout", type=_fraction, default=None, help="default: the task's (0.1)")
-    p.add_argument("--dropout-at", choices=["embedding+attention", "attention"], default=None,
-                   help="where dropout goes (default embedding+attention; 'attention' allows the O(vocab) batched "
-                        "forward of interp.population)")
-    p.add_argument("--patience", type=_positive_int, default=None, help="stop after this many epochs without a better validation accuracy")
-    p.add_argument("--keep", choices=["best", "first-best", "last"], default=None,
-                   help="the model written: best (default: highest validation accuracy, ties by lower validation loss), "
-                        "first-best (the first epoch at the highest validation accuracy) or last (the final epoch)")
+    for opt in options(ModelSpec).values():
+        _add_option(p, opt, help_default="the task's")
+    for opt in options(TrainConfig).values():
+        if opt.name not in ("halving", "save_every"):  # train and sweep take these differently
+            _add_option(p, opt, help_default="the task's")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tasks import TASKS  # the table only: no task module (and no torch) is imported
+    from tasks import TASKS  # the table only: no task module is imported
 
     p = _Parser(prog="interp", description="Train, evaluate and take apart small transformers on algorithmic tasks.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    t = sub.add_parser("train", help="train a model on a task and write a .safetensors checkpoint")
-    _add_model_and_training_options(t, TASKS)
-    t.add_argument("--halving", choices=["random", "svc", "learned", "shapley-svc", "shapley-learned", "mask-all-but-one"],
-                   default=None, help="halving heads (seed 000 §5.5): when validation accuracy reaches the threshold, "
-                                      "mask half of the active heads, keeping the best by this strategy; repeat until one "
-                                      "head is left (mask-all-but-one: a-1 heads masked from the start)")
-    t.add_argument("--halving-threshold", type=_threshold, default=None,
-                   help="validation accuracy that triggers a halving step (default 0.95)")
-    t.add_argument("--save-every", type=_positive_int, default=None, help="epochs between resume files (default 5)")
-    t.add_argument("--seed", type=_nonneg_int, default=None, help="default 0")
-    t.add_argument("--snapshots", type=_positive_int, default=None, metavar="N",
-                   help="also write a checkpoint every N epochs into OUT.snapshots/ (a task suite may then compute "
-                        "progress measures from them into the checkpoint's history)")
-    t.add_argument("--out", default=None, help="checkpoint path (default: runs/TASK-seedN.safetensors)")
-    t.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run from its resume file (its options are read from that file)")
-    t.add_argument("--restart", action="store_true", help="delete an interrupted run's resume file and start over")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_common(t)
+    _train_parser(sub, TASKS)
 
     e = sub.add_parser("eval", help="accuracy of a checkpoint on every split")
     e.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
@@ -107,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--splits", default=None, metavar="S1,S2",
                    help="only these splits, e.g. --splits test,val (default: every split of the task)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--quiet", action="store_true", help="only the table (or the JSON): no header line")
     _add_common(e)
 
     a = sub.add_parser("analyze", help="analysis summary of a checkpoint (the task's analysis suite)")
@@ -122,13 +121,52 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(r)
 
+    _sweep_parser(sub, TASKS)
+
+    tb = sub.add_parser("table", help="Table 1 of a sweep directory: per configuration and strategy, the share of runs "
+                                      "at 100%% and >= 98%% test accuracy with Wilson 95%% intervals, and the mean")
+    tb.add_argument("directory", help="a sweep directory (written by interp sweep)")
+    tb.add_argument("--split", default="test")
+    tb.add_argument("--threshold", dest="thresholds", type=_checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+                    action="append", default=None, help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)")
+    tb.add_argument("--json", action="store_true", help="print JSON rows")
+
+    sub.add_parser("list", help="list tasks and shipped checkpoints")
+    _shapley_parser(sub)
+    return p
+
+
+def _train_parser(sub, task_names) -> None:
+    from interp.configs import STRATEGIES
+
+    t = sub.add_parser("train", help="train a model on a task and write a .safetensors checkpoint")
+    _model_and_training_options(t, task_names)
+    t.add_argument("--halving", choices=STRATEGIES, default=None,
+                   help="halving heads (Fraknói 2024, §5.5): when validation accuracy reaches the threshold, mask half "
+                        "of the active heads, keeping the best by this strategy; repeat until one head is left "
+                        "(mask-all-but-one: a-1 heads masked from the start)")
+    t.add_argument("--save-every", type=_positive_int, default=None, help="epochs between resume files (default 5)")
+    t.add_argument("--seed", type=_nonneg_int, default=None, help="default 0")
+    t.add_argument("--snapshots", type=_positive_int, default=None, metavar="N",
+                   help="also write a checkpoint every N epochs into OUT.snapshots/ (a task suite may then compute "
+                        "progress measures from them into the checkpoint's history)")
+    t.add_argument("--out", default=None, help="checkpoint path (default: runs/TASK-seedN.safetensors)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its resume file (its options are read from that file)")
+    t.add_argument("--restart", action="store_true", help="delete an interrupted run's resume file and start over")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_common(t)
+
+
+def _sweep_parser(sub, task_names) -> None:
     sw = sub.add_parser("sweep", help="train many seeds x a grid of configurations into one directory (resumable)",
                         description="interp sweep TASK [options] --out DIR trains the sweep into DIR; "
                                     "interp sweep DIR --status says what is done, interp sweep DIR --resume continues it.")
-    _add_model_and_training_options(sw, TASKS)
+    _model_and_training_options(sw, task_names)
     sw.add_argument("--seeds", default="0..9", help="'A..B' (inclusive) or a comma-separated list (default 0..9)")
     sw.add_argument("--grid", nargs="*", default=[], metavar="KEY=V1,V2",
-                    help="options to vary, e.g. --grid d_model=8,32 n_heads=4,16 lr=1e-3,3e-3")
+                    help="options to vary (any model or training option above, e.g. --grid d_model=8,32 n_heads=4,16 "
+                         "lr=1e-3,3e-3 normalization=none,LN)")
     sw.add_argument("--out", default=None, help="the sweep directory (runs/, results.jsonl, results.csv, sweep.json); "
                                                 "rerun to resume")
     sw.add_argument("--batch", dest="group", type=_positive_int, default=100, metavar="K",
@@ -137,7 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--halving", default=None, metavar="S1,S2",
                     help="halving strategies, comma-separated, each a row of Table 1: none (normal runs), random, svc, "
                          "learned, shapley-svc, shapley-learned, mask-all-but-one (e.g. --halving none,svc,shapley-svc)")
-    sw.add_argument("--halving-threshold", type=_threshold, default=None)
     sw.add_argument("--backend", choices=["local", "ray"], default="local",
                     help="local: batches one after another here; ray: each batch a Ray task (local Ray instance, or "
                          "--address of a running cluster)")
@@ -149,30 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "DIR/sweep.json; with the sweep's own arguments and --out it plans them)")
     sw.add_argument("--resume", action="store_true",
                     help="interp sweep DIR --resume: continue the sweep saved in DIR/sweep.json (a rerun of the "
-                         "original command resumes too)")
+                         "original command resumes too), rebuilding missing or damaged rows from the checkpoints")
     sw.add_argument("--compile", action="store_true",
                     help="torch.compile each population's token-count training step (--dropout-at attention; "
                          "~1.5x faster steps after seconds of compilation; needs a C++ compiler)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(sw)
 
-    tb = sub.add_parser("table", help="Table 1 of a sweep directory: per configuration and strategy, the share of runs "
-                                      "at 100%% and >= 98%% test accuracy with Wilson 95%% intervals, and the mean")
-    tb.add_argument("directory", help="a sweep directory (written by interp sweep)")
-    tb.add_argument("--split", default="test")
-    tb.add_argument("--threshold", dest="thresholds", type=_threshold, action="append", default=None,
-                    help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)")
-    tb.add_argument("--json", action="store_true", help="print JSON rows")
-
-    sub.add_parser("list", help="list tasks and shipped checkpoints")
-    _add_shapley_parser(sub)
-    return p
-
 
 def _parse_task_params(items: list[str]) -> dict:
     """``["train_size=2000", "test_lengths=[151,300]"]`` -> dict; values are JSON, else strings."""
-    from interp.errors import TaskError
-
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -185,9 +208,16 @@ def _parse_task_params(items: list[str]) -> dict:
     return params
 
 
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "dropout_at", "patience", "keep", "halving",
-              "halving_threshold")
-SPEC_KEYS = ("d_model", "n_heads", "d_head", "n_layers", "positional", "output_matrix")
+def _given(args, cls) -> dict[str, Any]:
+    """The options of ``cls`` given on the command line (None: not given), typed as the dataclass has them."""
+    from interp.options import options
+
+    out = {}
+    for name, opt in options(cls).items():
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = opt.parse(value) if isinstance(value, str) and opt.choices is not None else value
+    return out
 
 
 def _set_threads(args) -> None:
@@ -197,37 +227,24 @@ def _set_threads(args) -> None:
         torch.set_num_threads(args.threads)
 
 
-def _train_setup(args):
-    """(task, spec, config, out) of a new run from the options given and the task's defaults."""
+def _new_run(args, seed: int):
+    """(task, spec, config) of a new run from the options given and the task's defaults."""
     from interp.model import ModelSpec
     from interp.training import TrainConfig
     from tasks import get_task
 
     task = get_task(args.task, **_parse_task_params(args.task_params))
-    seed = 0 if args.seed is None else args.seed
-    spec_kw = task.default_spec()
-    for key in SPEC_KEYS:
-        if getattr(args, key) is not None:
-            spec_kw[key] = getattr(args, key)
-    if args.output_matrix is None and spec_kw.get("output_matrix") == "identity" \
-            and spec_kw["n_heads"] * spec_kw["d_head"] != spec_kw["d_model"]:
-        spec_kw["output_matrix"] = "learned"  # the seed's 64-head d=2 model: a trained W_O
-    spec = ModelSpec(**{**spec_kw, "init_seed": seed})
-    train_kw = dict(task.default_train())
-    for key in TRAIN_KEYS:
-        if getattr(args, key, None) is not None:
-            train_kw[key] = getattr(args, key)
-    cfg = TrainConfig(**{**train_kw, "seed": seed, "save_every": args.save_every or 5})
-    out = Path(args.out) if args.out else Path("runs") / f"{task.name}-seed{seed}.safetensors"
-    return task, spec, cfg, out
+    spec = ModelSpec(**{**task.default_spec(), **_given(args, ModelSpec), "init_seed": seed})
+    cfg = TrainConfig(**{**task.default_train(), **_given(args, TrainConfig), "seed": seed})
+    return task, spec, cfg
 
 
-def _resume_setup(args):
-    """(task, spec, config, out) of an interrupted run, from its resume file; options given on the command line
-    must agree with it, except the run options that may change (epochs, patience, save-every, keep)."""
-    from interp.errors import ConfigError
+def _resumed_run(args):
+    """(task, spec, config) of an interrupted run, from its resume file; options given on the command line must
+    agree with it, except the resumable ones (epochs, patience, save-every, keep), which change it."""
     from interp.model import ModelSpec
-    from interp.training import RUN_OPTIONS, TrainConfig, resume_options
+    from interp.options import options
+    from interp.training import TrainConfig, resume_options
     from tasks import get_task
 
     if not args.out:
@@ -239,16 +256,15 @@ def _resume_setup(args):
     for key, value in _parse_task_params(args.task_params).items():
         if saved["task"]["params"].get(key) != value:
             conflicts.append(f"--set {key}={json.dumps(value)} (the run has {json.dumps(saved['task']['params'].get(key))})")
-    for key in SPEC_KEYS:
-        given = getattr(args, key)
-        if given is not None and saved["spec"].get(key) != given:
-            conflicts.append(f"--{key.replace('_', '-')} {given} (the run has {saved['spec'].get(key)})")
+    spec = ModelSpec.from_dict(saved["spec"])
+    for key, given in _given(args, ModelSpec).items():
+        if getattr(spec, key) != given and not (key == "output_matrix" and spec.w_o == given):
+            conflicts.append(f"--{key.replace('_', '-')} {given} (the run has {getattr(spec, key)})")
     config = dict(saved["config"])
-    for key in TRAIN_KEYS + ("seed", "save_every"):
-        given = getattr(args, key)
-        if given is None:
-            continue
-        if key in RUN_OPTIONS:
+    resumable = {k for k, o in options(TrainConfig).items() if o.resumable}
+    given_cfg = {**_given(args, TrainConfig), **({"seed": args.seed} if args.seed is not None else {})}
+    for key, given in given_cfg.items():
+        if key in resumable:
             config[key] = given
         elif config.get(key) != given:
             conflicts.append(f"--{key.replace('_', '-')} {given} (the run has {config.get(key)})")
@@ -256,25 +272,36 @@ def _resume_setup(args):
         raise ConfigError("--resume: options contradict the interrupted run: " + "; ".join(conflicts)
                           + " (leave them out to continue it, or --restart to start over)")
     task = get_task(saved["task"]["name"], **saved["task"]["params"])
-    return task, ModelSpec.from_dict(saved["spec"]), TrainConfig(**config), Path(args.out)
+    return task, spec, TrainConfig(**config)
 
 
 def cmd_train(args) -> int:
+    from analyses import suite_for
+    from analyses.halving import scorer
     from interp.training import train
 
     _set_threads(args)
-    task, spec, cfg, out = _resume_setup(args) if args.resume else _train_setup(args)
-    if not args.out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    scorer = None
-    if cfg.halving is not None:
-        from analyses.halving import scorer as halving_scorer
-
-        scorer = halving_scorer(cfg.halving)
+    if args.resume:
+        task, spec, cfg = _resumed_run(args)
+        out = Path(args.out)
+    else:
+        seed = 0 if args.seed is None else args.seed
+        task, spec, cfg = _new_run(args, seed)
+        out = Path(args.out) if args.out else Path("runs") / f"{task.name}-seed{seed}.safetensors"
+        if not args.out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+    if args.snapshots and args.snapshots > cfg.epochs:
+        raise ConfigError(f"--snapshots {args.snapshots}: a snapshot every {args.snapshots} epochs in a run of "
+                          f"{cfg.epochs} epochs writes none; give N <= {cfg.epochs}")
+    suite = suite_for(task) if args.snapshots else None  # a task without a suite fails before training
     prov = train(task, spec, cfg, out, device=args.device, resume=args.resume, restart=args.restart,
-                 progress=not args.quiet, snapshot_every=args.snapshots, head_scorer=scorer)
-    if args.snapshots:
-        _finish_run(task, out, args.device)
+                 progress=not args.quiet, snapshot_every=args.snapshots, head_scorer=scorer(cfg.halving)
+                 if cfg.halving is not None else None)
+    if suite is not None:
+        snapshot_dir = out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
+        done = suite.finish_run(out, snapshot_dir, device=args.device)
+        if done is not None:
+            print(f"{task.name}: {done}")
     acc = prov["accuracy"]
     print(f"wrote {out}: kept epoch {prov['kept_epoch']}/{prov['epochs_run']} ({prov['kept']}), accuracy "
           + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
@@ -286,32 +313,15 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _finish_run(task, out, device) -> None:
-    """The task suite's ``finish_run(out, snapshot_dir)`` (e.g. progress measures from the snapshots), if it has one."""
-    from analyses import suite_for
-    from interp.errors import TaskError
-
-    try:
-        suite = suite_for(task)
-    except TaskError:
-        return
-    finish = getattr(suite, "finish_run", None)
-    if finish is not None:
-        snapshot_dir = out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
-        print(f"{task.name}: {finish(out, snapshot_dir, device=device)}")
-
-
 def cmd_eval(args) -> int:
-    from interp.checkpoint import load_checkpoint
-    from interp.evaluate import evaluate_splits
+    from interp.evaluation import evaluate_splits
+    from tasks import load_checkpoint
 
     _set_threads(args)
     params = _parse_task_params(args.task_params)
     ckpt = load_checkpoint(args.checkpoint, device=args.device, task_params=params or None)
     splits = None
     if args.splits:
-        from interp.errors import TaskError
-
         splits = [x.strip() for x in args.splits.split(",") if x.strip()]
         unknown = [x for x in splits if x not in ckpt.task.splits]
         if unknown or not splits:
@@ -322,22 +332,31 @@ def cmd_eval(args) -> int:
             "task": ckpt.task.name, "checkpoint": str(ckpt.path), "task_params": ckpt.task.params(),
             "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
         }))
-    else:
+        return 0
+    if not args.quiet:
         print(f"{ckpt.path} ({ckpt.task.name})" + (f", task parameters changed: {params}" if params else ""))
-        keys = list(next(iter(metrics.values())).keys())
-        print(f"{'split':<8}" + "".join(f"{k:>14}" for k in keys))
-        for split, m in metrics.items():
-            print(f"{split:<8}" + "".join(f"{m[k]:>14.4f}" for k in keys))
+    keys = list(next(iter(metrics.values())).keys())
+    print(f"{'split':<8}" + "".join(f"{k:>14}" for k in keys))
+    for split, m in metrics.items():
+        print(f"{split:<8}" + "".join(f"{m[k]:>14.4f}" for k in keys))
     return 0
+
+
+def _output(path: str | None, what: str):
+    """The checked, reserved output file ``path`` (a bad path fails before any work), or a no-op without one."""
+    from contextlib import nullcontext
+
+    from interp.files import AtomicFile
+
+    return AtomicFile(path, what) if path else nullcontext()
 
 
 def cmd_analyze(args) -> int:
     from analyses import suite_for
-    from interp.checkpoint import load_checkpoint
-    from interp.files import AtomicFile
+    from tasks import load_checkpoint
 
     _set_threads(args)
-    with AtomicFile(args.out, "the analysis JSON") if args.out else _nothing() as output:  # bad paths fail first
+    with _output(args.out, "the analysis JSON") as output:
         ckpt = load_checkpoint(args.checkpoint, device=args.device)
         result = suite_for(ckpt.task).analyze(ckpt)
         text = result.to_json()
@@ -347,16 +366,8 @@ def cmd_analyze(args) -> int:
     return 0
 
 
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-
 def cmd_report(args) -> int:
-    from interp.report import write_report, write_sweep_report
+    from interp.app.report import write_report, write_sweep_report
 
     _set_threads(args)
     if Path(args.checkpoint).is_dir():  # a sweep directory: its population report
@@ -368,22 +379,17 @@ def cmd_report(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from tasks import shipped_checkpoints, task_names
+    from tasks import CHECKPOINT_ALIASES, shipped_checkpoints, task_names
 
     print("tasks: " + ", ".join(task_names()))
     print("shipped checkpoints:")
     for name, path in shipped_checkpoints().items():
         print(f"  {name:<24} {path}")
-    from tasks import CHECKPOINT_ALIASES
-
     print("old names still accepted: " + ", ".join(f"{a} -> {b}" for a, b in CHECKPOINT_ALIASES.items()))
     return 0
 
 
 def cmd_sweep(args) -> int:
-    from interp.errors import ConfigError
-    from interp.sweeps import aligned, parse_grid, parse_seeds, planned_runs, run_sweep, sweep_status
-
     from tasks import TASKS
 
     directory = Path(args.task) if Path(args.task).is_dir() else None  # interp sweep DIR --status|--resume
@@ -392,67 +398,68 @@ def cmd_sweep(args) -> int:
     if directory is None and args.out is None:
         raise ConfigError("interp sweep TASK ... needs --out DIR (or: interp sweep DIR --status / --resume)")
     if args.status:
-        if directory is not None:
-            runs = planned_runs(directory)
-        else:
-            directory = Path(args.out)
-            args.seed, args.save_every = 0, None
-            task, spec, cfg, _ = _train_setup(args)
-            from interp.sweeps import plan
-
-            runs = plan(task, spec, cfg, parse_seeds(args.seeds), parse_grid(args.grid))
-        status = sweep_status(directory, runs)
-        keys = [k for k in status[0] if k not in ("runs", "done", "rows", "todo")] if status else []
-        cols = keys + ["runs", "done", "rows", "todo"]
-        print(aligned(cols, [[str(e[k]) for k in cols] for e in status]))
-        done, total = sum(e["done"] for e in status), sum(e["runs"] for e in status)
-        print(f"{directory}: {done} of {total} runs done, {total - done} to do")
-        results_only = sum(max(0, e["rows"] - e["done"]) for e in status)
-        if results_only:  # e.g. a shipped results table: rows without their checkpoints
-            print(f"{directory} holds {results_only} result rows without their checkpoints (a results table shipped "
-                  "without checkpoints?): interp table / interp report read them; --resume would train them again")
-        return 0
+        return _sweep_status(args, directory)
     _set_threads(args)
+    from interp.app.sweeps import parse_grid, parse_seeds, parse_strategies, resume_sweeps, run_sweep
+
+    run_kw = dict(group=args.group, device=args.device, progress=not args.quiet, backend=args.backend,
+                  ray_address=args.ray_address, threads=args.threads, compile=args.compile)
     if directory is not None:
         if not args.resume:
             raise ConfigError(f"{directory} is a directory: interp sweep DIR takes --status or --resume; a new sweep "
                               "is interp sweep TASK ... --out DIR")
-        from interp.model import ModelSpec
-        from interp.sweeps import read_plans
-        from tasks import get_task
-        from interp.training import TrainConfig
-        from analyses.halving import scorer
-
-        for p in read_plans(directory):  # every sweep into DIR, in order
-            run_sweep(get_task(p["task"], **p["task_params"]), ModelSpec(**p["spec"]), TrainConfig(**p["cfg"]),
-                      p["seeds"], p["grid"], directory, group=args.group, device=args.device, progress=not args.quiet,
-                      backend=args.backend, ray_address=args.ray_address, threads=args.threads, scorer_for=scorer,
-                      compile=args.compile)
+        resume_sweeps(directory, **run_kw)
         print(f"{directory}: resumed; `interp table {directory}` summarises it")
         return 0
-    else:
-        seeds, grid, out = parse_seeds(args.seeds), parse_grid(args.grid), args.out
-        if args.halving is not None:
-            if "halving" in grid:
-                raise ConfigError("give the halving strategies once: --halving S1,S2 or --grid halving=S1,S2")
-            strategies = parse_grid([f"halving={args.halving}"])["halving"]
-            args.halving = None
-            if strategies != [None]:
-                grid["halving"] = strategies
-        args.seed, args.save_every = seeds[0], None
-        task, spec, cfg, _ = _train_setup(args)
-    from analyses.halving import scorer  # the CLI wires interp to analyses: halving runs score heads with it
+    seeds, grid = parse_seeds(args.seeds), _sweep_grid(args, parse_grid, parse_strategies)
+    task, spec, cfg = _new_run(args, seeds[0])
+    rows = run_sweep(task, spec, cfg, seeds, grid, args.out, **run_kw)
+    print(f"{args.out}: {len(rows)} runs; `interp table {args.out}` summarises them")
+    return 0
 
-    rows = run_sweep(task, spec, cfg, seeds, grid, out, group=args.group, device=args.device,
-                     progress=not args.quiet, backend=args.backend, ray_address=args.ray_address,
-                     threads=args.threads, scorer_for=scorer, compile=args.compile)
-    print(f"{out}: {len(rows)} runs; `interp table {out}` summarises them")
+
+def _sweep_grid(args, parse_grid, parse_strategies) -> dict[str, list]:
+    """The sweep's grid: ``--grid``, with ``--halving S1,S2`` as the grid's halving strategies."""
+    grid = parse_grid(args.grid)
+    if args.halving is not None:
+        if "halving" in grid:
+            raise ConfigError("give the halving strategies once: --halving S1,S2 or --grid halving=S1,S2")
+        strategies = parse_strategies(args.halving)
+        if strategies != [None]:
+            grid["halving"] = strategies
+    return grid
+
+
+def _sweep_status(args, directory: Path | None) -> int:
+    """``interp sweep DIR --status`` (the saved plans) or ``interp sweep TASK ... --out DIR --status`` (this
+    sweep's plan): per configuration, the runs done and to do, with every key that differs between them."""
+    from interp.app.sweeps import parse_grid, parse_seeds, parse_strategies
+    from interp.sweep_directory import plan, planned_runs, sweep_status
+    from interp.visualize import aligned
+
+    if directory is not None:
+        runs = planned_runs(directory)
+    else:
+        directory = Path(args.out)
+        seeds = parse_seeds(args.seeds)
+        task, spec, cfg = _new_run(args, seeds[0])
+        runs = plan(task.name, task.params(), spec, cfg, seeds, _sweep_grid(args, parse_grid, parse_strategies))
+    status = sweep_status(directory, runs)
+    keys = [k for k in status[0] if k not in ("runs", "done", "rows", "todo")] if status else []
+    cols = keys + ["runs", "done", "rows", "todo"]
+    print(aligned(cols, [[str(e[k]) for k in cols] for e in status]))
+    done, total = sum(e["done"] for e in status), sum(e["runs"] for e in status)
+    print(f"{directory}: {done} of {total} runs done, {total - done} to do")
+    results_only = sum(max(0, e["rows"] - e["done"]) for e in status)
+    if results_only:  # e.g. a shipped results table: rows without their checkpoints
+        print(f"{directory} holds {results_only} result rows without their checkpoints (a results table shipped "
+              "without checkpoints?): interp table / interp report read them; --resume would train them again")
     return 0
 
 
 def cmd_table(args) -> int:
-    from interp.errors import ConfigError
-    from interp.sweeps import format_table, load_results, population_table
+    from analyses.populations import format_table, population_table
+    from interp.sweep_directory import load_results
 
     frame = load_results(args.directory)
     if frame.empty:
@@ -461,31 +468,25 @@ def cmd_table(args) -> int:
         raise ConfigError(f"--split {args.split!r}: the rows have no {args.split}_accuracy; splits: "
                           + ", ".join(c[:-9] for c in frame.columns if c.endswith("_accuracy") and "_" not in c[:-9]))
     table = population_table(frame, split=args.split, thresholds=tuple(args.thresholds or (1.0, 0.98)))
-    if args.json:
-        print(json.dumps(table))
-        return 0
-    print(format_table(table))
+    print(json.dumps(table) if args.json else format_table(table))
     return 0
 
 
-# ---- interp shapley (issue 10): Shapley values of heads -------------------------------------------------------
-
-SHAPLEY_VALUES = ("learned-accuracy", "separation", "loss", "logit-diff")
-
-
-def _add_shapley_parser(sub) -> None:
+# ---- interp shapley: Shapley values of heads ------------------------------------------------------------------------
+def _shapley_parser(sub) -> None:
     s = sub.add_parser("shapley", help="Shapley values, Banzhaf values and pairwise interactions of heads")
     s.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
-    s.add_argument("--value", choices=SHAPLEY_VALUES, default="learned-accuracy",
-                   help="v(S) on the test split: learned accuracy (heads outside S ablated), separation accuracy "
-                        "(linear SVC on the outputs of S, fitted on the train split), answer loss, or logit "
-                        "difference (default: learned-accuracy)")
+    s.add_argument("--value", default="learned-accuracy", metavar="VALUE",
+                   help="v(S) on the test split: learned-accuracy (heads outside S ablated), separation (linear SVC "
+                        "on the outputs of S, fitted on the train split), answer-loss (cross-entropy at the answer "
+                        "position; lower is better), or logit-diff (default: learned-accuracy)")
     s.add_argument("--heads", nargs="+", default=None, metavar="HEAD",
                    help="the players, e.g. --heads L0H1 L0H8 0.9 (default: every head; exact values take at most 24)")
     s.add_argument("--ablation", choices=["zero", "mean"], default="zero", help="how heads outside S are removed")
-    s.add_argument("--samples", type=_positive_int, default=None,
-                   help="estimate from this many random permutations (with a standard error per head) instead of "
-                        "all 2^n coalitions")
+    s.add_argument("--samples", type=_checked(int, lambda v: v >= 2, "at least 2 permutations (a standard error "
+                                                                     "needs two)"), default=None,
+                   help="estimate from this many random permutations (at least 2; with a standard error per head) "
+                        "instead of all 2^n coalitions")
     s.add_argument("--seed", type=_nonneg_int, default=0, help="permutation seed for --samples (default 0)")
     s.add_argument("--solver", choices=["torch", "sklearn"], default="torch",
                    help="separation value: batched torch solver (default) or one scikit-learn LinearSVC per coalition")
@@ -498,16 +499,16 @@ def _add_shapley_parser(sub) -> None:
 def cmd_shapley(args) -> int:
     import time
 
-    from analyses.shapley import sampled_shapley, shapley
     from analyses.coalitions import coalition_values
-    from interp.checkpoint import load_checkpoint
-    from interp.files import AtomicFile
+    from analyses.shapley import sampled_shapley, shapley
+    from tasks import load_checkpoint
 
     _set_threads(args)
-    with AtomicFile(args.out, "the Shapley JSON") if args.out else _nothing() as output:  # bad paths fail first
+    with _output(args.out, "the Shapley JSON") as output:
         ckpt = load_checkpoint(args.checkpoint, device=args.device)
         task = ckpt.task
-        kw = dict(value=args.value, heads=args.heads, ablation=args.ablation, task=task, solver=args.solver)
+        kw = dict(value=args.value, heads=args.heads, ablation=args.ablation, task=task, solver=args.solver,
+                  progress=not args.quiet and not args.json)
         if args.value == "separation":
             kw["train"] = task.dataset("train")
         test = task.dataset("test")
@@ -515,7 +516,7 @@ def cmd_shapley(args) -> int:
         if args.samples:
             result = sampled_shapley(ckpt.model, test, samples=args.samples, seed=args.seed, **kw)
         else:
-            result = shapley(coalition_values(ckpt.model, test, progress=not args.quiet and not args.json, **kw))
+            result = shapley(coalition_values(ckpt.model, test, **kw))
         result.info["seconds"] = round(time.perf_counter() - t0, 3)
         result.info["checkpoint"] = str(ckpt.path)
         text = result.to_json()
@@ -535,10 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    from interp.errors import InterpError
-
     handler = COMMANDS[args.command]
-    import signal
 
     def terminated(signum, frame):  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed
         raise KeyboardInterrupt
@@ -561,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interp: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
-        print(f"interp: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"interp: error: {e.strerror or e}{where}", file=sys.stderr)
         return 1
     finally:
         if previous is not None:

@@ -1,11 +1,7 @@
-"""The self-contained HTML report of a checkpoint (``interp report CHECKPOINT --out report.html``).
-
-:class:`Report` is the page builder the analysis suites write into (``section``, ``text``, ``table``,
-``figure``, ``attention``). The finished page inlines plotly.js once and the circuitsvis bundle once, and
-a Content-Security-Policy forbids every fetch: it opens offline in any browser.
-
-:func:`write_report` assembles the whole page: the model card, the task suite's sections, and the
-attention patterns of all heads on a few examples; it writes the file atomically.
+"""Whole reports, assembled: ``interp report CHECKPOINT`` (the model card, the task suite's sections and the
+attention patterns of every head on a few examples) and ``interp report DIR`` (a sweep directory: Table 1, the
+accuracy figures and the task suite's population sections), each one self-contained page
+(:class:`interp.report_page.Report`) written atomically.
 """
 
 from __future__ import annotations
@@ -15,156 +11,25 @@ import json
 import numbers
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from .errors import InterpError
-from .files import AtomicFile, atomic_write_text
-from .visualize import escape_text as _escape_text
-from .visualize import render_table
+from analyses import suite_for
+from interp.checkpoint import Checkpoint
+from interp.errors import InterpError, TaskError
+from interp.files import AtomicFile
+from interp.report_page import Report
+from interp.visualize import render_table
+from tasks import get_task, load_checkpoint
 
-# Nothing may be fetched: scripts and styles are inline, images only data:/blob: URLs.
-CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
-       "img-src data: blob:; font-src data:; worker-src blob:; connect-src 'none'")
-
-CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1200px;
-       padding: 16px 28px 60px; color: #1d2330; line-height: 1.45; }
-h1 { margin-bottom: 4px; } h2 { margin-top: 40px; border-bottom: 1px solid #d5dae3; padding-bottom: 4px; }
-.subtitle, .caption, .note { color: #5b6475; } .caption { font-size: 0.92em; margin: 2px 0 18px; }
-.note { font-style: italic; }
-nav ol { columns: 2; } nav a { color: #2952a3; text-decoration: none; }
-table.data { border-collapse: collapse; margin: 8px 0 4px; font-size: 0.92em; }
-table.data caption { caption-side: bottom; text-align: left; color: #5b6475; padding-top: 4px; }
-table.data th, table.data td { border-bottom: 1px solid #e3e7ee; padding: 3px 10px; text-align: left; }
-table.data th { background: #f3f5f9; } table.data td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.figure { margin: 8px 0; overflow-x: auto; }
-.cards { display: flex; flex-wrap: wrap; gap: 8px 40px; align-items: flex-start; }
-"""
+if TYPE_CHECKING:
+    from .task import Task
 
 
-@dataclass
-class _Section:
-    title: str
-    anchor: str
-    parts: list[str]
-
-
-class Report:
-    """An HTML page built from sections of plain text, tables, plotly figures and attention views.
-
-    Analysis suites add content only through :meth:`section`, :meth:`text`, :meth:`table`,
-    :meth:`figure` and :meth:`attention`; :meth:`html` renders the page and :meth:`save` writes it."""
-
-    def __init__(self, title: str = "interp report", subtitle: str = ""):
-        self.title = title
-        self.subtitle = subtitle
-        self.sections: list[_Section] = []
-        self.n_figures = 0
-        self.n_attention = 0
-        self.on_section = None  # called with each new section's title (the progress bar shows it)
-
-    # -- the builder methods the suites use ---------------------------------------------------------
-    def section(self, title: str, intro: str = "") -> None:
-        """Start a new section; ``intro`` is plain text saying what it shows."""
-        anchor = f"s{len(self.sections) + 1}"
-        if self.on_section is not None:
-            self.on_section(str(title))
-        self.sections.append(_Section(str(title), anchor, []))
-        if intro:
-            self._add(f'<p class="intro">{_escape_text(intro)}</p>')
-
-    def text(self, text: str) -> None:
-        """A paragraph of plain text (escaped; blank lines separate paragraphs)."""
-        for para in str(text).split("\n\n"):
-            if para.strip():
-                self._add(f"<p>{_escape_text(para)}</p>")
-
-    def table(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, caption: str = "",
-              formats: Mapping[str, str] | None = None) -> None:
-        """A table with one row per mapping; ``columns`` picks and orders the columns (default: the keys in
-        first-seen order); ``formats`` maps a column to a format spec such as ``".3f"``."""
-        self._add(render_table(rows, columns, caption, formats))
-
-    def figure(self, fig, caption: str = "") -> None:
-        """A plotly figure (interactive; plotly.js is inlined once for the whole page)."""
-        if not hasattr(fig, "to_html") or not hasattr(fig, "to_plotly_json"):
-            raise InterpError(f"report.figure expects a plotly Figure, got {type(fig).__name__}")
-        self.n_figures += 1
-        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{self.n_figures}",
-                          config={"displaylogo": False, "responsive": True})
-        self._add(f'<div class="figure">{div}</div>' + _caption(caption))
-
-    def result(self, result, caption: str = "") -> None:
-        """An analysis result (:class:`interp.results.Result`): its table and its figure, where it has them."""
-        table = result.table_html()
-        if table:
-            self._add(table)
-        fig = result.figure()
-        if fig is not None:
-            self.figure(fig, caption)
-        elif caption:
-            self._add(_caption(caption))
-
-    def attention(self, view, caption: str = "") -> None:
-        """An interactive circuitsvis attention view (:class:`interp.visualize.AttentionView`)."""
-        from .visualize import AttentionView
-
-        if not isinstance(view, AttentionView):
-            raise InterpError(f"report.attention expects an interp.visualize.AttentionView, got {type(view).__name__}")
-        self.n_attention += 1
-        self._add(f'<div class="figure">{view.body_html()}</div>' + _caption(caption))
-
-    # -- output -------------------------------------------------------------------------------------
-    def _add(self, markup: str) -> None:
-        if not self.sections:
-            self.sections.append(_Section("", "s0", []))
-        self.sections[-1].parts.append(markup)
-
-    def html(self) -> str:
-        """The complete page: one file, every script inline, no external reference."""
-        from .visualize import circuitsvis_bundle
-
-        scripts = []
-        if self.n_figures:
-            from plotly.offline import get_plotlyjs
-
-            scripts.append(f'<script type="text/javascript">{get_plotlyjs()}</script>')
-        if self.n_attention:
-            scripts.append(f"<script>{circuitsvis_bundle()}</script>")
-        titled = [s for s in self.sections if s.title]
-        nav = ("<nav><ol>" + "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in titled)
-               + "</ol></nav>") if len(titled) > 1 else ""
-        body = "".join(
-            (f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>' if s.title else f'<section id="{s.anchor}">')
-            + "".join(s.parts) + "</section>"
-            for s in self.sections
-        )
-        subtitle = f'<p class="subtitle">{_escape_text(self.subtitle)}</p>' if self.subtitle else ""
-        return (
-            "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>{html.escape(self.title)}</title><style>{CSS}</style>{''.join(scripts)}</head>"
-            f"<body><h1>{html.escape(self.title)}</h1>{subtitle}{nav}{body}</body></html>\n"
-        )
-
-    def save(self, path) -> Path:
-        """Write :meth:`html` to ``path`` atomically (a temp file in the same folder, then a rename)."""
-        return atomic_write_text(path, self.html(), "the report")
-
-
-def _caption(caption: str) -> str:
-    return f'<p class="caption">{_escape_text(caption)}</p>' if caption else ""
-
-
-# -- writing ----------------------------------------------------------------------------------------
 def write_report(checkpoint, out, device: str | None = None, progress: bool = True) -> Path:
     """Build the report of ``checkpoint`` (a path, a shipped name, or a loaded :class:`Checkpoint`) and
     write it to ``out`` atomically. Bad paths and checkpoints fail before any work, leaving no file."""
-    from .checkpoint import Checkpoint, load_checkpoint
-
     with AtomicFile(out, "the report") as output:  # an unwritable path fails before any work
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint, device=device)
         report = build_report(ckpt, progress=progress)
@@ -199,7 +64,7 @@ def build_report(ckpt, progress: bool = True) -> Report:
 
 def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
     """Task, model spec, training provenance, and accuracy on every split (evaluated now)."""
-    from .evaluate import evaluate_splits
+    from interp.evaluation import evaluate_splits
 
     meta = ckpt.metadata
     task_meta = meta.get("task", {})
@@ -231,7 +96,7 @@ def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
     prov_table = (render_table([{"field": k, "value": _short(v)} for k, v in prov.items()],
                                caption="Training provenance, as recorded in the checkpoint")
                   if prov else '<p class="note">This checkpoint records no training provenance.</p>')
-    report._add(f'<div class="cards">{spec_table}{prov_table}</div>')
+    report.add_html(f'<div class="cards">{spec_table}{prov_table}</div>')
     add_learning_curve(training, report)
 
 
@@ -255,12 +120,8 @@ def add_learning_curve(training: Mapping[str, Any], report: Report) -> None:
 
 
 def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
-    """The task's own analysis sections (``analyses.suites``), or a note when the task has no suite."""
-    from .errors import TaskError
-
+    """The task's own analysis sections (its suite's), or a note when the task has no suite."""
     try:
-        from analyses import suite_for  # only the report and the CLI wire interp to analyses
-
         suite = suite_for(ckpt.task)
     except TaskError as e:
         report.section("Analyses", "")
@@ -269,7 +130,7 @@ def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
     suite.add_report_sections(ckpt, report, progress)
 
 
-def pick_examples(task, n: int = 3, target_len: int = EXAMPLE_TOKENS, max_len: int = 64):
+def pick_examples(task: Task, n: int = 3, target_len: int = EXAMPLE_TOKENS, max_len: int = 64):
     """A few examples for attention views, deterministic: held-out splits first (test, then val, then train), among
     examples of at most ``max_len`` tokens (longer views are unreadable), nearest ``target_len`` tokens, one per
     label first. Returns ``([(split, index, TaskData of one example)], why)``, ``why`` saying which split was used and
@@ -312,7 +173,7 @@ def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples
     """Attention patterns of every head on a few examples (interactive circuitsvis views)."""
     import torch
 
-    from .visualize import attention_view
+    from interp.visualize import attention_view
 
     model, task = ckpt.model, ckpt.task
     cfg = model.cfg
@@ -360,9 +221,9 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     """The :class:`Report` of a sweep: what ran, Table 1 (shares at 100% and >= 98% with Wilson 95% intervals),
     1 - CDF of test accuracy per configuration, Figure 2 when the sweep varies d_model or n_heads, Figure 3 when it
     varies the learning rate, then the task suite's ``add_sweep_sections`` (when its suite has one)."""
-    from .errors import TaskError
-    from .population_figures import accuracy_survival, grid_accuracy, lr_accuracy
-    from .sweeps import PLAN, format_table, load_results, population_table, read_plans
+    from analyses.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
+    from analyses.populations import format_table, population_table
+    from interp.sweep_directory import PLAN, checkpoint_path, load_results, read_plans
 
     directory = Path(directory)
     frame = load_results(directory)
@@ -373,9 +234,7 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     if plan:
         task_name, task_params = plan["task"], plan["task_params"]
     else:  # a sweep written before sweep.json: the task as its first checkpoint records it
-        from .checkpoint import read_metadata
-
-        from .sweeps import checkpoint_path
+        from interp.checkpoint import read_metadata
 
         meta = read_metadata(checkpoint_path(directory, frame.iloc[0]))["task"]
         task_name, task_params = meta["name"], meta.get("params", {})
@@ -392,44 +251,36 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     report.text(f"{len(frame)} finished runs; training wall time {wall:.0f} s (the rows' wall_seconds, each batched "
                 "population's time counted once).")
     table = population_table(frame)
-    report.section("Table 1", "Seed 000 Table 1 per configuration and halving strategy: runs, the share of runs "
+    report.section("Table 1", "Table 1 of Fraknói 2024 per configuration and halving strategy: runs, the share of runs "
                    "reaching 100% and >= 98% test accuracy, each with its Wilson 95% interval, and the mean test "
                    "accuracy. A halving run that does not end with one head counts 0.")
-    report._add(f"<pre>{html.escape(format_table(table))}</pre>")
+    report.add_html(f"<pre>{html.escape(format_table(table))}</pre>")
     report.section("Test accuracy, 1 - CDF", "The share of runs at or above each test accuracy, one curve per "
-                   "configuration and strategy (seed 000 Figure 9, left: 1 vs 64 heads; Figure 11: halving strategies).")
+                   "configuration and strategy (Fraknói 2024, Figure 9, left: 1 vs 64 heads; Figure 11: halving strategies).")
     surv = accuracy_survival(frame)
     report.figure(surv.figure(), caption="All runs; at x = 1 the curve is Table 1's share at 100%.")
-    report.figure(surv.figure(x_min=0.98), caption="The same, on [0.98, 1] as the seed plots it.")
+    report.figure(surv.figure(x_min=0.98), caption="The same, on [0.98, 1] as the thesis plots it.")
     if "strategy" in frame and frame["strategy"].nunique() > 1:  # Figure 11: the strategies of one shape together
         for (d, h), members in frame.groupby(["d_model", "n_heads"], sort=False):
             if members["strategy"].nunique() > 1:
                 report.figure(accuracy_survival(members).figure(x_min=0.98),
                               caption=f"d_model = {d}, n_heads = {h}: the halving strategies on [0.98, 1] "
-                                      "(seed 000 Figure 11).")
+                                      "(Fraknói 2024, Figure 11).")
     grid = grid_accuracy(frame)
     if len(grid.d_models) * len(grid.n_heads) > 1:
-        report.section("Accuracy over d_model and n_heads", "Seed 000 Figure 2: normal runs (no halving) per cell of "
+        report.section("Accuracy over d_model and n_heads", "Fraknói 2024, Figure 2: normal runs (no halving) per cell of "
                        "the grid, other options pooled.")
         report.result(grid)
     lrs = lr_accuracy(frame)
     if lrs.varies:
-        report.section("Accuracy over learning rates", "Seed 000 Figure 3: each run's test accuracy and the mean, "
+        report.section("Accuracy over learning rates", "Fraknói 2024, Figure 3: each run's test accuracy and the mean, "
                        "per configuration, against its learning rate.")
         report.figure(lrs.figure())
     try:
-        from analyses import suite_for  # only the report and the CLI wire interp to analyses
-        from tasks import get_task
-
         suite = suite_for(get_task(task_name, **task_params))
     except TaskError as e:
         report.section("Population analyses", "")
         report.text(f"No task-specific sections: {e}.")
         return report
-    add = getattr(suite, "add_sweep_sections", None)
-    if add is None:
-        report.section("Population analyses", "")
-        report.text(f"The {task_name} suite has no population sections.")
-    else:
-        add(directory, report, progress)
+    suite.add_sweep_sections(directory, report, progress)
     return report

@@ -1,7 +1,7 @@
-"""Figures over a population of runs (a sweep's rows, :func:`interp.sweeps.load_results`), as results.
+"""Figures over a population of runs (a sweep's rows, :func:`interp.sweep_directory.load_results`), as results.
 
 - :class:`Survival`: 1 - CDF of a value per group, i.e. the share of the group at or above each value. Test accuracy
-  per configuration and strategy (:func:`accuracy_survival`: seed 000 Figure 9 left, 1 vs 64 heads, and Figure 11,
+  per configuration and strategy (:func:`accuracy_survival`: Fraknói 2024, Figure 9 left, 1 vs 64 heads, and Figure 11,
   the halving strategies), or any per-head value (the census of a task's heads draws separation accuracy with it:
   Figure 9 right).
 - :class:`GridAccuracy`: the share of runs at 100% and the mean test accuracy over the d_model x n_heads grid
@@ -9,7 +9,7 @@
 - :class:`LearningRateAccuracy`: test accuracy against the learning rate, per configuration (Figure 3).
 
 Every figure is built from the rows alone (nothing is loaded or trained); a failed halving run counts 0, as in the
-table (:func:`interp.sweeps.scores`).
+table (:func:`analyses.populations.scores`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .results import Result, jsonable
+from interp.results import Result, jsonable
 
 
 def _label(config: dict[str, Any]) -> str:
@@ -73,12 +73,12 @@ class Survival(Result):
 def accuracy_survival(frame, split: str = "test") -> Survival:
     """1 - CDF of each run's ``split`` accuracy, one curve per configuration and strategy (the columns that vary,
     with d_model, n_heads and strategy)."""
-    from .sweeps import config_columns, groups, scores
+    from .populations import config_columns, groups, scores
 
     keys, shown = config_columns(frame)
     score = scores(frame, split)
     curves = {_label({k: c[k] for k in shown}): score.loc[members.index].tolist() for c, members in groups(frame, keys)}
-    return Survival(curves, title=f"1 - CDF of {split} accuracy per configuration (seed 000 Figures 9 and 11)",
+    return Survival(curves, title=f"1 - CDF of {split} accuracy per configuration (Fraknói 2024, Figures 9 and 11)",
                     xlabel=f"{split} accuracy", unit="runs")
 
 
@@ -93,7 +93,7 @@ class GridAccuracy(Result):
     mean: list[list[float]]
     split: str = "test"
     strategy: str = "normal"
-    val_mean: list[list[float]] | None = None  # mean validation accuracy (the seed's Figure 2 shows both)
+    val_mean: list[list[float]] | None = None  # mean validation accuracy (the thesis's Figure 2 shows both)
 
     @property
     def cells(self) -> int:
@@ -121,12 +121,12 @@ class GridAccuracy(Result):
                                      showscale=col == len(panels)), row=1, col=col)
             fig.update_xaxes(title_text="n_heads", type="category", row=1, col=col)
             fig.update_yaxes(title_text="d_model", type="category", row=1, col=col)
-        fig.update_layout(title=f"Accuracy over the d_model x n_heads grid ({self.strategy} runs; seed 000 Figure 2)",
+        fig.update_layout(title=f"Accuracy over the d_model x n_heads grid ({self.strategy} runs; Fraknói 2024, Figure 2)",
                           template="plotly_white", width=430 * len(panels), height=420)
         return fig
 
     def table_html(self) -> str:
-        from .visualize import render_table
+        from interp.visualize import render_table
 
         rows = [{"d_model": d, "n_heads": h, "runs": self.runs[i][j], "share at 100%": self.share[i][j],
                  "mean": self.mean[i][j]} for i, d in enumerate(self.d_models) for j, h in enumerate(self.n_heads)
@@ -136,7 +136,7 @@ class GridAccuracy(Result):
 
 def grid_accuracy(frame, split: str = "test", strategy: str = "normal") -> GridAccuracy:
     """Figure 2: the runs of ``strategy`` over d_model x n_heads (other options pooled)."""
-    from .sweeps import scores
+    from .populations import scores
 
     rows = frame[frame["strategy"] == strategy] if "strategy" in frame else frame
     score = scores(rows, split) if len(rows) else rows.get(f"{split}_accuracy")
@@ -184,7 +184,7 @@ class LearningRateAccuracy(Result):
                                      mode="markers", name=f"{label}: runs", marker=dict(size=6, opacity=0.6)))
             fig.add_trace(go.Scatter(x=lrs, y=[sum(by[lr]) / len(by[lr]) for lr in lrs], mode="lines+markers",
                                      name=f"{label}: mean"))
-        fig.update_layout(title=f"{self.split} accuracy over learning rates (seed 000 Figure 3)",
+        fig.update_layout(title=f"{self.split} accuracy over learning rates (Fraknói 2024, Figure 3)",
                           xaxis_title="learning rate", yaxis_title=f"{self.split} accuracy", template="plotly_white",
                           width=760, height=420)
         fig.update_xaxes(type="log")
@@ -193,7 +193,7 @@ class LearningRateAccuracy(Result):
 
 def lr_accuracy(frame, split: str = "test") -> LearningRateAccuracy:
     """Figure 3: each configuration's runs (the varying columns except lr) against their learning rate."""
-    from .sweeps import config_columns, groups, scores
+    from .populations import config_columns, groups, scores
 
     keys, shown = config_columns(frame)
     keys = [k for k in keys if k != "lr"]

@@ -1,0 +1,201 @@
+"""The configuration of a run, as plain data: the model spec (:class:`ModelSpec`: everything that rebuilds a
+model's architecture) and the training recipe (:class:`TrainConfig`).
+
+Both are frozen dataclasses that check their values on construction (one ConfigError naming the bad ones) and
+describe their user options on their fields (:mod:`interp.options`), from which the command line, sweep grids and
+results tables are built. This module imports no torch, so ``interp --help`` is instant; the model is built by
+:mod:`interp.model` and trained by :mod:`interp.training`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .errors import ConfigError
+from .options import option
+
+POSITIONAL = ("none", "standard", "shortformer", "rotary", "random", "abacus")  # see interp.positions
+OUTPUT_MATRIX = ("identity", "learned")
+NORMALIZATION = (None, "LN", "LNPre", "RMS", "RMSPre")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild a model's architecture (weights come from training or a file)."""
+
+    d_vocab: int
+    n_ctx: int
+    n_layers: int = field(default=1, metadata=option("layers"))
+    d_model: int = field(default=32, metadata=option("width of the residual stream (the thesis's d)"))
+    n_heads: int = field(default=16, metadata=option("attention heads per layer (the thesis's a)"))
+    d_head: int = field(default=2, metadata=option("dimension of each head's queries, keys and values"))
+    d_vocab_out: int | None = None
+    attn_only: bool = field(default=True, metadata=option("attention-only blocks (no MLP)"))
+    d_mlp: int | None = field(default=None, metadata=option("MLP width where attn_only is off (default 4 x d_model)"))
+    positional: str = field(default="none", metadata=option(
+        "positional embedding: none (zeroed, frozen), standard (added to the residual stream), shortformer (into "
+        "queries and keys only), rotary, random (randomised positions in training), abacus (index of a digit within "
+        "its number; see interp.positions)", choices=POSITIONAL))
+    output_matrix: str | None = field(default=None, metadata=option(
+        "identity (no output matrix: head h writes residual dimensions h*d_head ..) or learned; auto (the "
+        "default): identity where n_heads * d_head == d_model, else learned", choices=OUTPUT_MATRIX, none="auto"))
+    attn_bias: bool = field(default=False, metadata=option("trainable attention biases b_Q, b_K, b_V, b_O"))
+    unembed_bias: bool = field(default=True, metadata=option("trainable unembedding bias b_U (the thesis's b_H)"))
+    normalization: str | None = field(default=None, metadata=option(
+        "TransformerLens normalization_type (LN: pre-LN and a final LN; LNPre: without weights; RMS, RMSPre); "
+        "default none", choices=NORMALIZATION[1:]))
+    act_fn: str = field(default="relu", metadata=option("MLP activation (TransformerLens act_fn)"))
+    init_seed: int = 0
+    digit_tokens: tuple[int, ...] | None = None  # positional="abacus": the token ids that form numbers
+    max_position_offset: int = 0  # positional="abacus": training offsets are drawn from 0 .. this
+
+    def __post_init__(self):
+        for name in ("d_vocab", "n_ctx", "n_layers", "d_model", "n_heads", "d_head"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.d_vocab_out is not None and (not isinstance(self.d_vocab_out, int) or self.d_vocab_out < 1):
+            raise ConfigError(f"d_vocab_out must be a positive integer or None, got {self.d_vocab_out!r}")
+        if self.positional not in POSITIONAL:
+            raise ConfigError(f"positional must be one of {POSITIONAL}, got {self.positional!r}")
+        if self.output_matrix is not None and self.output_matrix not in OUTPUT_MATRIX:
+            raise ConfigError(f"output_matrix must be one of {OUTPUT_MATRIX} (or None: identity where n_heads * d_head "
+                              f"== d_model, else learned), got {self.output_matrix!r}")
+        if self.digit_tokens is not None:
+            object.__setattr__(self, "digit_tokens", tuple(int(t) for t in self.digit_tokens))
+        if self.positional == "abacus" and not self.digit_tokens:
+            raise ConfigError("positional='abacus' needs digit_tokens (the token ids whose runs are numbers)")
+        if not isinstance(self.max_position_offset, int) or not 0 <= self.max_position_offset < self.n_ctx:
+            raise ConfigError(f"max_position_offset must be an integer in [0, n_ctx), got {self.max_position_offset!r}")
+        if self.normalization not in NORMALIZATION:
+            raise ConfigError(f"normalization must be one of {NORMALIZATION}, got {self.normalization!r}")
+        if self.output_matrix == "identity" and self.n_heads * self.d_head != self.d_model:
+            raise ConfigError(
+                f"output_matrix='identity' needs n_heads * d_head == d_model, got {self.n_heads} * {self.d_head} "
+                f"!= {self.d_model}; use output_matrix='learned'"
+            )
+
+    @property
+    def w_o(self) -> str:
+        """The output matrix this spec builds: ``output_matrix``, or where it is unset, ``"identity"`` when the
+        heads fill the residual stream exactly (``n_heads * d_head == d_model``) and ``"learned"`` otherwise."""
+        if self.output_matrix is not None:
+            return self.output_matrix
+        return "identity" if self.n_heads * self.d_head == self.d_model else "learned"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as saved in checkpoints: JSON types, every field as given (an unset output matrix stays None:
+        :attr:`w_o` resolves it, and the checkpoint's ``tl_config`` and weights show the matrix itself)."""
+        d = asdict(self)
+        if d["digit_tokens"] is not None:
+            d["digit_tokens"] = list(d["digit_tokens"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown model spec field(s) {sorted(unknown)}; known fields: {sorted(known)}")
+        return cls(**d)
+
+    def tl_config_kwargs(self, device: str | None) -> dict[str, Any]:
+        """The HookedTransformerConfig keyword arguments for this spec (TransformerLens' own field names; JSON
+        types only apart from ``device``): ``HookedTransformer(HookedTransformerConfig(**kw))`` builds it."""
+        return dict(
+            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, d_head=self.d_head,
+            d_vocab=self.d_vocab, d_vocab_out=self.d_vocab_out or self.d_vocab, n_ctx=self.n_ctx,
+            attn_only=self.attn_only, d_mlp=None if self.attn_only else (self.d_mlp or 4 * self.d_model),
+            act_fn=self.act_fn, normalization_type=self.normalization,
+            positional_embedding_type=self.positional if self.positional in ("shortformer", "rotary") else "standard",
+            seed=self.init_seed, device=device,
+            **({"rotary_dim": self.d_head} if self.positional == "rotary" else {}),
+        )
+
+
+STRATEGIES = ("random", "svc", "learned", "shapley-svc", "shapley-learned", "mask-all-but-one")
+SELF_SCORED = ("random", "mask-all-but-one")  # strategies that need no scorer from analyses
+
+
+def check_strategy(strategy: str | None, threshold: float) -> None:
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ConfigError(f"unknown halving strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    if not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
+        raise ConfigError(f"halving threshold must be in (0, 1], got {threshold!r}")
+
+
+KEEP = ("best", "first-best", "last")
+# Where dropout goes (the thesis does not say): "embedding+attention" (after the embedding, per position, and after
+# the attention output: the default, as trained so far) or "attention" (after the attention output only). With
+# "attention" a one-layer attention-only model without positions depends, at a query, only on the query token and
+# the counts of the tokens before it, which interp.population exploits for an O(vocab) forward per sequence.
+DROPOUT_AT = ("embedding+attention", "attention")
+LOSS_DTYPE_NAMES = ("float32", "float64")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = field(default=900, metadata=option("epochs (the kept model is chosen by keep)", resumable=True))
+    batch_size: int = field(default=128, metadata=option("sequences per step"))
+    lr: float = field(default=1e-3, metadata=option("AdamW learning rate"))
+    weight_decay: float = field(default=0.01, metadata=option("AdamW weight decay"))
+    beta1: float = field(default=0.9, metadata=option("AdamW beta1"))
+    beta2: float = field(default=0.999, metadata=option("AdamW beta2 (the warmup lasts 2 / (1 - beta2) steps)"))
+    dropout: float = field(default=0.1, metadata=option("dropout probability"))
+    warmup_steps: int | None = field(default=None, metadata=option(
+        "linear warmup steps; default 2 / (1 - beta2), Ma and Yarats' untuned warmup"))
+    seed: int = 0
+    save_every: int = field(default=5, metadata=option("epochs between resume files", resumable=True,
+                                                                     config=False))
+    patience: int | None = field(default=None, metadata=option(
+        "stop after this many epochs without a better validation accuracy", resumable=True))
+    keep: str = field(default="best", metadata=option(
+        "the model written: best (highest validation accuracy, ties by lower validation loss), first-best (the "
+        "first epoch at the highest validation accuracy) or last (the final epoch)", choices=KEEP, resumable=True))
+    dropout_at: str = field(default="embedding+attention", metadata=option(
+        "where dropout goes: after the embedding and the attention output, or after the attention output only "
+        "(which allows the token-count batched forward of interp.population)", choices=DROPOUT_AT))
+    loss_dtype: str = field(default="float32", metadata=option(
+        "precision of the cross-entropy (float64: the grokking recipe)", choices=LOSS_DTYPE_NAMES))
+    halving: str | None = field(default=None, metadata=option(
+        "halving heads (Fraknói 2024): when validation accuracy reaches the threshold, mask half of the active "
+        "heads, keeping the best by this strategy, until one is left (mask-all-but-one: a - 1 heads masked from the "
+        "start)", choices=STRATEGIES))
+    halving_threshold: float = field(default=0.95, metadata=option(
+        "validation accuracy that triggers a halving step"))
+
+    def __post_init__(self):
+        positive, fraction = "a positive integer", "a number in [0, 1)"
+        checks = {
+            "epochs": (_int(self.epochs) and self.epochs >= 1, positive),
+            "batch_size": (_int(self.batch_size) and self.batch_size >= 1, positive),
+            "lr": (_number(self.lr) and self.lr > 0, "a positive number"),
+            "weight_decay": (_number(self.weight_decay) and self.weight_decay >= 0, "a non-negative number"),
+            "beta1": (_number(self.beta1) and 0 <= self.beta1 < 1, fraction),
+            "beta2": (_number(self.beta2) and 0 <= self.beta2 < 1, fraction),
+            "dropout": (_number(self.dropout) and 0 <= self.dropout < 1, fraction),
+            "save_every": (_int(self.save_every) and self.save_every >= 1, positive),
+            "warmup_steps": (self.warmup_steps is None or (_int(self.warmup_steps) and self.warmup_steps >= 0),
+                             "a non-negative integer or None (2 / (1 - beta2))"),
+            "patience": (self.patience is None or (_int(self.patience) and self.patience >= 1), "a positive integer or None"),
+            "keep": (self.keep in KEEP, f"one of {', '.join(KEEP)}"),
+            "dropout_at": (self.dropout_at in DROPOUT_AT, f"one of {', '.join(DROPOUT_AT)}"),
+            "loss_dtype": (self.loss_dtype in LOSS_DTYPE_NAMES, f"one of {', '.join(LOSS_DTYPE_NAMES)}"),
+        }
+        bad = [f"{k}={getattr(self, k)!r} (expected {what})" for k, (ok, what) in checks.items() if not ok]
+        if bad:
+            raise ConfigError("invalid training option(s): " + "; ".join(bad))
+        check_strategy(self.halving, self.halving_threshold)
+
+    @property
+    def warmup(self) -> int:
+        return round(2 / (1 - self.beta2)) if self.warmup_steps is None else self.warmup_steps
