@@ -60,7 +60,7 @@ class AnswerCache:
         return self.z.device
 
 
-def check_model_data(model: HookedTransformer, data: TaskData, task: Task | None = None) -> None:
+def check_model_data(model: HookedTransformer, data: object, task: Task | None = None) -> None:
     """Refuse, before any work: something that is not task data, empty data, data of another task than ``task``,
     a model whose vocabulary does not fit the data's task, tokens the model cannot take, and a model with a NaN or
     infinite parameter."""

@@ -255,7 +255,7 @@ class LogitDecomposition(Result):
         return fig
 
 
-def logit_decomposition(model: HookedTransformer, data: TaskData | Int[Tensor, 'batch pos']) -> LogitDecomposition:
+def logit_decomposition(model: HookedTransformer, data: TaskData | Tensor) -> LogitDecomposition:
     """Split an attention-only, LayerNorm-free model's logits into direct path + per-head terms, on task data
     (contributions then read at its answer positions) or on a token tensor.
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.errors import HeadError, InterpError
@@ -174,7 +174,7 @@ class CoalitionValue:
             raise InterpError(f"coalition bitmasks must be in [0, 2**{n}), got {index.min()}..{index.max()}")
         return self.of_bits(bits_of(index, n), progress)
 
-    def of_bits(self, bits: Int[Tensor, "coalition player"], progress: bool = False) -> Float[Tensor, " coalition"]:
+    def of_bits(self, bits: Int[Tensor, "coalition player"] | Bool[Tensor, "coalition player"], progress: bool = False) -> Float[Tensor, " coalition"]:
         """v of each row of a 0/1 matrix (``bits[c, i] = 1``: ``heads[i]`` in coalition c)."""
         bits = torch.as_tensor(bits).long().cpu()
         if bits.dim() != 2 or bits.shape[1] != len(self.heads):
@@ -240,7 +240,7 @@ def _masks(bits: Tensor, players: list[Head], n_layers: int, n_heads: int, devic
     return flat.view(len(b), n_layers, n_heads)
 
 
-def coalition_evaluator(model: HookedTransformer, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
+def coalition_evaluator(model: HookedTransformer, data: TaskData | AnswerCache, *, value="learned-accuracy", heads=None, ablation: str = "zero",
                         train=None, task: Task | None = None, solver: str = "torch", method: str = "auto", reference=None,
                         C: float = 1000.0, budget: int = DEFAULT_BUDGET, chunk: int = 4096) -> CoalitionValue:
     """The preparation of :func:`coalition_values` (same arguments), for evaluating chosen coalitions only
@@ -415,7 +415,7 @@ def _linear_evaluator(model: HookedTransformer, cache: AnswerCache, z_ref, playe
     return CoalitionValue(fn, players, value, ablation, b, {"method": "fast", "columns": len(cols)})
 
 
-def coalition_values(model: HookedTransformer, data: TaskData, *, value="learned-accuracy", heads=None, ablation: str = "zero",
+def coalition_values(model: HookedTransformer, data: TaskData | AnswerCache, *, value="learned-accuracy", heads=None, ablation: str = "zero",
                      train=None, task: Task | None = None, solver: str = "torch", method: str = "auto", reference=None,
                      C: float = 1000.0, budget: int = DEFAULT_BUDGET, progress: bool = False) -> CoalitionValues:
     """v(S) for all ``2**n`` subsets S of ``heads`` (default all heads; at most 24), index = bitmask over ``heads``.

@@ -114,7 +114,7 @@ def subset_name(subset: Subset) -> str:
     return "{" + ",".join(head_label(*h) for h in subset) + "}" if subset else "{}"
 
 
-def learned_accuracy(model: HookedTransformer, data: TaskData, subsets: Iterable, *, ablation: str = "zero", reference=None,
+def learned_accuracy(model: HookedTransformer, data: TaskData | AnswerCache, subsets: Iterable, *, ablation: str = "zero", reference=None,
                      method: str = "auto", task: Task | None = None, budget: int = DEFAULT_BUDGET, cache: AnswerCache | None = None) -> LearnedAccuracy:
     """A_l(H) for every H in ``subsets`` (a list of head lists; ``[]`` is the direct path alone).
 
@@ -138,17 +138,17 @@ def learned_accuracy(model: HookedTransformer, data: TaskData, subsets: Iterable
     return LearnedAccuracy(parsed, acc, ablation, len(data))
 
 
-def learned_accuracy_of(model: HookedTransformer, data: TaskData, heads, **kw) -> float:
+def learned_accuracy_of(model: HookedTransformer, data: TaskData | AnswerCache, heads, **kw) -> float:
     """A_l(H) of one subset ``heads`` (e.g. ``['L0H8', 'L0H9']``; ``[]``: the direct path alone)."""
     return float(learned_accuracy(model, data, [heads], **kw).accuracy[0])
 
 
-def learned_accuracy_of_size(model: HookedTransformer, data: TaskData, size: int, **kw) -> LearnedAccuracy:
+def learned_accuracy_of_size(model: HookedTransformer, data: TaskData | AnswerCache, size: int, **kw) -> LearnedAccuracy:
     """A_l(H) for every subset of ``size`` heads (1: singles, 2: pairs, 3: triples)."""
     return learned_accuracy(model, data, head_subsets(model.cfg.n_layers, model.cfg.n_heads, size), **kw)
 
 
-def subset_answer_logits(model: HookedTransformer, data: TaskData, subsets: Sequence[Subset], *, ablation: str = "zero", reference=None,
+def subset_answer_logits(model: HookedTransformer, data: TaskData | AnswerCache, subsets: Sequence[Subset], *, ablation: str = "zero", reference=None,
                          method: str = "auto", budget: int = DEFAULT_BUDGET,
                          cache: AnswerCache | None = None) -> Float[Tensor, "subset batch vocab_out"]:
     """The answer-position logits of every example under every subset's ablation."""

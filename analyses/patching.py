@@ -420,7 +420,8 @@ def _patch_hook(masks: Tensor, source: Tensor, kind: str):
     return hook
 
 
-def activation_patching(model: HookedTransformer, clean: TaskData | Int[Tensor, 'batch pos'], corrupted: TaskData | Int[Tensor, 'batch pos'],
+def activation_patching(model: HookedTransformer, clean: TaskData | Int[Tensor, 'batch pos'],
+                        corrupted: TaskData | Int[Tensor, 'batch_c pos_c'],
                         metric: str | Callable = "logit_diff", where: str = "z", per: str | None = None,
                         layers: Sequence[int] | None = None, direction: str = "denoising",
                         budget: int | None = None) -> ActivationPatching:

@@ -47,7 +47,7 @@ class ModelSpec:
         "default none", choices=NORMALIZATION[1:]))
     act_fn: str = field(default="relu", metadata=option("MLP activation (TransformerLens act_fn)"))
     init_seed: int = 0
-    digit_tokens: tuple[int, ...] | None = None  # positional="abacus": the token ids that form numbers
+    digit_tokens: tuple[int, ...] | list[int] | None = None  # positional="abacus": the token ids that form numbers
     max_position_offset: int = 0  # positional="abacus": training offsets are drawn from 0 .. this
 
     def __post_init__(self):

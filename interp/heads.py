@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .errors import HeadError
 
@@ -21,8 +22,9 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-def parse_head(spec: str | Head, n_layers: int, n_heads: int) -> Head:
-    """Parse ``'L0H3'``, ``'0.3'`` or ``(0, 3)`` and check it exists in a model of this shape."""
+def parse_head(spec: object, n_layers: int, n_heads: int) -> Head:
+    """Parse ``'L0H3'``, ``'0.3'`` or ``(0, 3)`` and check it exists in a model of this shape (anything else is a
+    HeadError saying what is expected: ``spec`` is user input, so its annotation does not narrow it)."""
     if isinstance(spec, str):
         s = spec.strip()
         m = _HEAD_RE.match(s) or re.match(r"^(\d+)\.(\d+)$", s)

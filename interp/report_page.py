@@ -77,9 +77,10 @@ class Report:
             if para.strip():
                 self.add_html(f"<p>{_escape_text(para)}</p>")
 
-    def table(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, caption: str = "",
+    def table(self, rows: Any, columns: Sequence[str] | None = None, caption: str = "",
               formats: Mapping[str, str] | None = None) -> None:
-        """A table with one row per mapping; ``columns`` picks and orders the columns (default: the keys in
+        """A table with one row per mapping in ``rows`` (a sequence of mappings; anything else is refused with one
+        clear line, so it is not narrowed by its annotation); ``columns`` picks and orders the columns (default: the keys in
         first-seen order); ``formats`` maps a column to a format spec such as ``".3f"``."""
         self.add_html(render_table(rows, columns, caption, formats))
 

@@ -24,16 +24,19 @@ import itertools
 import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .files import atomic_write, atomic_write_text
 from .model import ModelSpec
 from .options import Option, changed, options
 from .training import TrainConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RESULTS = "results.jsonl"
 RESULTS_CSV = "results.csv"
@@ -103,7 +106,7 @@ def plan(task_name: str, task_params: dict[str, Any], base_spec: ModelSpec, base
 
 
 # -- rows -----------------------------------------------------------------------------------------------------------
-def checkpoint_path(directory, row: dict[str, Any]) -> Path:
+def checkpoint_path(directory, row: Mapping[str, Any] | pd.Series) -> Path:
     """The checkpoint of a results row. Rows name it relative to the sweep directory (``runs/NAME.safetensors``),
     so a directory can be moved or shipped; rows of older sweeps hold an absolute path, used if it still exists."""
     path = Path(row["checkpoint"])

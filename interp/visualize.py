@@ -202,7 +202,7 @@ def heatmap(matrix: Float[Tensor, "rows cols"], x_labels: Sequence[str], y_label
     return fig
 
 
-def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, caption: str = "",
+def render_table(rows: Any, columns: Sequence[str] | None = None, caption: str = "",
                  formats: Mapping[str, str] | None = None, float_format: str = ".4g") -> str:
     """The HTML of a table of dict rows (cells escaped, numbers right-aligned; ``formats`` per column,
     ``float_format`` for other non-integer numbers)."""

@@ -174,7 +174,7 @@ class IntegerAddition:
             raise TaskError(f"integer-addition data needs the fields {sorted(missing)} (build it with make_sums)")
 
 
-def seq_len(n: int) -> int:
+def seq_len(n: int | Tensor) -> int | Tensor:
     """Tokens of a sentence with ``n``-digit operands: [BOS] n '+' n '=' (n + 1) [EOS]."""
     return 3 * n + 5
 

@@ -30,9 +30,9 @@ class NoisyMajority:
     train_size: int = 7500
     val_size: int = 1500
     test_size: int = 1000
-    train_lengths: tuple[int, int] = (0, 100)
-    val_lengths: tuple[int, int] = (101, 150)
-    test_lengths: tuple[int, int] = (151, 200)
+    train_lengths: tuple[int, int] | list[int] = (0, 100)
+    val_lengths: tuple[int, int] | list[int] = (101, 150)
+    test_lengths: tuple[int, int] | list[int] = (151, 200)
     seed: int = 0  # data seed: the same seed gives the same sentences
 
     name = "noisy-majority"

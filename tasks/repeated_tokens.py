@@ -37,7 +37,7 @@ class RepeatedTokens:
 
     n_symbols: int = 64
     seq_len: int = 32  # tokens after [BOS]
-    repeat_lengths: tuple[int, int] = (6, 16)  # inclusive range of len(R)
+    repeat_lengths: tuple[int, int] | list[int] = (6, 16)  # inclusive range of len(R)
     train_size: int = 32_000
     val_size: int = 1_000
     test_size: int = 1_000

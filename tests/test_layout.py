@@ -238,3 +238,15 @@ def test_public_api():
         assert name in dir(interp) and getattr(interp, name) is not None, name
     with pytest.raises(AttributeError):
         interp.no_such_name
+
+
+def test_the_test_run_checks_shapes_at_call_time():
+    """The suite runs with jaxtyping's import hook on our packages (pyproject.toml): a tensor of the wrong rank is
+    caught at the call, by the annotation alone."""
+    import jaxtyping
+    import torch
+
+    from interp.evaluation import per_position_loss
+
+    with pytest.raises(jaxtyping.TypeCheckError):
+        per_position_loss(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_browser import box, browser, pixel_std  # noqa: F401  (the existing headless-Chromium fixture and helpers)
+from tests.test_browser import box, browser, pixel_std  # noqa: F401  (the headless-Chromium fixture and helpers)
 
 from analyses.populations import population_table
 from interp.app.cli import build_parser, main

@@ -84,7 +84,7 @@ class AttentionRatios(Result):
         rel = rel[torch.isfinite(rel)]
         return float(rel.max()) if len(rel) else None
 
-    def figure(self, separation: Float[Tensor, "layer head"] | None = None, title: str = ""):
+    def figure(self, separation: Float[Tensor, "layer head"] | Float[Tensor, " heads"] | None = None, title: str = ""):
         """The thesis's Figure 7: ``w01`` against ``w02`` per head on log axes, coloured by separation accuracy."""
         return ratio_figure(self.w01.flatten(), self.w02.flatten(), self.heads,
                             None if separation is None else torch.as_tensor(separation).flatten(), title)

@@ -139,8 +139,8 @@ class InterventionSweep(Result):
 
     w01_values: list[float]
     w02_values: list[float]
-    w01_accuracy: Float[Tensor, "setting head"]
-    w02_accuracy: Float[Tensor, "setting head"]
+    w01_accuracy: Float[Tensor, "w01_setting head"]
+    w02_accuracy: Float[Tensor, "w02_setting head"]
     n_train: int
     n_test: int
     layer: int = 0
