@@ -3,8 +3,8 @@
 Generic analyses live at the top, with signatures ``(model, data, ...)`` (``model`` a TransformerLens
 ``HookedTransformer``, ``data`` the task's ``interp.task.TaskData`` or tokens); they never name a task. Each task's
 own analyses and its ``analyze``/``report`` suite live in ``analyses/<task_module>/`` (``noisy_majority``,
-``repeated_tokens``, ``modular_addition``). Every result is an :class:`interp.results.Result`: ``to_dict()``, ``figure()``, a rich
-display in Jupyter.
+``repeated_tokens``, ``modular_addition``). Every result is an :class:`interp.results.Result`: ``to_dict()``,
+``figure()``, a rich display in Jupyter.
 
 ``import analyses`` is cheap: names are imported on first use. ``analyses.__all__`` lists every analysis function
 and result type.
@@ -22,32 +22,86 @@ if TYPE_CHECKING:
 _NAMES = {
     # generic
     "analyses.answer_cache": ["AnswerCache", "cache_answer"],
-    "analyses.learned_accuracies": ["LearnedAccuracy", "learned_accuracy", "learned_accuracy_of", "learned_accuracy_of_size",
-                          "learned_accuracy_loop", "head_subsets", "mean_head_outputs", "subset_answer_logits"],
-    "analyses.separation_accuracies": ["SeparationAccuracy", "separation_accuracy", "fit_separator", "make_separator", "head_features"],
-    "analyses.circuits": ["Circuit", "OVCopying", "LogitDecomposition", "full_qk_circuit", "full_ov_circuit",
-                          "positional_qk_circuit", "k_composition_circuit", "ov_copying", "bigram_table",
-                          "logit_decomposition"],
+    "analyses.learned_accuracies": [
+        "LearnedAccuracy",
+        "learned_accuracy",
+        "learned_accuracy_of",
+        "learned_accuracy_of_size",
+        "learned_accuracy_loop",
+        "head_subsets",
+        "mean_head_outputs",
+        "subset_answer_logits",
+    ],
+    "analyses.separation_accuracies": [
+        "SeparationAccuracy",
+        "separation_accuracy",
+        "fit_separator",
+        "make_separator",
+        "head_features",
+    ],
+    "analyses.circuits": [
+        "Circuit",
+        "OVCopying",
+        "LogitDecomposition",
+        "full_qk_circuit",
+        "full_ov_circuit",
+        "positional_qk_circuit",
+        "k_composition_circuit",
+        "ov_copying",
+        "bigram_table",
+        "logit_decomposition",
+    ],
     "analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
     # the module analyses.shapley holds the function shapley(); here it is exact_shapley, so that the module and the
     # function never shadow each other in this namespace
-    "analyses.shapley": ["ShapleyResult", "exact_shapley", "shapley_of", "sampled_shapley", "shapley_transform", "moebius"],
+    "analyses.shapley": [
+        "ShapleyResult",
+        "exact_shapley",
+        "shapley_of",
+        "sampled_shapley",
+        "shapley_transform",
+        "moebius",
+    ],
     "analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
-    "analyses.pattern_scores": ["HeadScores", "AblationTest", "head_scores", "ablation_induction_test",
-                                "repeated_random_tokens"],
+    "analyses.pattern_scores": [
+        "HeadScores",
+        "AblationTest",
+        "head_scores",
+        "ablation_induction_test",
+        "repeated_random_tokens",
+    ],
     "analyses.populations": ["population_table", "format_table", "wilson_interval"],
-    "analyses.population_figures": ["Survival", "GridAccuracy", "LearningRateAccuracy", "accuracy_survival", "grid_accuracy",
-                                    "lr_accuracy"],
-    "analyses.patching": ["ActivationPatching", "PathPatching", "activation_patching", "path_patching",
-                          "path_patching_loop", "variant_metric"],
+    "analyses.population_figures": [
+        "Survival",
+        "GridAccuracy",
+        "LearningRateAccuracy",
+        "accuracy_survival",
+        "grid_accuracy",
+        "lr_accuracy",
+    ],
+    "analyses.patching": [
+        "ActivationPatching",
+        "PathPatching",
+        "activation_patching",
+        "path_patching",
+        "path_patching_loop",
+        "variant_metric",
+    ],
     # noisy majority (Fraknói 2024, §5)
-    "analyses.noisy_majority.attention_ratios": ["AttentionRatios", "attention_ratios", "measured_attention_ratios",
-                                                 "exact_attention_ratios"],
+    "analyses.noisy_majority.attention_ratios": [
+        "AttentionRatios",
+        "attention_ratios",
+        "measured_attention_ratios",
+        "exact_attention_ratios",
+    ],
     "analyses.noisy_majority.head_outputs": ["HeadOutputs", "head_outputs", "value_vectors"],
-    "analyses.noisy_majority.interventions": ["InterventionSweep", "attention_intervention_sweep",
-                                              "intervened_head_outputs"],
+    "analyses.noisy_majority.interventions": [
+        "InterventionSweep",
+        "attention_intervention_sweep",
+        "intervened_head_outputs",
+    ],
     "analyses.noisy_majority.head_summary": ["HeadSummary", "PairMatrix", "head_summary"],
     "analyses.noisy_majority.handbuilt": ["minimal_majority_transformer", "attention_preference_model"],
     "analyses.noisy_majority.corrupt": ["flip_answer"],
@@ -57,22 +111,49 @@ _NAMES = {
     "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],
     "analyses.repeated_tokens.suite": ["InductionAnalysis"],
     # modular addition (Fraknói 2024, §4, Nanda et al. 2023)
-    "analyses.modular_addition.fourier": ["FrequencyNorms", "NeuronFrequencies", "NeuronLogitMap", "fourier_basis",
-                                          "find_key_frequencies", "key_frequencies_of", "logit_frequency_energy", "embedding_norms", "neuron_frequencies",
-                                          "neuron_logit_map"],
-    "analyses.modular_addition.progress": ["Phases", "progress_measures", "restricted_logits", "excluded_logits",
-                                           "progress_from_snapshots", "find_phases", "sum_squared_weights"],
-    "analyses.modular_addition.exhaustive": ["AttentionSplit", "AblationTable", "attention_split", "ablated_accuracy",
-                                             "ablated_accuracies", "ablation_table"],
+    "analyses.modular_addition.fourier": [
+        "FrequencyNorms",
+        "NeuronFrequencies",
+        "NeuronLogitMap",
+        "fourier_basis",
+        "find_key_frequencies",
+        "key_frequencies_of",
+        "logit_frequency_energy",
+        "embedding_norms",
+        "neuron_frequencies",
+        "neuron_logit_map",
+    ],
+    "analyses.modular_addition.progress": [
+        "Phases",
+        "progress_measures",
+        "restricted_logits",
+        "excluded_logits",
+        "progress_from_snapshots",
+        "find_phases",
+        "sum_squared_weights",
+    ],
+    "analyses.modular_addition.exhaustive": [
+        "AttentionSplit",
+        "AblationTable",
+        "attention_split",
+        "ablated_accuracy",
+        "ablated_accuracies",
+        "ablation_table",
+    ],
     "analyses.modular_addition.suite": ["ModularAdditionAnalysis"],
     # integer addition (Ibrahimli 2024, Compositional Generalization in Transformers, Fraknói 2024, §4)
-    "analyses.integer_addition.accuracy": ["CaseAccuracy", "LengthAccuracy", "accuracy_by_case", "accuracy_by_length",
-                                           "correct_digits"],
+    "analyses.integer_addition.accuracy": [
+        "CaseAccuracy",
+        "LengthAccuracy",
+        "accuracy_by_case",
+        "accuracy_by_length",
+        "correct_digits",
+    ],
     "analyses.integer_addition.ablation": ["DigitAblation", "component_ablation"],
     "analyses.integer_addition.suite": ["AdditionAnalysis"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
-__all__ = sorted(_WHERE) + ["suite_for"]
+__all__ = [*sorted(_WHERE), "suite_for"]  # noqa: PLE0604 (names computed from the table above)
 
 
 def __getattr__(name):

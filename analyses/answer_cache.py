@@ -73,15 +73,24 @@ def check_model_data(model: HookedTransformer, data: object, task: Task | None =
     elif data.vocab is not None:
         cfg = model.cfg
         if cfg.d_vocab != len(data.vocab) or cfg.d_vocab_out != data.vocab.n_out:
-            raise TaskError(f"the model (d_vocab {cfg.d_vocab}, d_vocab_out {cfg.d_vocab_out}) does not fit the "
-                            f"{data.task!r} data (vocabulary of {len(data.vocab)} tokens, {data.vocab.n_out} outputs): "
-                            "is it a model of another task?")
+            raise TaskError(
+                f"the model (d_vocab {cfg.d_vocab}, d_vocab_out {cfg.d_vocab_out}) does not fit the "
+                f"{data.task!r} data (vocabulary of {len(data.vocab)} tokens, {data.vocab.n_out} outputs): "
+                "is it a model of another task?"
+            )
     check_tokens(model, data.tokens, task.vocab if task is not None else data.vocab)
     check_finite_parameters(model)
 
 
-def cache_answer(model: HookedTransformer, data: TaskData, *, attention: bool = True, method: str = "auto", task: Task | None = None,
-                 budget: int = DEFAULT_BUDGET) -> AnswerCache:
+def cache_answer(
+    model: HookedTransformer,
+    data: TaskData,
+    *,
+    attention: bool = True,
+    method: str = "auto",
+    task: Task | None = None,
+    budget: int = DEFAULT_BUDGET,
+) -> AnswerCache:
     """Head outputs ``z``, the layer-0 residual input and (optionally) the log attention row at every
     example's answer position, from one chunked pass without gradients."""
     check_model_data(model, data, task)
@@ -105,8 +114,16 @@ def cache_answer(model: HookedTransformer, data: TaskData, *, attention: bool = 
         la = la.masked_fill(future[:, :, None, None], float("-inf"))
         log_attn = la.permute(0, 2, 3, 1).contiguous()
         assert log_attn.shape[1] == n_layers
-    return AnswerCache(task=data.task, z=out["z"], resid_pre=out["resid_pre"], log_attn=log_attn,
-                       tokens=data.tokens, labels=data.labels, answer_pos=data.answer_pos, vocab=data.vocab)
+    return AnswerCache(
+        task=data.task,
+        z=out["z"],
+        resid_pre=out["resid_pre"],
+        log_attn=log_attn,
+        tokens=data.tokens,
+        labels=data.labels,
+        answer_pos=data.answer_pos,
+        vocab=data.vocab,
+    )
 
 
 def _hooks_chunk(model: HookedTransformer, chunk: TaskData, attention: bool) -> dict[str, Tensor]:
@@ -139,7 +156,9 @@ def _query_chunk(model: HookedTransformer, chunk: TaskData, attention: bool) -> 
     return out
 
 
-def as_cache(model: HookedTransformer, data, *, attention: bool = True, method: str = "auto", task: Task | None = None) -> AnswerCache:
+def as_cache(
+    model: HookedTransformer, data, *, attention: bool = True, method: str = "auto", task: Task | None = None
+) -> AnswerCache:
     """``data`` itself if it is already an :class:`AnswerCache` (with attention if needed), else its cache."""
     if isinstance(data, AnswerCache):
         if attention and data.log_attn is None:

@@ -59,8 +59,14 @@ class LatticeSolver:
     working set violates its margin there (both gradients are then equal); otherwise the working set is rebuilt
     around the new margins and Newton goes on. Batched as ``[problem, K, D]`` blocks."""
 
-    def __init__(self, x: Float[Tensor, "sample player d_head"], y: Float[Tensor, " sample"], C: float,
-                 tol: float = 1e-9, max_iter: int = 100):
+    def __init__(
+        self,
+        x: Float[Tensor, "sample player d_head"],
+        y: Float[Tensor, " sample"],
+        C: float,
+        tol: float = 1e-9,
+        max_iter: int = 100,
+    ):
         N, n, e = x.shape
         self.n, self.e, self.C, self.tol, self.max_iter = n, e, float(C), tol, max_iter
         self.X = torch.cat([torch.ones(N, 1, dtype=x.dtype), x.reshape(N, n * e)], 1).contiguous()  # [N, D]
@@ -78,7 +84,7 @@ class LatticeSolver:
         -1: none). Returns the weights, the Newton iterations each took (``max_iter + 1``: not converged), and
         each problem's ``K_MIN`` samples of smallest final margin (-1 where it has more violators than half of
         them: no good first working set for a child)."""
-        X, y, N = self.X, self.y, len(self.y)
+        X, y, _N = self.X, self.y, len(self.y)
         cm = self.column_mask(masks)
         w = (w * cm).clone()
         B = len(masks)
@@ -198,8 +204,15 @@ class LatticeSolver:
         return w, iters, conv
 
 
-def _solve_lattice(x_tr: Float[Tensor, "sample player d_head"], y: Float[Tensor, " sample"], index: Tensor, C: float,
-                   progress: bool, tol: float, max_iter: int) -> tuple[Tensor, Tensor, Tensor]:
+def _solve_lattice(
+    x_tr: Float[Tensor, "sample player d_head"],
+    y: Float[Tensor, " sample"],
+    index: Tensor,
+    C: float,
+    progress: bool,
+    tol: float,
+    max_iter: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Weights ``[coalition, D]`` (full feature space, zeros off the coalition) for the sorted unique ``index``,
     by size, each warm-started from its parent (the coalition without its highest head) when that is in
     ``index``; returns (sorted coalitions, weights, iterations)."""
@@ -249,8 +262,15 @@ def _clz(m: Tensor) -> Tensor:
     return 63 - top
 
 
-def svc_weights(x_tr: Float[Tensor, "sample player d_head"], y_tr: Tensor, index: Int[Tensor, " coalition"], *,
-                C: float = 1000.0, tol: float = 1e-9, max_iter: int = 100) -> tuple[Tensor, Tensor]:
+def svc_weights(
+    x_tr: Float[Tensor, "sample player d_head"],
+    y_tr: Tensor,
+    index: Int[Tensor, " coalition"],
+    *,
+    C: float = 1000.0,
+    tol: float = 1e-9,
+    max_iter: int = 100,
+) -> tuple[Tensor, Tensor]:
     """The binary SVC of each coalition bitmask in ``index`` (labels: +1 for the larger one): weights
     ``[coalition, 1 + n * d_head]`` (intercept first, then every player's d_head columns, zero off the
     coalition), and the Newton iterations each took."""
@@ -271,10 +291,19 @@ def _decisions(x_te: Float[Tensor, "test player d_head"], W: Tensor) -> Tensor:
     return W @ xf.T
 
 
-def svc_test_accuracy(x_tr: Float[Tensor, "sample player d_head"], y_tr: Int[Tensor, " sample"],
-                      x_te: Float[Tensor, "test player d_head"], y_te: Int[Tensor, " test"], index: Int[Tensor, " coalition"],
-                      *, C: float = 1000.0, tol: float = 1e-9, max_iter: int = 100, progress: bool = False,
-                      return_iters: bool = False):
+def svc_test_accuracy(
+    x_tr: Float[Tensor, "sample player d_head"],
+    y_tr: Int[Tensor, " sample"],
+    x_te: Float[Tensor, "test player d_head"],
+    y_te: Int[Tensor, " test"],
+    index: Int[Tensor, " coalition"],
+    *,
+    C: float = 1000.0,
+    tol: float = 1e-9,
+    max_iter: int = 100,
+    progress: bool = False,
+    return_iters: bool = False,
+):
     """Test accuracy of the exact LinearSVC (see the module doc) of every coalition bitmask in ``index``:
     features of coalition S are ``x[:, i, :]`` for the players ``i`` in S (centre them first, as the probes do)."""
     index = torch.as_tensor(index, dtype=torch.long)
@@ -284,7 +313,9 @@ def svc_test_accuracy(x_tr: Float[Tensor, "sample player d_head"], y_tr: Int[Ten
         raise InterpError(f"the train labels contain one class only ({classes.tolist()}); a separator needs two")
     x_tr, x_te = x_tr.double(), x_te.double()
     with one_thread():
-        return _svc_test_accuracy(x_tr, y_tr, x_te, y_te, uniq, inverse, classes, C, tol, max_iter, progress, return_iters)
+        return _svc_test_accuracy(
+            x_tr, y_tr, x_te, y_te, uniq, inverse, classes, C, tol, max_iter, progress, return_iters
+        )
 
 
 @contextmanager
@@ -302,7 +333,7 @@ def one_thread():
 def _svc_test_accuracy(x_tr, y_tr, x_te, y_te, uniq, inverse, classes, C, tol, max_iter, progress, return_iters):
     iters = []
     weights = []
-    for c in (classes[1:] if len(classes) == 2 else classes):  # binary: one problem; else one-vs-rest
+    for c in classes[1:] if len(classes) == 2 else classes:  # binary: one problem; else one-vs-rest
         y = torch.where(y_tr == c, 1.0, -1.0).double()
         _, W, it = _solve_lattice(x_tr, y, uniq, C, progress, tol, max_iter)
         weights.append(W)

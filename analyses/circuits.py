@@ -1,5 +1,6 @@
 """QK and OV circuits of heads (through TransformerLens' ``FactoredMatrix``), copying scores, the direct
-path (zero-layer bigram table) and the per-head decomposition of the logits (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*, §4.1-4.3).
+path (zero-layer bigram table) and the per-head decomposition of the logits (Elhage et al. 2021 and Li, *A
+Mathematical Framework for Transformer Circuits*, §4.1-4.3).
 
 In TransformerLens' row-vector convention a head reads ``x @ W_Q``, ``x @ W_K``, ``x @ W_V`` and writes
 ``z @ W_O``; ``model.QK[l, h] = W_Q W_Kᵀ`` and ``model.OV[l, h] = W_V W_O``. So:
@@ -9,7 +10,8 @@ In TransformerLens' row-vector convention a head reads ``x @ W_Q``, ``x @ W_K``,
 - positional QK circuit ``W_pos W_QK W_posᵀ`` ``[query pos, key pos]``;
 - full OV circuit ``W_E W_OV W_U`` ``[source token, output logit]``: what attending to a token does to the logits;
 - K-composition circuit ``W_E W_QK^B (W_OV^A)ᵀ W_Eᵀ`` ``[query token, key token]``: the score head ``B`` gives a
-  key whose *earlier-layer head ``A``* moved token ``k`` there (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*, §4.3).
+  key whose *earlier-layer head ``A``* moved token ``k`` there (Elhage et al. 2021 and Li, *A Mathematical Framework
+  for Transformer Circuits*, §4.3).
 
 Circuits use raw weights (no LayerNorm folding, no biases), as TransformerLens' ``QK``/``OV`` do.
 """
@@ -62,8 +64,16 @@ class Circuit(Result):
         m = self.dense().float().cpu()
         if self.causal:
             m = m.masked_fill(torch.ones_like(m, dtype=torch.bool).triu(1), float("nan"))
-        return jsonable({"name": self.name, "rows": self.row_labels, "cols": self.col_labels, "row_title": self.row_title,
-                         "col_title": self.col_title, "matrix": m})
+        return jsonable(
+            {
+                "name": self.name,
+                "rows": self.row_labels,
+                "cols": self.col_labels,
+                "row_title": self.row_title,
+                "col_title": self.col_title,
+                "matrix": m,
+            }
+        )
 
     def figure(self, max_size: int = 80):
         """Heatmap of the matrix (its top-left ``max_size`` corner for big vocabularies)."""
@@ -72,8 +82,14 @@ class Circuit(Result):
         m = self.dense()[:max_size, :max_size].detach().float().cpu()
         if self.causal:
             m = m.masked_fill(torch.ones_like(m, dtype=torch.bool).triu(1), float("nan"))
-        return heatmap(m, self.col_labels[: m.shape[1]], self.row_labels[: m.shape[0]], title=self.name,
-                       x_title=self.col_title, y_title=self.row_title)
+        return heatmap(
+            m,
+            self.col_labels[: m.shape[1]],
+            self.row_labels[: m.shape[0]],
+            title=self.name,
+            x_title=self.col_title,
+            y_title=self.row_title,
+        )
 
 
 def full_qk_circuit(model: HookedTransformer, head, vocab=None) -> Circuit:
@@ -89,24 +105,41 @@ def positional_qk_circuit(model: HookedTransformer, head, n_pos: int | None = No
     key > query never matter (causal mask)."""
     l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
     if model.cfg.positional_embedding_type not in ("standard", "shortformer"):
-        raise ConfigError(f"positional QK circuit needs a learned W_pos, this model uses {model.cfg.positional_embedding_type!r}")
+        raise ConfigError(
+            f"positional QK circuit needs a learned W_pos, this model uses {model.cfg.positional_embedding_type!r}"
+        )
     if not bool(model.W_pos.detach().abs().max() > 0):
-        raise ConfigError("this model has no positional embedding (W_pos is zero): its positional QK circuit is zero "
-                          "and attention cannot depend on position")
+        raise ConfigError(
+            "this model has no positional embedding (W_pos is zero): its positional QK circuit is zero "
+            "and attention cannot depend on position"
+        )
     n_pos = n_pos or model.cfg.n_ctx
     w_pos = model.W_pos[:n_pos]
     labels = [str(i) for i in range(w_pos.shape[0])]
     fm = w_pos @ model.QK[l, h] @ w_pos.T
-    return Circuit(f"positional QK circuit of {head_label(l, h)}", fm, labels, labels, "query position", "key position",
-                   causal=True)
+    return Circuit(
+        f"positional QK circuit of {head_label(l, h)}",
+        fm,
+        labels,
+        labels,
+        "query position",
+        "key position",
+        causal=True,
+    )
 
 
 def full_ov_circuit(model: HookedTransformer, head, vocab=None) -> Circuit:
     """``W_E W_OV W_U`` of one head ``[source token, output logit]``."""
     l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
     fm = model.W_E @ model.OV[l, h] @ model.W_U
-    return Circuit(f"full OV circuit of {head_label(l, h)}", fm, _token_labels(vocab, model.cfg.d_vocab),
-                   _token_labels(vocab, model.cfg.d_vocab_out), "source token", "output logit")
+    return Circuit(
+        f"full OV circuit of {head_label(l, h)}",
+        fm,
+        _token_labels(vocab, model.cfg.d_vocab),
+        _token_labels(vocab, model.cfg.d_vocab_out),
+        "source token",
+        "output logit",
+    )
 
 
 def k_composition_circuit(model: HookedTransformer, earlier, later, vocab=None) -> Circuit:
@@ -114,11 +147,19 @@ def k_composition_circuit(model: HookedTransformer, earlier, later, vocab=None) 
     la, ha = parse_head(earlier, model.cfg.n_layers, model.cfg.n_heads)
     lb, hb = parse_head(later, model.cfg.n_layers, model.cfg.n_heads)
     if lb <= la:
-        raise InterpError(f"K-composition needs the later head in a later layer, got {head_label(la, ha)} -> {head_label(lb, hb)}")
+        raise InterpError(
+            f"K-composition needs the later head in a later layer, got {head_label(la, ha)} -> {head_label(lb, hb)}"
+        )
     labels = _token_labels(vocab, model.cfg.d_vocab)
     fm = model.W_E @ model.QK[lb, hb] @ model.OV[la, ha].T @ model.W_E.T
-    return Circuit(f"K-composition circuit {head_label(la, ha)} -> {head_label(lb, hb)}", fm, labels, labels,
-                   "query token", f"key token (moved by {head_label(la, ha)})")
+    return Circuit(
+        f"K-composition circuit {head_label(la, ha)} -> {head_label(lb, hb)}",
+        fm,
+        labels,
+        labels,
+        "query token",
+        f"key token (moved by {head_label(la, ha)})",
+    )
 
 
 @dataclass
@@ -136,16 +177,32 @@ class OVCopying(Result):
 
     def rows(self) -> list[dict]:
         L, H = self.copying_score.shape
-        return [{"head": head_label(l, h), "copying_score": float(self.copying_score[l, h]),
-                 "top1": float(self.top1[l, h]), f"top{self.k}": float(self.topk[l, h])} for l in range(L) for h in range(H)]
+        return [
+            {
+                "head": head_label(l, h),
+                "copying_score": float(self.copying_score[l, h]),
+                "top1": float(self.top1[l, h]),
+                f"top{self.k}": float(self.topk[l, h]),
+            }
+            for l in range(L)
+            for h in range(H)
+        ]
 
     def figure(self):
         from interp.visualize import heatmap
 
         L, H = self.copying_score.shape
         z = torch.stack([self.copying_score.flatten(), self.top1.flatten(), self.topk.flatten()]).cpu()
-        return heatmap(z, [head_label(l, h) for l in range(L) for h in range(H)], ["copying score", "top-1", f"top-{self.k}"],
-                       title="OV circuit copying", zmin=-1, zmax=1, zmid=None, text_fmt=".2f")
+        return heatmap(
+            z,
+            [head_label(l, h) for l in range(L) for h in range(H)],
+            ["copying score", "top-1", f"top-{self.k}"],
+            title="OV circuit copying",
+            zmin=-1,
+            zmax=1,
+            zmid=None,
+            text_fmt=".2f",
+        )
 
     def to_dict(self) -> dict:
         return jsonable({"k": self.k, "heads": self.rows()})
@@ -180,8 +237,14 @@ def bigram_table(model: HookedTransformer, vocab=None) -> Circuit:
     from transformer_lens import FactoredMatrix
 
     fm = FactoredMatrix(model.W_E, model.W_U)
-    return Circuit("direct path W_E W_U (bigram table)", fm, _token_labels(vocab, model.cfg.d_vocab),
-                   _token_labels(vocab, model.cfg.d_vocab_out), "current token", "next-token logit")
+    return Circuit(
+        "direct path W_E W_U (bigram table)",
+        fm,
+        _token_labels(vocab, model.cfg.d_vocab),
+        _token_labels(vocab, model.cfg.d_vocab_out),
+        "current token",
+        "next-token logit",
+    )
 
 
 @dataclass
@@ -242,8 +305,13 @@ class LogitDecomposition(Result):
         return (at[..., good] - at[..., bad]).mean(-1)
 
     def to_dict(self) -> dict:
-        return jsonable({"parts": self.part_names, "contributions": self.contributions(),
-                         "at": "answer positions" if self.answer_pos is not None else "every next-token position"})
+        return jsonable(
+            {
+                "parts": self.part_names,
+                "contributions": self.contributions(),
+                "at": "answer positions" if self.answer_pos is not None else "every next-token position",
+            }
+        )
 
     def figure(self):
         """Bar chart: mean contribution of each part to the right token's logit."""
@@ -263,8 +331,10 @@ def logit_decomposition(model: HookedTransformer, data: TaskData | Tensor) -> Lo
     TransformerLens' row convention); for more layers each head's term is its output through ``W_U``."""
     cfg = model.cfg
     if not cfg.attn_only or cfg.normalization_type is not None:
-        raise ConfigError("logit_decomposition needs an attention-only model without LayerNorm (normalization None); "
-                          f"this model has attn_only={cfg.attn_only}, normalization={cfg.normalization_type!r}")
+        raise ConfigError(
+            "logit_decomposition needs an attention-only model without LayerNorm (normalization None); "
+            f"this model has attn_only={cfg.attn_only}, normalization={cfg.normalization_type!r}"
+        )
     answer_pos = labels = None
     if isinstance(data, TaskData):
         tokens, answer_pos, labels = data.tokens, data.answer_pos, data.labels
@@ -276,14 +346,22 @@ def logit_decomposition(model: HookedTransformer, data: TaskData | Tensor) -> Lo
     tokens = tokens.to(dev)
     check_tokens(model, tokens)
     with torch.inference_mode():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in ("hook_embed", "hook_pos_embed") or n.endswith("hook_z"))
+        _, cache = model.run_with_cache(
+            tokens, names_filter=lambda n: n in ("hook_embed", "hook_pos_embed") or n.endswith("hook_z")
+        )
         resid0 = cache["hook_embed"]
         if cfg.positional_embedding_type == "standard":
             resid0 = resid0 + cache["hook_pos_embed"]
         direct = resid0 @ model.W_U
         bias = model.b_O.sum(0) @ model.W_U + model.b_U
-        heads = torch.stack([torch.einsum("bphe,hed,dv->hbpv", cache["z", l], model.W_O[l], model.W_U)
-                             for l in range(cfg.n_layers)])
-    return LogitDecomposition(tokens=tokens, direct=direct, bias=bias, heads=heads,
-                              answer_pos=None if answer_pos is None else answer_pos.to(dev),
-                              labels=None if labels is None else labels.to(dev))
+        heads = torch.stack(
+            [torch.einsum("bphe,hed,dv->hbpv", cache["z", l], model.W_O[l], model.W_U) for l in range(cfg.n_layers)]
+        )
+    return LogitDecomposition(
+        tokens=tokens,
+        direct=direct,
+        bias=bias,
+        heads=heads,
+        answer_pos=None if answer_pos is None else answer_pos.to(dev),
+        labels=None if labels is None else labels.to(dev),
+    )

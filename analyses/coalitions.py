@@ -15,8 +15,9 @@ Values (higher is better for all but ``answer-loss``, a loss: :data:`HIGHER_IS_B
   being the labels that occur in the data; linear in the logits, so for a model without a final LayerNorm
   and zero ablation its Shapley value of a head is that head's direct logit attribution;
 - ``"separation"``: test accuracy of a linear SVC fitted on the train split to the concatenated head outputs
-  ``z`` (``hook_z``) of S at the answer position (Definition 5.2, as :func:`analyses.separation_accuracies.separation_accuracy`
-  with centred features, C=1000). v(empty set) is the SVC with its intercept alone (the commonest train label).
+  ``z`` (``hook_z``) of S at the answer position (Definition 5.2, as
+  :func:`analyses.separation_accuracies.separation_accuracy` with centred features, C=1000). v(empty set) is the SVC
+  with its intercept alone (the commonest train label).
   ``solver="torch"``: :mod:`analyses.batched_svc`, many coalitions per batched Newton solve; ``"sklearn"``:
   one scikit-learn ``LinearSVC`` per coalition, the reference;
 - a callable ``f(masks)`` taking a float mask ``[coalition, n_layers, n_heads]`` (1 = kept, built by
@@ -25,8 +26,8 @@ Values (higher is better for all but ``answer-loss``, a loss: :data:`HIGHER_IS_B
 The three logit values are computed with a coalition axis, never one forward per coalition: a one-layer
 attention-only model (``method="fast"``) recombines the cached per-head outputs at the answer position (and,
 without a final LayerNorm, the per-head logit contributions: one small matmul for all 65,536 coalitions of 16
-heads); deeper models use the hook path of :func:`analyses.learned_accuracies.hooked_subset_logits`, a group of coalitions
-per forward.
+heads); deeper models use the hook path of :func:`analyses.learned_accuracies.hooked_subset_logits`, a group of
+coalitions per forward.
 """
 
 from __future__ import annotations
@@ -91,8 +92,11 @@ class CoalitionValues(Result):
 
     def index_of(self, subset) -> int:
         """The bitmask of a subset of ``heads`` (names like ``'L0H3'`` or pairs)."""
-        if isinstance(subset, str) or (isinstance(subset, tuple) and len(subset) == 2
-                                       and all(isinstance(x, int) and not isinstance(x, bool) for x in subset)):
+        if isinstance(subset, str) or (
+            isinstance(subset, tuple)
+            and len(subset) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in subset)
+        ):
             subset = [subset]
         where = {h: i for i, h in enumerate(self.heads)}
         mask = 0
@@ -116,8 +120,17 @@ class CoalitionValues(Result):
         return float(self.values[0])
 
     def to_dict(self) -> dict:
-        return jsonable({"value": self.value, "ablation": self.ablation, "n_examples": self.n_examples,
-                         "heads": self.names, "values": self.values, "seconds": self.seconds, **self.info})
+        return jsonable(
+            {
+                "value": self.value,
+                "ablation": self.ablation,
+                "n_examples": self.n_examples,
+                "heads": self.names,
+                "values": self.values,
+                "seconds": self.seconds,
+                **self.info,
+            }
+        )
 
     def figure(self):
         """v(S) against the coalition size |S| (every coalition one dot), with the mean per size."""
@@ -127,11 +140,24 @@ class CoalitionValues(Result):
         v = self.values.double().cpu()
         k = torch.arange(self.n + 1)
         mean = torch.stack([v[size == i].mean() for i in k])
-        fig = go.Figure([go.Scatter(x=(size + 0.3 * (torch.rand(len(v)) - 0.5)).tolist(), y=v.tolist(), mode="markers",
-                                    marker=dict(size=3, opacity=0.3), name="coalitions"),
-                         go.Scatter(x=k.tolist(), y=mean.tolist(), mode="lines+markers", name="mean per size")])
-        fig.update_layout(title=f"{self.value} of every coalition of {self.n} heads", xaxis_title="heads kept |S|",
-                          yaxis_title=self.value, template="plotly_white")
+        fig = go.Figure(
+            [
+                go.Scatter(
+                    x=(size + 0.3 * (torch.rand(len(v)) - 0.5)).tolist(),
+                    y=v.tolist(),
+                    mode="markers",
+                    marker=dict(size=3, opacity=0.3),
+                    name="coalitions",
+                ),
+                go.Scatter(x=k.tolist(), y=mean.tolist(), mode="lines+markers", name="mean per size"),
+            ]
+        )
+        fig.update_layout(
+            title=f"{self.value} of every coalition of {self.n} heads",
+            xaxis_title="heads kept |S|",
+            yaxis_title=self.value,
+            template="plotly_white",
+        )
         return fig
 
 
@@ -142,8 +168,9 @@ def _answer_classes(labels: Tensor) -> Tensor:
     return classes
 
 
-def _reduce(logits: Float[Tensor, "coalition batch vocab_out"], labels: Tensor, value: str,
-            classes: Tensor | None) -> Float[Tensor, " coalition"]:
+def _reduce(
+    logits: Float[Tensor, "coalition batch vocab_out"], labels: Tensor, value: str, classes: Tensor | None
+) -> Float[Tensor, " coalition"]:
     check_finite_logits(logits, "the answer logits under these ablations")
     if value == "learned-accuracy":
         return (logits.argmax(-1) == labels[None]).double().mean(-1)
@@ -161,9 +188,23 @@ class CoalitionValue:
     once: ``evaluator(index)`` gives v of every bitmask in ``index`` (n <= 62), ``evaluator.of_bits(bits)`` of every
     row of a 0/1 matrix ``[coalition, n]`` (any n). Built by :func:`coalition_evaluator`."""
 
-    def __init__(self, fn: Callable[[Tensor], Tensor], heads: list[Head], value: str, ablation: str | None,
-                 n_examples: int, info: dict):
-        self.fn, self.heads, self.value, self.ablation, self.n_examples, self.info = fn, heads, value, ablation, n_examples, info
+    def __init__(
+        self,
+        fn: Callable[[Tensor], Tensor],
+        heads: list[Head],
+        value: str,
+        ablation: str | None,
+        n_examples: int,
+        info: dict,
+    ):
+        self.fn, self.heads, self.value, self.ablation, self.n_examples, self.info = (
+            fn,
+            heads,
+            value,
+            ablation,
+            n_examples,
+            info,
+        )
 
     def __call__(self, index: Int[Tensor, " coalition"], progress: bool = False) -> Float[Tensor, " coalition"]:
         index = torch.as_tensor(index, dtype=torch.long).cpu()
@@ -174,7 +215,9 @@ class CoalitionValue:
             raise InterpError(f"coalition bitmasks must be in [0, 2**{n}), got {index.min()}..{index.max()}")
         return self.of_bits(bits_of(index, n), progress)
 
-    def of_bits(self, bits: Int[Tensor, "coalition player"] | Bool[Tensor, "coalition player"], progress: bool = False) -> Float[Tensor, " coalition"]:
+    def of_bits(
+        self, bits: Int[Tensor, "coalition player"] | Bool[Tensor, "coalition player"], progress: bool = False
+    ) -> Float[Tensor, " coalition"]:
         """v of each row of a 0/1 matrix (``bits[c, i] = 1``: ``heads[i]`` in coalition c)."""
         bits = torch.as_tensor(bits).long().cpu()
         if bits.dim() != 2 or bits.shape[1] != len(self.heads):
@@ -190,9 +233,15 @@ class CoalitionValue:
             self.estimate(1 << n)
         t0 = time.perf_counter()
         values = self(torch.arange(1 << n), progress)
-        return CoalitionValues(list(self.heads), values, self.value, self.ablation, self.n_examples,
-                               time.perf_counter() - t0, dict(self.info))
-
+        return CoalitionValues(
+            list(self.heads),
+            values,
+            self.value,
+            self.ablation,
+            self.n_examples,
+            time.perf_counter() - t0,
+            dict(self.info),
+        )
 
     def estimate(self, total: int, probe: int = 64) -> float:
         """Seconds for ``total`` coalitions, extrapolated from ``probe`` random ones (written to stderr)."""
@@ -203,8 +252,10 @@ class CoalitionValue:
         t0 = time.perf_counter()
         self(index)
         seconds = (time.perf_counter() - t0) / probe * total
-        sys.stderr.write(f"{self.value} of all {total:,} coalitions of {len(self.heads)} heads: about "
-                         f"{_duration(seconds)} on this machine (measured on {probe} random coalitions)\n")
+        sys.stderr.write(
+            f"{self.value} of all {total:,} coalitions of {len(self.heads)} heads: about "
+            f"{_duration(seconds)} on this machine (measured on {probe} random coalitions)\n"
+        )
         sys.stderr.flush()
         return seconds
 
@@ -219,18 +270,25 @@ def _duration(seconds: float) -> str:
 
 def _players(model: HookedTransformer, heads) -> list[Head]:
     cfg = model.cfg
-    out = all_heads(cfg.n_layers, cfg.n_heads) if heads is None else parse_heads(heads, cfg.n_layers, cfg.n_heads,
-                                                                                  allow_empty=False)
+    out = (
+        all_heads(cfg.n_layers, cfg.n_heads)
+        if heads is None
+        else parse_heads(heads, cfg.n_layers, cfg.n_heads, allow_empty=False)
+    )
     return out
 
 
 def _check_exact(n: int) -> None:
     if n > MAX_PLAYERS:
-        raise InterpError(f"{n} heads give 2**{n} coalitions; exact values take at most {MAX_PLAYERS} "
-                          "heads (pass heads=[...], or use sampled_shapley)")
+        raise InterpError(
+            f"{n} heads give 2**{n} coalitions; exact values take at most {MAX_PLAYERS} "
+            "heads (pass heads=[...], or use sampled_shapley)"
+        )
 
 
-def _masks(bits: Tensor, players: list[Head], n_layers: int, n_heads: int, device) -> Float[Tensor, "coalition layer head"]:
+def _masks(
+    bits: Tensor, players: list[Head], n_layers: int, n_heads: int, device
+) -> Float[Tensor, "coalition layer head"]:
     """Float head masks ``[coalition, layer, head]`` of bitmasks over ``players`` (others 0): the same masks
     :func:`interp.heads.head_mask` builds from head lists, built from the bits directly for 2**n coalitions."""
     b = bits.to(device).float()
@@ -240,9 +298,22 @@ def _masks(bits: Tensor, players: list[Head], n_layers: int, n_heads: int, devic
     return flat.view(len(b), n_layers, n_heads)
 
 
-def coalition_evaluator(model: HookedTransformer, data: TaskData | AnswerCache, *, value="learned-accuracy", heads=None, ablation: str = "zero",
-                        train=None, task: Task | None = None, solver: str = "torch", method: str = "auto", reference=None,
-                        C: float = 1000.0, budget: int = DEFAULT_BUDGET, chunk: int = 4096) -> CoalitionValue:
+def coalition_evaluator(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    *,
+    value="learned-accuracy",
+    heads=None,
+    ablation: str = "zero",
+    train=None,
+    task: Task | None = None,
+    solver: str = "torch",
+    method: str = "auto",
+    reference=None,
+    C: float = 1000.0,
+    budget: int = DEFAULT_BUDGET,
+    chunk: int = 4096,
+) -> CoalitionValue:
     """The preparation of :func:`coalition_values` (same arguments), for evaluating chosen coalitions only
     (permutation sampling, :func:`analyses.shapley.sampled_shapley`)."""
     cfg = model.cfg
@@ -257,16 +328,20 @@ def coalition_evaluator(model: HookedTransformer, data: TaskData | AnswerCache, 
                 masks = _masks(bits[i : i + chunk], players, cfg.n_layers, cfg.n_heads, device)
                 v = torch.as_tensor(value(masks), dtype=torch.float64).reshape(-1)
                 if len(v) != len(masks):
-                    raise InterpError(f"the value callable returned {len(v)} numbers for {len(masks)} coalitions; "
-                                      "expected one per coalition (input: float masks [coalition, layer, head])")
+                    raise InterpError(
+                        f"the value callable returned {len(v)} numbers for {len(masks)} coalitions; "
+                        "expected one per coalition (input: float masks [coalition, layer, head])"
+                    )
                 out.append(v.cpu())
             return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
         n = len(data) if hasattr(data, "__len__") else 0
         return CoalitionValue(fn, players, name, None, n, {})
     if value in RENAMED:
-        raise InterpError(f"value {value!r} is now {RENAMED[value]!r} (the cross-entropy at the answer position only; "
-                          "evaluate()'s 'loss' averages every target position of the task)")
+        raise InterpError(
+            f"value {value!r} is now {RENAMED[value]!r} (the cross-entropy at the answer position only; "
+            "evaluate()'s 'loss' averages every target position of the task)"
+        )
     if value not in VALUES:
         raise InterpError(f"unknown value {value!r}; expected one of {VALUES} or a callable on head masks")
     if value == "separation":
@@ -288,10 +363,13 @@ def coalition_evaluator(model: HookedTransformer, data: TaskData | AnswerCache, 
     if ablation == "mean":
         z_ref = mean_head_outputs(model, reference if reference is not None else data).to(device)
     if method == "fast" and not hasattr(model, "ln_final") and value != "answer-loss":
-        return _linear_evaluator(model, as_cache(model, data, attention=False), z_ref, players, value, classes, ablation)
+        return _linear_evaluator(
+            model, as_cache(model, data, attention=False), z_ref, players, value, classes, ablation
+        )
     if method == "fast":
         logits_of = _fast_logits(model, as_cache(model, data, attention=False), z_ref)
     else:
+
         def logits_of(masks):
             return hooked_subset_logits(model, data, masks, z_ref, budget)
 
@@ -338,14 +416,16 @@ def _fast_logits(model: HookedTransformer, cache: AnswerCache, z_ref):
     return logits
 
 
-def _linear_evaluator(model: HookedTransformer, cache: AnswerCache, z_ref, players, value, classes, ablation) -> CoalitionValue:
+def _linear_evaluator(
+    model: HookedTransformer, cache: AnswerCache, z_ref, players, value, classes, ablation
+) -> CoalitionValue:
     """One-layer attention-only model without a final LayerNorm: the answer logits are affine in the head mask,
     ``logits(S) = base + sum_{h in S} c_h``. The logit difference is then affine too (v(S) = a_0 + sum a_h), and
     learned accuracy only needs, per example, the differences ``logit[c] - logit[label]`` for the output columns
     ``c`` that can beat the label for some mask (bounded by summing the positive parts of the per-head
     differences): usually just the other answer classes, so all 2**16 coalitions are one small matmul."""
     cfg = model.cfg
-    L, H = cfg.n_layers, cfg.n_heads
+    _L, H = cfg.n_layers, cfg.n_heads
     attn = model.blocks[0].attn
     labels = cache.labels
     with torch.inference_mode():
@@ -415,9 +495,22 @@ def _linear_evaluator(model: HookedTransformer, cache: AnswerCache, z_ref, playe
     return CoalitionValue(fn, players, value, ablation, b, {"method": "fast", "columns": len(cols)})
 
 
-def coalition_values(model: HookedTransformer, data: TaskData | AnswerCache, *, value="learned-accuracy", heads=None, ablation: str = "zero",
-                     train=None, task: Task | None = None, solver: str = "torch", method: str = "auto", reference=None,
-                     C: float = 1000.0, budget: int = DEFAULT_BUDGET, progress: bool = False) -> CoalitionValues:
+def coalition_values(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    *,
+    value="learned-accuracy",
+    heads=None,
+    ablation: str = "zero",
+    train=None,
+    task: Task | None = None,
+    solver: str = "torch",
+    method: str = "auto",
+    reference=None,
+    C: float = 1000.0,
+    budget: int = DEFAULT_BUDGET,
+    progress: bool = False,
+) -> CoalitionValues:
     """v(S) for all ``2**n`` subsets S of ``heads`` (default all heads; at most 24), index = bitmask over ``heads``.
 
     ``data``: the split scored (task data, or an :class:`AnswerCache` for the fast method). ``value``: see the
@@ -425,8 +518,20 @@ def coalition_values(model: HookedTransformer, data: TaskData | AnswerCache, *, 
     default ``data``) for the heads outside S. ``train``: the split the separators are fitted on
     (``value="separation"``; default ``task.dataset("train")``). ``solver``: ``"torch"`` (batched) or
     ``"sklearn"`` (one LinearSVC per coalition) for the separation value. ``method``: ``auto``/``fast``/``hooks``."""
-    ev = coalition_evaluator(model, data, value=value, heads=heads, ablation=ablation, train=train, task=task,
-                             solver=solver, method=method, reference=reference, C=C, budget=budget)
+    ev = coalition_evaluator(
+        model,
+        data,
+        value=value,
+        heads=heads,
+        ablation=ablation,
+        train=train,
+        task=task,
+        solver=solver,
+        method=method,
+        reference=reference,
+        C=C,
+        budget=budget,
+    )
     return ev.all(progress)
 
 
@@ -438,14 +543,15 @@ def _separation_evaluator(model: HookedTransformer, test, players, *, train, tas
         raise InterpError(f"unknown solver {solver!r}; expected one of {SOLVERS}")
     if train is None:
         if task is None:
-            raise InterpError("value='separation' needs the train split the separators are fitted on: pass train=... "
-                              "(task data or an AnswerCache) or task=...")
+            raise InterpError(
+                "value='separation' needs the train split the separators are fitted on: pass train=... "
+                "(task data or an AnswerCache) or task=..."
+            )
         train = task.dataset("train")
     tr = as_cache(model, train, attention=False, task=task)
     te = as_cache(model, test, attention=False, task=task)
     if tr.task != te.task:
         raise InterpError(f"train data is of task {tr.task!r} but test data of task {te.task!r}")
-    e = model.cfg.d_head
     x_tr = torch.stack([tr.z[:, l, h] for l, h in players], 1).double().cpu()  # [N, n, e]
     x_te = torch.stack([te.z[:, l, h] for l, h in players], 1).double().cpu()
     mean = x_tr.mean(0, keepdim=True)  # centred at the train mean, as analyses.separation_accuracies does by default
@@ -454,9 +560,12 @@ def _separation_evaluator(model: HookedTransformer, test, players, *, train, tas
     if not (torch.isfinite(x_tr).all() and torch.isfinite(x_te).all()):
         raise InterpError("the head outputs hold NaN or infinite values; a separator needs finite features")
     if len(torch.unique(y_tr)) < 2:
-        raise InterpError(f"the train labels contain one class only ({torch.unique(y_tr).tolist()}); a separator needs two")
+        raise InterpError(
+            f"the train labels contain one class only ({torch.unique(y_tr).tolist()}); a separator needs two"
+        )
     info = {"solver": solver, "C": float(C), "n_train": len(tr), "n_test": len(te), "center": True}
     if solver == "sklearn":
+
         def fn(bits, progress):
             return _sklearn_values(x_tr, y_tr, x_te, y_te, bits, C, progress)
     else:
@@ -464,7 +573,9 @@ def _separation_evaluator(model: HookedTransformer, test, players, *, train, tas
 
         def fn(bits, progress):
             if bits.shape[1] > MAX_BITMASK:
-                raise InterpError(f"the batched SVC takes at most {MAX_BITMASK} heads; pass heads=[...] or solver='sklearn'")
+                raise InterpError(
+                    f"the batched SVC takes at most {MAX_BITMASK} heads; pass heads=[...] or solver='sklearn'"
+                )
             index = (bits << torch.arange(bits.shape[1])).sum(-1)
             return svc_test_accuracy(x_tr, y_tr, x_te, y_te, index, C=C, progress=progress)
 

@@ -30,17 +30,23 @@ if TYPE_CHECKING:
 MODES = ("Q", "K", "V")
 
 
-def random_baseline(d_model: int, d_head: int, n_samples: int = 1000, seed: int = 0, device=None) -> tuple[float, float]:
+def random_baseline(
+    d_model: int, d_head: int, n_samples: int = 1000, seed: int = 0, device=None
+) -> tuple[float, float]:
     """Mean and standard deviation of the composition score of independent random Gaussian factor pairs
     (``[d_model, d_head] @ [d_head, d_model]``), computed with TransformerLens' ``composition_scores``."""
     from transformer_lens import FactoredMatrix
     from transformer_lens.utilities import composition_scores
 
     if d_model < 1 or d_head < 1 or n_samples < 2:
-        raise InterpError(f"random_baseline needs d_model, d_head >= 1 and n_samples >= 2, got {d_model}, {d_head}, {n_samples}")
+        raise InterpError(
+            f"random_baseline needs d_model, d_head >= 1 and n_samples >= 2, got {d_model}, {d_head}, {n_samples}"
+        )
     gen = torch.Generator().manual_seed(seed)
-    a1, b1, a2, b2 = (torch.randn(n_samples, *shape, generator=gen).to(device)  # CPU generator: same numbers everywhere
-                      for shape in ((d_model, d_head), (d_head, d_model)) * 2)
+    a1, b1, a2, b2 = (
+        torch.randn(n_samples, *shape, generator=gen).to(device)  # CPU generator: same numbers everywhere
+        for shape in ((d_model, d_head), (d_head, d_model)) * 2
+    )
     s = composition_scores(FactoredMatrix(a1, b1), FactoredMatrix(a2, b2), broadcast_dims=False)
     return float(s.mean()), float(s.std())
 
@@ -72,7 +78,9 @@ class CompositionScores(Result):
     def pairs(self) -> list[tuple[tuple[int, int], tuple[int, int]]]:
         """Every (earlier head, later head) pair, in layer order."""
         L, H = self.n_layers, self.n_heads
-        return [((l1, h1), (l2, h2)) for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)]
+        return [
+            ((l1, h1), (l2, h2)) for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)
+        ]
 
     def z_score(self, mode: str) -> Tensor:
         """How many baseline standard deviations above the baseline mean each score lies."""
@@ -81,10 +89,17 @@ class CompositionScores(Result):
     def top_pairs(self, mode: str = "K", k: int = 5) -> list[dict]:
         """The ``k`` highest-scoring pairs as rows ``{from, to, score, ratio_to_baseline, z}``."""
         s = self.scores(mode)
-        rows = [{"from": head_label(*a), "to": head_label(*b), "mode": mode, "score": float(s[a + b]),
-                 "ratio_to_baseline": float(s[a + b]) / self.baseline_mean,
-                 "z": (float(s[a + b]) - self.baseline_mean) / max(self.baseline_std, 1e-12)}
-                for a, b in self.pairs()]
+        rows = [
+            {
+                "from": head_label(*a),
+                "to": head_label(*b),
+                "mode": mode,
+                "score": float(s[a + b]),
+                "ratio_to_baseline": float(s[a + b]) / self.baseline_mean,
+                "z": (float(s[a + b]) - self.baseline_mean) / max(self.baseline_std, 1e-12),
+            }
+            for a, b in self.pairs()
+        ]
         return sorted(rows, key=lambda r: -r["score"])[:k]
 
     def matrix(self, mode: str = "K") -> tuple[Tensor, list[str], list[str]]:
@@ -103,16 +118,31 @@ class CompositionScores(Result):
         if self.n_layers < 2:
             raise InterpError("a one-layer model has no head composition to draw")
         z, rows, cols = self.matrix(mode)
-        return heatmap(z, cols, rows, colorscale="Blues", zmid=None, zmin=0, zmax=max(float(z.max()), 2 * self.baseline_mean),
-                       text_fmt=".2f", x_title="later head", y_title="earlier head",
-                       title=f"{mode}-composition scores (random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f})")
+        return heatmap(
+            z,
+            cols,
+            rows,
+            colorscale="Blues",
+            zmid=None,
+            zmin=0,
+            zmax=max(float(z.max()), 2 * self.baseline_mean),
+            text_fmt=".2f",
+            x_title="later head",
+            y_title="earlier head",
+            title=f"{mode}-composition scores (random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f})",
+        )
 
     def to_dict(self) -> dict:
         L, H = self.n_layers, self.n_heads
-        return jsonable({"head_labels": [head_label(l, h) for l in range(L) for h in range(H)],
-                         "baseline_mean": self.baseline_mean, "baseline_std": self.baseline_std,
-                         **{m: self.scores(m).reshape(L * H, L * H) for m in MODES},
-                         "top_K": self.top_pairs("K", 5)})
+        return jsonable(
+            {
+                "head_labels": [head_label(l, h) for l in range(L) for h in range(H)],
+                "baseline_mean": self.baseline_mean,
+                "baseline_std": self.baseline_std,
+                **{m: self.scores(m).reshape(L * H, L * H) for m in MODES},
+                "top_K": self.top_pairs("K", 5),
+            }
+        )
 
     def figure(self, mode: str = "K"):
         return None if self.n_layers < 2 else self.mode_figure(mode)
@@ -121,8 +151,12 @@ class CompositionScores(Result):
         from interp.visualize import render_table
 
         rows = [r for m in MODES for r in self.top_pairs(m, 3)]
-        return render_table(rows, ["mode", "from", "to", "score", "ratio_to_baseline", "z"], float_format=".3f",
-                            caption=f"random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f}")
+        return render_table(
+            rows,
+            ["mode", "from", "to", "score", "ratio_to_baseline", "z"],
+            float_format=".3f",
+            caption=f"random baseline {self.baseline_mean:.3f} ± {self.baseline_std:.3f}",
+        )
 
 
 def composition_scores(model: HookedTransformer, n_baseline: int = 1000, seed: int = 0) -> CompositionScores:
@@ -130,6 +164,5 @@ def composition_scores(model: HookedTransformer, n_baseline: int = 1000, seed: i
     random baseline for ``d_model`` and ``d_head``."""
     with torch.inference_mode():
         s = {m: model.all_composition_scores(m).detach().clone() for m in MODES}
-    mean, std = random_baseline(model.cfg.d_model, model.cfg.d_head, n_baseline, seed=seed,
-                                device=model_device(model))
+    mean, std = random_baseline(model.cfg.d_model, model.cfg.d_head, n_baseline, seed=seed, device=model_device(model))
     return CompositionScores(**s, baseline_mean=mean, baseline_std=std)

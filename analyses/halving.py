@@ -3,8 +3,9 @@
 The mask and the schedule live in :mod:`interp.halving`; this module supplies what scores the active heads at a
 halving step (higher is kept), all computed on the model as it is at that step (masked heads are zero already):
 
-- ``svc``: each head's separation accuracy (Definition 5.2, :func:`analyses.separation_accuracies.separation_accuracy`: a linear
-  SVC fitted on the train split, scored on the validation split: the test split is never seen during training).
+- ``svc``: each head's separation accuracy (Definition 5.2,
+  :func:`analyses.separation_accuracies.separation_accuracy`: a linear SVC fitted on the train split, scored on the
+  validation split: the test split is never seen during training).
 - ``learned``: each head's learned accuracy on the validation split (Definition 5.1,
   :func:`analyses.learned_accuracies.learned_accuracy`: every other head zeroed).
 - ``shapley-svc`` / ``shapley-learned``: each head's exact Shapley value (Definition 5.3) over the active heads
@@ -43,7 +44,9 @@ if TYPE_CHECKING:
 VALUES = ("learned", "svc")
 
 
-def single_head_scores(model: HookedTransformer, heads: Sequence[Head], value: str, *, train=None, data=None, task: Task | None = None) -> list[float]:
+def single_head_scores(
+    model: HookedTransformer, heads: Sequence[Head], value: str, *, train=None, data=None, task: Task | None = None
+) -> list[float]:
     """Per head: its separation accuracy (``value="svc"``, fitted on ``train``, scored on ``data``) or its learned
     accuracy on ``data`` (``value="learned"``)."""
     if value not in VALUES:
@@ -56,7 +59,16 @@ def single_head_scores(model: HookedTransformer, heads: Sequence[Head], value: s
     return learned_accuracy(model, data, subsets, task=task).accuracy.tolist()
 
 
-def shapley_scores(model: HookedTransformer, data, heads: Sequence, value: str, *, train=None, task: Task | None = None, solver: str = "torch") -> list[float]:
+def shapley_scores(
+    model: HookedTransformer,
+    data,
+    heads: Sequence,
+    value: str,
+    *,
+    train=None,
+    task: Task | None = None,
+    solver: str = "torch",
+) -> list[float]:
     """Exact Shapley value of each head in ``heads`` over the coalitions of ``heads`` (the other heads zeroed), with
     v = learned accuracy on ``data`` (``value="learned"``) or separation accuracy fitted on ``train`` and scored on
     ``data`` (``value="svc"``; ``solver="torch"``: the batched SVC, ``"sklearn"``: one LinearSVC per coalition).
@@ -117,19 +129,36 @@ class HalvingHistory(Result):
     test_accuracy: float | None = None
 
     def to_dict(self) -> dict:
-        return jsonable({"strategy": self.strategy, "threshold": self.threshold, "active": self.active,
-                         "success": self.success, "score": self.score, "kept_epoch": self.kept_epoch,
-                         "test_accuracy": self.test_accuracy, "steps": self.steps,
-                         "epochs": self.epochs, "val_accuracy": self.val_accuracy})
+        return jsonable(
+            {
+                "strategy": self.strategy,
+                "threshold": self.threshold,
+                "active": self.active,
+                "success": self.success,
+                "score": self.score,
+                "kept_epoch": self.kept_epoch,
+                "test_accuracy": self.test_accuracy,
+                "steps": self.steps,
+                "epochs": self.epochs,
+                "val_accuracy": self.val_accuracy,
+            }
+        )
 
     def text(self) -> str:
-        lines = [f"halving heads ({self.strategy}, threshold {self.threshold:g}): "
-                 + (f"ended with one head ({', '.join(self.active)})" if self.success
-                    else f"FAILED: ended with {len(self.active)} heads ({', '.join(self.active)}); scored 0")]
+        lines = [
+            f"halving heads ({self.strategy}, threshold {self.threshold:g}): "
+            + (
+                f"ended with one head ({', '.join(self.active)})"
+                if self.success
+                else f"FAILED: ended with {len(self.active)} heads ({', '.join(self.active)}); scored 0"
+            )
+        ]
         for s in self.steps:
             scores = ", ".join(f"{h} {v:.3f}" for h, v in s["scores"].items())
             acc = "" if s["val_accuracy"] is None else f" (val {s['val_accuracy']:.4f})"
-            lines.append(f"  epoch {s['epoch']}{acc}: kept {', '.join(s['kept'])} of {len(s['before'])}; scores {scores}")
+            lines.append(
+                f"  epoch {s['epoch']}{acc}: kept {', '.join(s['kept'])} of {len(s['before'])}; scores {scores}"
+            )
         if self.kept_epoch is not None:
             lines.append(f"kept epoch {self.kept_epoch}; test accuracy {self.test_accuracy}; score {self.score}")
         return "\n".join(lines)
@@ -139,16 +168,33 @@ class HalvingHistory(Result):
 
         fig = go.Figure(go.Scatter(x=self.epochs, y=self.val_accuracy, mode="lines", name="validation accuracy"))
         for s in self.steps:
-            fig.add_vline(x=s["epoch"], line_dash="dash", line_color="gray",
-                          annotation_text=f"{len(s['before'])}→{len(s['kept'])}", annotation_position="top left")
+            fig.add_vline(
+                x=s["epoch"],
+                line_dash="dash",
+                line_color="gray",
+                annotation_text=f"{len(s['before'])}→{len(s['kept'])}",
+                annotation_position="top left",
+            )
         fig.add_hline(y=self.threshold, line_dash="dot", line_color="lightgray")
         if self.kept_epoch is not None and self.kept_epoch in self.epochs:
             i = self.epochs.index(self.kept_epoch)
-            fig.add_trace(go.Scatter(x=[self.kept_epoch], y=[self.val_accuracy[i]], mode="markers", name="kept",
-                                     marker=dict(size=9, symbol="star")))
-        fig.update_layout(title=f"Halving heads ({self.strategy}): validation accuracy; dashed lines: halving steps",
-                          xaxis_title="epoch", yaxis_title="validation accuracy", template="plotly_white",
-                          height=380, width=760)
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.kept_epoch],
+                    y=[self.val_accuracy[i]],
+                    mode="markers",
+                    name="kept",
+                    marker=dict(size=9, symbol="star"),
+                )
+            )
+        fig.update_layout(
+            title=f"Halving heads ({self.strategy}): validation accuracy; dashed lines: halving steps",
+            xaxis_title="epoch",
+            yaxis_title="validation accuracy",
+            template="plotly_white",
+            height=380,
+            width=760,
+        )
         return fig
 
 
@@ -160,10 +206,17 @@ def halving_history(ckpt_or_training) -> HalvingHistory:
         raise InterpError("this checkpoint was not trained with halving heads (no 'halving' in its training metadata)")
     history = [r for r in training.get("history", []) if "epoch" in r]
     return HalvingHistory(
-        strategy=h["strategy"], threshold=h["threshold"], epochs=[r["epoch"] for r in history],
-        val_accuracy=[r["val_accuracy"] for r in history], steps=h["steps"], active=h["active"], success=h["success"],
-        score=h.get("score"), kept_epoch=training.get("kept_epoch"),
-        test_accuracy=training.get("accuracy", {}).get("test"))
+        strategy=h["strategy"],
+        threshold=h["threshold"],
+        epochs=[r["epoch"] for r in history],
+        val_accuracy=[r["val_accuracy"] for r in history],
+        steps=h["steps"],
+        active=h["active"],
+        success=h["success"],
+        score=h.get("score"),
+        kept_epoch=training.get("kept_epoch"),
+        test_accuracy=training.get("accuracy", {}).get("test"),
+    )
 
 
 def add_halving_section(ckpt, report) -> None:
@@ -171,12 +224,24 @@ def add_halving_section(ckpt, report) -> None:
     if not ckpt.training.get("halving"):
         return
     hist = halving_history(ckpt)
-    report.section("Halving heads", "Fraknói 2024, §5.5, Figure 10: validation accuracy over the epochs; each dashed line "
-                   f"is a halving step, taken when validation accuracy reached {hist.threshold:g}, that masked half of "
-                   f"the active heads, keeping the best by the strategy ({hist.strategy}). The kept model is the best "
-                   "one-head state by validation accuracy; a run that ends with more than one head scores 0.")
+    report.section(
+        "Halving heads",
+        "Fraknói 2024, §5.5, Figure 10: validation accuracy over the epochs; each dashed line "
+        f"is a halving step, taken when validation accuracy reached {hist.threshold:g}, that masked half of "
+        f"the active heads, keeping the best by the strategy ({hist.strategy}). The kept model is the best "
+        "one-head state by validation accuracy; a run that ends with more than one head scores 0.",
+    )
     report.result(hist, caption=hist.text().splitlines()[0])
-    report.table([{"epoch": s["epoch"], "val_accuracy": "-" if s["val_accuracy"] is None else f"{s['val_accuracy']:.4f}",
-                   "kept": " ".join(s["kept"]), "masked": " ".join(s["masked"]),
-                   "scores": ", ".join(f"{k} {v:.3f}" for k, v in s["scores"].items())} for s in hist.steps],
-                 caption="Halving steps (scores: higher is kept)")
+    report.table(
+        [
+            {
+                "epoch": s["epoch"],
+                "val_accuracy": "-" if s["val_accuracy"] is None else f"{s['val_accuracy']:.4f}",
+                "kept": " ".join(s["kept"]),
+                "masked": " ".join(s["masked"]),
+                "scores": ", ".join(f"{k} {v:.3f}" for k, v in s["scores"].items()),
+            }
+            for s in hist.steps
+        ],
+        caption="Halving steps (scores: higher is kept)",
+    )

@@ -84,8 +84,11 @@ class LearnedAccuracy(Result):
     def __getitem__(self, subset) -> float:
         """The accuracy of one subset: a single head (``'L0H2'`` or ``(0, 2)``) or a list of heads
         (``['L0H1', 'L0H2']``, ``[(0, 1), (0, 2)]``; ``[]`` is the empty subset)."""
-        if isinstance(subset, str) or (isinstance(subset, tuple) and len(subset) == 2
-                                       and all(isinstance(x, int) and not isinstance(x, bool) for x in subset)):
+        if isinstance(subset, str) or (
+            isinstance(subset, tuple)
+            and len(subset) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in subset)
+        ):
             subset = [subset]
         if not isinstance(subset, (list, tuple)):
             raise HeadError(f"expected a head ('L0H2', (0, 2)) or a list of heads, got {subset!r}")
@@ -96,8 +99,14 @@ class LearnedAccuracy(Result):
         raise InterpError(f"subset {subset_name(key)} was not evaluated here")
 
     def to_dict(self) -> dict:
-        return jsonable({"ablation": self.ablation, "n_examples": self.n_examples,
-                         "subsets": [[head_label(*h) for h in s] for s in self.subsets], "accuracy": self.accuracy})
+        return jsonable(
+            {
+                "ablation": self.ablation,
+                "n_examples": self.n_examples,
+                "subsets": [[head_label(*h) for h in s] for s in self.subsets],
+                "accuracy": self.accuracy,
+            }
+        )
 
     def figure(self, top: int = 40):
         """Bar chart of the ``top`` best subsets."""
@@ -105,8 +114,12 @@ class LearnedAccuracy(Result):
 
         order = torch.argsort(self.accuracy.cpu(), descending=True)[:top].tolist()
         fig = go.Figure(go.Bar(x=[self.names[i] for i in order], y=[float(self.accuracy[i]) for i in order]))
-        fig.update_layout(title=f"Learned accuracy ({self.ablation}-ablation of the other heads, {self.n_examples} examples)",
-                          yaxis_title="accuracy", yaxis_range=[0, 1], template="plotly_white")
+        fig.update_layout(
+            title=f"Learned accuracy ({self.ablation}-ablation of the other heads, {self.n_examples} examples)",
+            yaxis_title="accuracy",
+            yaxis_range=[0, 1],
+            template="plotly_white",
+        )
         return fig
 
 
@@ -114,8 +127,18 @@ def subset_name(subset: Subset) -> str:
     return "{" + ",".join(head_label(*h) for h in subset) + "}" if subset else "{}"
 
 
-def learned_accuracy(model: HookedTransformer, data: TaskData | AnswerCache, subsets: Iterable, *, ablation: str = "zero", reference=None,
-                     method: str = "auto", task: Task | None = None, budget: int = DEFAULT_BUDGET, cache: AnswerCache | None = None) -> LearnedAccuracy:
+def learned_accuracy(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    subsets: Iterable,
+    *,
+    ablation: str = "zero",
+    reference=None,
+    method: str = "auto",
+    task: Task | None = None,
+    budget: int = DEFAULT_BUDGET,
+    cache: AnswerCache | None = None,
+) -> LearnedAccuracy:
     """A_l(H) for every H in ``subsets`` (a list of head lists; ``[]`` is the direct path alone).
 
     ``ablation``: ``"zero"`` or ``"mean"`` (the ablated heads output their mean ``z`` at the answer
@@ -130,8 +153,9 @@ def learned_accuracy(model: HookedTransformer, data: TaskData | AnswerCache, sub
         check_model_data(model, data, task)
     cfg = model.cfg
     parsed = parse_subsets(subsets, cfg.n_layers, cfg.n_heads)
-    logits = subset_answer_logits(model, data, parsed, ablation=ablation, reference=reference, method=method,
-                                  budget=budget, cache=cache)
+    logits = subset_answer_logits(
+        model, data, parsed, ablation=ablation, reference=reference, method=method, budget=budget, cache=cache
+    )
     check_finite_logits(logits, "the answer logits under these ablations")
     labels = data.labels.to(logits.device)
     acc = (logits.argmax(-1) == labels[None]).float().mean(-1)
@@ -143,14 +167,24 @@ def learned_accuracy_of(model: HookedTransformer, data: TaskData | AnswerCache, 
     return float(learned_accuracy(model, data, [heads], **kw).accuracy[0])
 
 
-def learned_accuracy_of_size(model: HookedTransformer, data: TaskData | AnswerCache, size: int, **kw) -> LearnedAccuracy:
+def learned_accuracy_of_size(
+    model: HookedTransformer, data: TaskData | AnswerCache, size: int, **kw
+) -> LearnedAccuracy:
     """A_l(H) for every subset of ``size`` heads (1: singles, 2: pairs, 3: triples)."""
     return learned_accuracy(model, data, head_subsets(model.cfg.n_layers, model.cfg.n_heads, size), **kw)
 
 
-def subset_answer_logits(model: HookedTransformer, data: TaskData | AnswerCache, subsets: Sequence[Subset], *, ablation: str = "zero", reference=None,
-                         method: str = "auto", budget: int = DEFAULT_BUDGET,
-                         cache: AnswerCache | None = None) -> Float[Tensor, "subset batch vocab_out"]:
+def subset_answer_logits(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    subsets: Sequence[Subset],
+    *,
+    ablation: str = "zero",
+    reference=None,
+    method: str = "auto",
+    budget: int = DEFAULT_BUDGET,
+    cache: AnswerCache | None = None,
+) -> Float[Tensor, "subset batch vocab_out"]:
     """The answer-position logits of every example under every subset's ablation."""
     if ablation not in ABLATIONS:
         raise InterpError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
@@ -165,14 +199,20 @@ def subset_answer_logits(model: HookedTransformer, data: TaskData | AnswerCache,
     if method == "fast":
         cache = cache if cache is not None else as_cache(model, data, attention=False)
         if len(cache) != len(data):
-            raise InterpError(f"the cache holds {len(cache)} examples but the data {len(data)}; pass the cache of this data")
+            raise InterpError(
+                f"the cache holds {len(cache)} examples but the data {len(data)}; pass the cache of this data"
+            )
         return cached_subset_logits(model, cache, masks, z_ref)
     return hooked_subset_logits(model, data, masks, z_ref, budget)
 
 
-def cached_subset_logits(model: HookedTransformer, cache: AnswerCache, masks: Float[Tensor, "subset layer head"],
-                         z_ref: Float[Tensor, "layer head d_head"] | None = None,
-                         block_elems: int = 1 << 24) -> Float[Tensor, "subset batch vocab_out"]:
+def cached_subset_logits(
+    model: HookedTransformer,
+    cache: AnswerCache,
+    masks: Float[Tensor, "subset layer head"],
+    z_ref: Float[Tensor, "layer head d_head"] | None = None,
+    block_elems: int = 1 << 24,
+) -> Float[Tensor, "subset batch vocab_out"]:
     """Exact answer logits per subset for a one-layer attention-only model, from cached ``z``."""
     attn = model.blocks[0].attn
     z = cache.z[:, 0]  # [b, h, e]
@@ -204,8 +244,13 @@ def _mask_hook(layer: int, rows: Float[Tensor, "rows layer head"], z_ref):
     return hook
 
 
-def hooked_subset_logits(model: HookedTransformer, data: TaskData, masks: Float[Tensor, "subset layer head"], z_ref=None,
-                         budget: int = DEFAULT_BUDGET) -> Float[Tensor, "subset batch vocab_out"]:
+def hooked_subset_logits(
+    model: HookedTransformer,
+    data: TaskData,
+    masks: Float[Tensor, "subset layer head"],
+    z_ref=None,
+    budget: int = DEFAULT_BUDGET,
+) -> Float[Tensor, "subset batch vocab_out"]:
     """Answer logits per subset through ``hook_z`` hooks, any number of layers: each forward runs a group of
     subsets at once on a repeated batch (subset-major), with at most ``budget`` attention entries per head."""
     S = masks.shape[0]
@@ -231,8 +276,15 @@ def hooked_subset_logits(model: HookedTransformer, data: TaskData, masks: Float[
     return out["logits"].transpose(0, 1)
 
 
-def learned_accuracy_loop(model: HookedTransformer, data: TaskData, subsets: Iterable, *, ablation: str = "zero", reference=None,
-                          task: Task | None = None) -> LearnedAccuracy:
+def learned_accuracy_loop(
+    model: HookedTransformer,
+    data: TaskData,
+    subsets: Iterable,
+    *,
+    ablation: str = "zero",
+    reference=None,
+    task: Task | None = None,
+) -> LearnedAccuracy:
     """The slow reference: one ``run_with_hooks`` pass over the data per subset (tests and benchmarks)."""
     check_model_data(model, data, task)
     cfg = model.cfg
@@ -245,12 +297,14 @@ def learned_accuracy_loop(model: HookedTransformer, data: TaskData, subsets: Ite
     for subset in parsed:
         mask = head_mask([subset], cfg.n_layers, cfg.n_heads, device)[0]
 
-        def fn(chunk: TaskData) -> dict[str, Tensor]:
+        def fn(chunk: TaskData, mask: Tensor = mask) -> dict[str, Tensor]:
             hooks = []
             for l in range(cfg.n_layers):
+
                 def hook(z, hook, l=l):
                     m = mask[l][None, None, :, None]
                     return z * m if z_ref is None else z * m + z_ref[l][None, None] * (1 - m)
+
                 hooks.append((f"blocks.{l}.attn.hook_z", hook))
             with torch.inference_mode():
                 logits = model.run_with_hooks(chunk.tokens, fwd_hooks=hooks)

@@ -73,12 +73,15 @@ def hook_name(where: str, layer: int) -> str:
 
 # -- inputs and metrics ------------------------------------------------------------------------------------------
 
+
 def _tokens(x, what: str) -> Tensor:
     if isinstance(x, TaskData):
         return x.tokens
     if isinstance(x, Tensor):
         return x
-    raise TaskError(f"{what} must be task data (interp.task.TaskData) or a token tensor [batch, pos], got {type(x).__name__}")
+    raise TaskError(
+        f"{what} must be task data (interp.task.TaskData) or a token tensor [batch, pos], got {type(x).__name__}"
+    )
 
 
 def _check_inputs(model: HookedTransformer, clean, corrupted) -> tuple[Tensor, Tensor]:
@@ -98,10 +101,12 @@ def _check_inputs(model: HookedTransformer, clean, corrupted) -> tuple[Tensor, T
     check_tokens(model, a)
     check_tokens(model, b)
     if a.shape != b.shape:
-        raise TokenError(f"clean and corrupted tokens must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if isinstance(clean, TaskData) and isinstance(corrupted, TaskData):
-        if not torch.equal(clean.answer_pos.to(dev), corrupted.answer_pos.to(dev)):
-            raise TaskError("clean and corrupted data must have their answers at the same positions (answer_pos differs)")
+        raise TokenError(
+            f"clean and corrupted tokens must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    both_task_data = isinstance(clean, TaskData) and isinstance(corrupted, TaskData)
+    if both_task_data and not torch.equal(clean.answer_pos.to(dev), corrupted.answer_pos.to(dev)):
+        raise TaskError("clean and corrupted data must have their answers at the same positions (answer_pos differs)")
     return a, b
 
 
@@ -130,13 +135,16 @@ def variant_metric(metric, clean, corrupted) -> VariantMetric:
     data) or a callable ``logits [batch, pos, vocab] -> scalar`` applied to each variant in turn."""
     if callable(metric):
         name = getattr(metric, "__name__", "metric")
-        return VariantMetric(name, lambda logits: torch.stack([torch.as_tensor(metric(x)).float().reshape(()).cpu()
-                                                               for x in logits]))
+        return VariantMetric(
+            name, lambda logits: torch.stack([torch.as_tensor(metric(x)).float().reshape(()).cpu() for x in logits])
+        )
     if metric not in METRICS:
         raise InterpError(f"unknown metric {metric!r}; expected one of {METRICS} or a callable logits -> scalar")
     if not (isinstance(clean, TaskData) and isinstance(corrupted, TaskData)):
-        raise TaskError(f"metric {metric!r} reads the answer from task data: pass clean and corrupted as TaskData "
-                        "(or pass a callable metric on logits)")
+        raise TaskError(
+            f"metric {metric!r} reads the answer from task data: pass clean and corrupted as TaskData "
+            "(or pass a callable metric on logits)"
+        )
     good, bad = clean.labels, corrupted.labels
 
     def fn(at: Float[Tensor, "variant batch vocab"]) -> Float[Tensor, " variant"]:
@@ -160,8 +168,17 @@ def _runs(model: HookedTransformer, base: Tensor, source: Tensor, names: set[str
     return base_logits, base_cache, src_logits, src_cache
 
 
-def _stacked_run(model: HookedTransformer, resid: Tensor, tokens: Tensor, start: int, hooks, metric: VariantMetric, n: int,
-                 last: tuple | None = None, adds: dict[str, Tensor] | None = None) -> Tensor:
+def _stacked_run(
+    model: HookedTransformer,
+    resid: Tensor,
+    tokens: Tensor,
+    start: int,
+    hooks,
+    metric: VariantMetric,
+    n: int,
+    last: tuple | None = None,
+    adds: dict[str, Tensor] | None = None,
+) -> Tensor:
     """The metric of ``n`` stacked variants of the base run (``resid``: their residual stream entering layer
     ``start``, ``[n * batch, pos, d_model]``; ``tokens``: the base run's), with ``hooks``. Reads the logits
     only at the metric's positions where it has them (``ln_final`` and the unembedding act per position), and then,
@@ -172,8 +189,12 @@ def _stacked_run(model: HookedTransformer, resid: Tensor, tokens: Tensor, start:
 
     cfg = model.cfg
     B, L = tokens.shape[0], cfg.n_layers
-    rows_only = (metric.positions is not None and start < L and _query_rows_apply(model, split_ok=adds is not None)
-                 and not any(name.startswith(f"blocks.{L - 1}.") for name, _ in hooks))
+    rows_only = (
+        metric.positions is not None
+        and start < L
+        and _query_rows_apply(model, split_ok=adds is not None)
+        and not any(name.startswith(f"blocks.{L - 1}.") for name, _ in hooks)
+    )
     if adds is not None and not (rows_only and start == L - 1):
         raise InterpError("internal: per-head input additions need the query-row path of the last layer")
     spe = model.pos_embed(tokens).repeat(n, 1, 1) if cfg.positional_embedding_type == "shortformer" else None
@@ -198,13 +219,20 @@ def _query_rows_apply(model: HookedTransformer, split_ok: bool = False) -> bool:
     with learned or shortformer positions (no rotary, ALiBi, grouped or local attention, score caps, QK norm,
     post-norms or parallel MLP)."""
     cfg = model.cfg
-    return bool(cfg.positional_embedding_type in ("standard", "shortformer") and cfg.attention_dir == "causal"
-                and (split_ok or not cfg.use_split_qkv_input) and not cfg.use_attn_result and not getattr(cfg, "use_attn_in", False)
-                and not cfg.use_normalization_before_and_after and not getattr(cfg, "parallel_attn_mlp", False)
-                and not getattr(cfg, "use_local_attn", False) and not getattr(cfg, "use_qk_norm", False)
-                and getattr(cfg, "n_key_value_heads", None) in (None, cfg.n_heads)
-                and getattr(cfg, "attn_scores_soft_cap", -1.0) in (-1.0, None, 0)
-                and getattr(cfg, "original_architecture", None) not in _post_norm_architectures())
+    return bool(
+        cfg.positional_embedding_type in ("standard", "shortformer")
+        and cfg.attention_dir == "causal"
+        and (split_ok or not cfg.use_split_qkv_input)
+        and not cfg.use_attn_result
+        and not getattr(cfg, "use_attn_in", False)
+        and not cfg.use_normalization_before_and_after
+        and not getattr(cfg, "parallel_attn_mlp", False)
+        and not getattr(cfg, "use_local_attn", False)
+        and not getattr(cfg, "use_qk_norm", False)
+        and getattr(cfg, "n_key_value_heads", None) in (None, cfg.n_heads)
+        and getattr(cfg, "attn_scores_soft_cap", -1.0) in (-1.0, None, 0)
+        and getattr(cfg, "original_architecture", None) not in _post_norm_architectures()
+    )
 
 
 def _post_norm_architectures() -> tuple:
@@ -215,9 +243,14 @@ def _post_norm_architectures() -> tuple:
     return tuple(POST_NORM_ARCHITECTURES)
 
 
-def _last_layer_rows(model: HookedTransformer, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, " row"],
-                     shortformer: Tensor | None, base: tuple | None = None,
-                     adds: dict[str, Tensor] | None = None) -> Float[Tensor, "row d_model"]:
+def _last_layer_rows(
+    model: HookedTransformer,
+    resid: Float[Tensor, "row pos d_model"],
+    at: Int[Tensor, " row"],
+    shortformer: Tensor | None,
+    base: tuple | None = None,
+    adds: dict[str, Tensor] | None = None,
+) -> Float[Tensor, "row d_model"]:
     """The last block's output at one query position per row, from the model's own modules and weights: keys and
     values at every position, the query and the attention row only at ``at`` (``O(pos)`` instead of ``O(pos^2)``).
     With ``base = (resid, k, v)`` of the base run (``[batch, ...]``; rows are ``variant x batch``), keys and values
@@ -226,7 +259,7 @@ def _last_layer_rows(model: HookedTransformer, resid: Float[Tensor, "row pos d_m
     ``hook_q_input`` etc. would be. Tested equal to TransformerLens' forward."""
     blk = model.blocks[-1]
     a = blk.attn
-    R, T, _ = resid.shape
+    R, _T, _ = resid.shape
     rows = torch.arange(R, device=resid.device)
     if adds:
         return _last_layer_rows_split(model, resid, at, shortformer, adds)
@@ -266,9 +299,14 @@ def _last_layer_rows_split(model: HookedTransformer, resid, at, shortformer, add
     return _attend_from_row(model, resid, at, q, k, v)
 
 
-def _attend_from_row(model: HookedTransformer, resid: Float[Tensor, "row pos d_model"], at: Int[Tensor, " row"],
-                     q: Float[Tensor, "row head d_head"], k: Float[Tensor, "row pos head d_head"],
-                     v: Float[Tensor, "row pos head d_head"]) -> Float[Tensor, "row d_model"]:
+def _attend_from_row(
+    model: HookedTransformer,
+    resid: Float[Tensor, "row pos d_model"],
+    at: Int[Tensor, " row"],
+    q: Float[Tensor, "row head d_head"],
+    k: Float[Tensor, "row pos head d_head"],
+    v: Float[Tensor, "row pos head d_head"],
+) -> Float[Tensor, "row d_model"]:
     """The last layer's output at position ``at`` of each row from its query there and every key and value:
     causal attention, W_O, the residual, and the MLP when the model has one."""
     blk, a = model.blocks[-1], model.blocks[-1].attn
@@ -297,6 +335,7 @@ def _rows_per_chunk(model: HookedTransformer, T: int, budget: int | None) -> int
 
 # -- activation patching -----------------------------------------------------------------------------------------
 
+
 @dataclass
 class ActivationPatching(Result):
     """Patched metric per index: ``values`` with ``dims`` (``("layer", "head", "pos")``, ``("layer", "head")``,
@@ -320,7 +359,9 @@ class ActivationPatching(Result):
     @property
     def normalized(self) -> Tensor:
         span = self.clean - self.corrupted
-        return (self.values - self.corrupted) / span if abs(span) > 1e-12 else torch.full_like(self.values, float("nan"))
+        return (
+            (self.values - self.corrupted) / span if abs(span) > 1e-12 else torch.full_like(self.values, float("nan"))
+        )
 
     def _label(self, idx: tuple[int, ...]) -> dict:
         out = {}
@@ -346,18 +387,35 @@ class ActivationPatching(Result):
         rows = []
         for i in order.tolist():
             idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), self.values.shape))
-            rows.append({**self._label(idx), "value": float(self.values[idx]), "normalized": float(self.normalized[idx])})
+            rows.append(
+                {**self._label(idx), "value": float(self.values[idx]), "normalized": float(self.normalized[idx])}
+            )
         return rows
 
     def to_dict(self) -> dict:
-        return jsonable({"where": self.where, "per": self.per, "direction": self.direction, "metric": self.metric,
-                         "clean": self.clean, "corrupted": self.corrupted, "n_examples": self.n_examples,
-                         "dims": list(self.dims), "layers": self.layers, "pos_labels": self.pos_labels,
-                         "values": self.values, "normalized": self.normalized, "top": self.top(10)})
+        return jsonable(
+            {
+                "where": self.where,
+                "per": self.per,
+                "direction": self.direction,
+                "metric": self.metric,
+                "clean": self.clean,
+                "corrupted": self.corrupted,
+                "n_examples": self.n_examples,
+                "dims": list(self.dims),
+                "layers": self.layers,
+                "pos_labels": self.pos_labels,
+                "values": self.values,
+                "normalized": self.normalized,
+                "top": self.top(10),
+            }
+        )
 
     def text(self) -> str:
-        lines = [f"activation patching ({self.direction}) at {self.where} per {self.per}, metric {self.metric}: "
-                 f"clean {self.clean:.4g}, corrupted {self.corrupted:.4g} ({self.n_examples} examples)"]
+        lines = [
+            f"activation patching ({self.direction}) at {self.where} per {self.per}, metric {self.metric}: "
+            f"clean {self.clean:.4g}, corrupted {self.corrupted:.4g} ({self.n_examples} examples)"
+        ]
         for r in self.top(5):
             where = " ".join(f"{k} {v}" for k, v in r.items() if k not in ("value", "normalized"))
             lines.append(f"  {where}: {r['value']:.4g} (normalized {r['normalized']:.3f})")
@@ -366,9 +424,12 @@ class ActivationPatching(Result):
     def table_html(self) -> str:
         from interp.visualize import render_table
 
-        return render_table(self.top(10), caption=f"largest effects ({self.direction}, metric {self.metric}; "
-                            f"normalized: 1 = clean {self.clean:.3g}, 0 = corrupted {self.corrupted:.3g})",
-                            formats={"value": ".4g", "normalized": ".3f"})
+        return render_table(
+            self.top(10),
+            caption=f"largest effects ({self.direction}, metric {self.metric}; "
+            f"normalized: 1 = clean {self.clean:.3g}, 0 = corrupted {self.corrupted:.3g})",
+            formats={"value": ".4g", "normalized": ".3f"},
+        )
 
     def figure(self):
         """Heatmap of the normalized metric: heads (or layers) by positions (or heads)."""
@@ -381,15 +442,23 @@ class ActivationPatching(Result):
             rows = [head_label(l, h) for l in self.layers for h in range(n_heads)]
             z, x, y = z.reshape(-1, z.shape[-1]), pos, rows
         elif self.dims == ("layer", "head"):
-            z, x, y = z, [f"H{h}" for h in range(n_heads)], [f"L{l}" for l in self.layers]
+            x, y = [f"H{h}" for h in range(n_heads)], [f"L{l}" for l in self.layers]
         elif self.dims == ("layer", "pos"):
             x, y = pos, [f"L{l}" for l in self.layers]
         else:
             z, x, y = z[:, None], ["all positions"], [f"L{l}" for l in self.layers]
         what = {"denoising": "clean patched into corrupted", "noising": "corrupted patched into clean"}[self.direction]
-        return heatmap(z, x, y, title=f"Activation patching at {self.where} ({what})<br><sup>normalized {self.metric}: "
-                       f"1 = clean {self.clean:.3g}, 0 = corrupted {self.corrupted:.3g}</sup>", colorscale="RdBu",
-                       zmid=0.0, x_title="position" if "pos" in self.dims else "head", y_title="")
+        return heatmap(
+            z,
+            x,
+            y,
+            title=f"Activation patching at {self.where} ({what})<br><sup>normalized {self.metric}: "
+            f"1 = clean {self.clean:.3g}, 0 = corrupted {self.corrupted:.3g}</sup>",
+            colorscale="RdBu",
+            zmid=0.0,
+            x_title="position" if "pos" in self.dims else "head",
+            y_title="",
+        )
 
 
 def _variant_masks(kind: str, per: str, n_heads: int, n_pos: int, device) -> tuple[Tensor, tuple[int, ...]]:
@@ -400,7 +469,9 @@ def _variant_masks(kind: str, per: str, n_heads: int, n_pos: int, device) -> tup
             return torch.eye(n_pos, dtype=torch.bool, device=device), (n_pos,)
         return torch.ones(1, n_pos, dtype=torch.bool, device=device), ()
     if per == "layer":  # every head at every position (or every query row) at once
-        return torch.ones(1, *((n_pos, n_heads) if kind == "head" else (n_heads, n_pos)), dtype=torch.bool, device=device), ()
+        return torch.ones(
+            1, *((n_pos, n_heads) if kind == "head" else (n_heads, n_pos)), dtype=torch.bool, device=device
+        ), ()
     if per == "head_pos":  # variant (h, p) -> result [h, p]
         m = torch.eye(n_heads * n_pos, dtype=torch.bool, device=device).view(n_heads * n_pos, n_heads, n_pos)
         return (m.transpose(1, 2) if kind == "head" else m), (n_heads, n_pos)
@@ -420,11 +491,17 @@ def _patch_hook(masks: Tensor, source: Tensor, kind: str):
     return hook
 
 
-def activation_patching(model: HookedTransformer, clean: TaskData | Int[Tensor, 'batch pos'],
-                        corrupted: TaskData | Int[Tensor, 'batch_c pos_c'],
-                        metric: str | Callable = "logit_diff", where: str = "z", per: str | None = None,
-                        layers: Sequence[int] | None = None, direction: str = "denoising",
-                        budget: int | None = None) -> ActivationPatching:
+def activation_patching(
+    model: HookedTransformer,
+    clean: TaskData | Int[Tensor, "batch pos"],
+    corrupted: TaskData | Int[Tensor, "batch_c pos_c"],
+    metric: str | Callable = "logit_diff",
+    where: str = "z",
+    per: str | None = None,
+    layers: Sequence[int] | None = None,
+    direction: str = "denoising",
+    budget: int | None = None,
+) -> ActivationPatching:
     """Patch ``where`` from the source run into the base run at every index of ``per`` in ``layers`` (default all)
     and measure ``metric``; all variants of a layer are stacked along the batch axis, in chunks (``budget``: rows x
     pos x pos per chunk; default: cache-sized chunks on CPU, ``interp.evaluation.DEFAULT_BUDGET`` elsewhere).
@@ -461,8 +538,12 @@ def activation_patching(model: HookedTransformer, clean: TaskData | Int[Tensor, 
     shortcut = where == "z" and _linear_z(model)
     L = n_layers - 1
     last_names = [f"blocks.{L}.hook_resid_pre", f"blocks.{L}.attn.hook_k", f"blocks.{L}.attn.hook_v"]
-    names = ({hook_name(where, l) for l in layers} | {f"blocks.{l}.hook_resid_pre" for l in layers}
-             | {f"blocks.{l}.hook_resid_post" for l in layers if shortcut} | set(last_names))
+    names = (
+        {hook_name(where, l) for l in layers}
+        | {f"blocks.{l}.hook_resid_pre" for l in layers}
+        | {f"blocks.{l}.hook_resid_post" for l in layers if shortcut}
+        | set(last_names)
+    )
     base_logits, base_cache, src_logits, src_cache = _runs(model, base, source, names)
     clean_logits, corr_logits = (src_logits, base_logits) if direction == "denoising" else (base_logits, src_logits)
     clean_m, corr_m = float(metric.of_logits(clean_logits)), float(metric.of_logits(corr_logits))
@@ -476,10 +557,12 @@ def activation_patching(model: HookedTransformer, clean: TaskData | Int[Tensor, 
     for l in layers:
         src, act = src_cache[hook_name(where, l)], base_cache[hook_name(where, l)]
         live = _live_variants(masks, src, act, kind, metric, model, where, l)
-        vals = torch.full((masks.shape[0],), base_m, device=dev)  # a variant that changes nothing the metric sees: the base run
+        vals = torch.full(
+            (masks.shape[0],), base_m, device=dev
+        )  # a variant that changes nothing the metric sees: the base run
         idx = live.nonzero().squeeze(-1)
         for s in range(0, len(idx), chunk):
-            part = idx[s:s + chunk]
+            part = idx[s : s + chunk]
             m, n = masks[part], len(part)
             if shortcut:  # z enters the residual stream linearly: add the patched heads' change of output, skip layer l
                 dz = torch.einsum("nph,bphe,hed->nbpd", m.to(src.dtype), src - act, model.W_O[l])
@@ -495,9 +578,19 @@ def activation_patching(model: HookedTransformer, clean: TaskData | Int[Tensor, 
         out.append(vals.reshape(shape))
     values = torch.stack(out).float().cpu()
     dims = ("layer",) + {"head_pos": ("head", "pos"), "head": ("head",), "pos": ("pos",), "layer": ()}[per]
-    return ActivationPatching(values=values, dims=dims, where=where, per=per, direction=direction, metric=metric.name,
-                              clean=clean_m, corrupted=corr_m, layers=layers, pos_labels=_pos_labels(clean, clean_t),
-                              n_examples=B)
+    return ActivationPatching(
+        values=values,
+        dims=dims,
+        where=where,
+        per=per,
+        direction=direction,
+        metric=metric.name,
+        clean=clean_m,
+        corrupted=corr_m,
+        layers=layers,
+        pos_labels=_pos_labels(clean, clean_t),
+        n_examples=B,
+    )
 
 
 def _linear_z(model: HookedTransformer) -> bool:
@@ -505,15 +598,20 @@ def _linear_z(model: HookedTransformer) -> bool:
     normalisation after attention), so a patched ``z`` can be added to the cached ``resid_post`` instead of running
     the layer again."""
     cfg = model.cfg
-    return bool(cfg.attn_only and not cfg.use_normalization_before_and_after and not cfg.use_attn_result
-                and not getattr(cfg, "parallel_attn_mlp", False))
+    return bool(
+        cfg.attn_only
+        and not cfg.use_normalization_before_and_after
+        and not cfg.use_attn_result
+        and not getattr(cfg, "parallel_attn_mlp", False)
+    )
 
 
 ROW_LOCAL = ("z", "q", "pattern", "attn_out", "resid_mid", "mlp_out", "resid_post")  # in the last layer: one position
 
 
-def _live_variants(masks: Tensor, src: Tensor, act: Tensor, kind: str, metric: VariantMetric, model, where: str,
-                   layer: int) -> Tensor:
+def _live_variants(
+    masks: Tensor, src: Tensor, act: Tensor, kind: str, metric: VariantMetric, model, where: str, layer: int
+) -> Tensor:
     """``[variant]``: does the variant patch an entry where source and base differ, at a position the metric can
     see? With causal attention nothing after the last position it reads can matter; in the last layer a
     row-local activation (a head's output, query or attention row, the layer's output) at position ``p`` only
@@ -543,6 +641,7 @@ def _pos_labels(data, tokens: Tensor) -> list[str]:
 
 # -- path patching -----------------------------------------------------------------------------------------------
 
+
 @dataclass
 class PathPatching(Result):
     """Patched metric ``values[sender, receiver, qkv]``: the sender head's output patched only into the receiver's
@@ -562,39 +661,66 @@ class PathPatching(Result):
     @property
     def normalized(self) -> Tensor:
         span = self.clean - self.corrupted
-        return (self.values - self.corrupted) / span if abs(span) > 1e-12 else torch.full_like(self.values, float("nan"))
+        return (
+            (self.values - self.corrupted) / span if abs(span) > 1e-12 else torch.full_like(self.values, float("nan"))
+        )
 
     def rows(self) -> list[dict]:
         n = self.normalized
-        return [{"sender": head_label(*s), "receiver": head_label(*r), "input": q, "value": float(self.values[i, j, k]),
-                 "normalized": float(n[i, j, k])}
-                for i, s in enumerate(self.senders) for j, r in enumerate(self.receivers) for k, q in enumerate(self.qkv)
-                if not torch.isnan(self.values[i, j, k])]
+        return [
+            {
+                "sender": head_label(*s),
+                "receiver": head_label(*r),
+                "input": q,
+                "value": float(self.values[i, j, k]),
+                "normalized": float(n[i, j, k]),
+            }
+            for i, s in enumerate(self.senders)
+            for j, r in enumerate(self.receivers)
+            for k, q in enumerate(self.qkv)
+            if not torch.isnan(self.values[i, j, k])
+        ]
 
     def top(self, k: int = 5) -> list[dict]:
         base = self.corrupted if self.direction == "denoising" else self.clean
         return sorted(self.rows(), key=lambda r: -abs(r["value"] - base))[:k]
 
     def to_dict(self) -> dict:
-        return jsonable({"direction": self.direction, "metric": self.metric, "clean": self.clean,
-                         "corrupted": self.corrupted, "n_examples": self.n_examples, "qkv": list(self.qkv),
-                         "senders": [head_label(*s) for s in self.senders],
-                         "receivers": [head_label(*r) for r in self.receivers], "rows": self.rows()})
+        return jsonable(
+            {
+                "direction": self.direction,
+                "metric": self.metric,
+                "clean": self.clean,
+                "corrupted": self.corrupted,
+                "n_examples": self.n_examples,
+                "qkv": list(self.qkv),
+                "senders": [head_label(*s) for s in self.senders],
+                "receivers": [head_label(*r) for r in self.receivers],
+                "rows": self.rows(),
+            }
+        )
 
     def text(self) -> str:
-        lines = [f"path patching ({self.direction}), metric {self.metric}: clean {self.clean:.4g}, corrupted "
-                 f"{self.corrupted:.4g} ({self.n_examples} examples)"]
+        lines = [
+            f"path patching ({self.direction}), metric {self.metric}: clean {self.clean:.4g}, corrupted "
+            f"{self.corrupted:.4g} ({self.n_examples} examples)"
+        ]
         for r in self.top(5):
-            lines.append(f"  {r['sender']} -> {r['receiver']}.{r['input']}: {r['value']:.4g} (normalized {r['normalized']:.3f})")
+            lines.append(
+                f"  {r['sender']} -> {r['receiver']}.{r['input']}: {r['value']:.4g} (normalized {r['normalized']:.3f})"
+            )
         return "\n".join(lines)
 
     def table_html(self) -> str:
         from interp.visualize import render_table
 
-        return render_table(self.rows(), ["sender", "receiver", "input", "value", "normalized"],
-                            caption=f"path patching ({self.direction}, metric {self.metric}; normalized: 1 = clean "
-                            f"{self.clean:.3g}, 0 = corrupted {self.corrupted:.3g})",
-                            formats={"value": ".4g", "normalized": ".3f"})
+        return render_table(
+            self.rows(),
+            ["sender", "receiver", "input", "value", "normalized"],
+            caption=f"path patching ({self.direction}, metric {self.metric}; normalized: 1 = clean "
+            f"{self.clean:.3g}, 0 = corrupted {self.corrupted:.3g})",
+            formats={"value": ".4g", "normalized": ".3f"},
+        )
 
     def figure(self):
         """Heatmap: sender (rows) by receiver input (columns), normalized metric."""
@@ -602,16 +728,35 @@ class PathPatching(Result):
 
         z = self.normalized.detach().cpu().reshape(len(self.senders), -1)
         x = [f"{head_label(*r)}.{q}" for r in self.receivers for q in self.qkv]
-        what = {"denoising": "clean sender output patched into the corrupted run",
-                "noising": "corrupted sender output patched into the clean run"}[self.direction]
-        return heatmap(z, x, [head_label(*s) for s in self.senders], colorscale="RdBu", zmid=0.0, text_fmt=".2f",
-                       title=f"Path patching: sender -> receiver input ({what})<br><sup>normalized {self.metric}: "
-                       f"1 = clean {self.clean:.3g}, 0 = corrupted {self.corrupted:.3g}</sup>",
-                       x_title="receiver head . input", y_title="sender head")
+        what = {
+            "denoising": "clean sender output patched into the corrupted run",
+            "noising": "corrupted sender output patched into the clean run",
+        }[self.direction]
+        return heatmap(
+            z,
+            x,
+            [head_label(*s) for s in self.senders],
+            colorscale="RdBu",
+            zmid=0.0,
+            text_fmt=".2f",
+            title=f"Path patching: sender -> receiver input ({what})<br><sup>normalized {self.metric}: "
+            f"1 = clean {self.clean:.3g}, 0 = corrupted {self.corrupted:.3g}</sup>",
+            x_title="receiver head . input",
+            y_title="sender head",
+        )
 
 
-def path_patching(model: HookedTransformer, clean, corrupted, metric: str | Callable = "logit_diff", senders=None, receivers=None,
-                  qkv: Sequence[str] = QKV, direction: str = "denoising", budget: int | None = None) -> PathPatching:
+def path_patching(
+    model: HookedTransformer,
+    clean,
+    corrupted,
+    metric: str | Callable = "logit_diff",
+    senders=None,
+    receivers=None,
+    qkv: Sequence[str] = QKV,
+    direction: str = "denoising",
+    budget: int | None = None,
+) -> PathPatching:
     """For every sender head, receiver head in a later layer and input in ``qkv``: the metric when the sender's
     output ``z W_O`` on the source run replaces its base-run output in that input of that receiver only (all
     variants stacked along the batch axis). Defaults: senders = the heads of layer 0, receivers = every head of
@@ -624,10 +769,17 @@ def path_patching(model: HookedTransformer, clean, corrupted, metric: str | Call
     qkv = tuple(qkv)
     if not qkv or any(q not in QKV for q in qkv) or len(set(qkv)) != len(qkv):
         raise InterpError(f"qkv must be distinct inputs among {QKV}, got {qkv}")
-    senders = [(0, h) for h in range(n_heads)] if senders is None else parse_heads(senders, n_layers, n_heads, allow_empty=False)
+    senders = (
+        [(0, h) for h in range(n_heads)]
+        if senders is None
+        else parse_heads(senders, n_layers, n_heads, allow_empty=False)
+    )
     s_min = min(l for l, _ in senders)
-    receivers = ([(l, h) for l in range(s_min + 1, n_layers) for h in range(n_heads)] if receivers is None
-                 else parse_heads(receivers, n_layers, n_heads, allow_empty=False))
+    receivers = (
+        [(l, h) for l in range(s_min + 1, n_layers) for h in range(n_heads)]
+        if receivers is None
+        else parse_heads(receivers, n_layers, n_heads, allow_empty=False)
+    )
     metric = variant_metric(metric, clean, corrupted)
     clean_t, corr_t = _check_inputs(model, clean, corrupted)
     base, source = (corr_t, clean_t) if direction == "denoising" else (clean_t, corr_t)
@@ -640,12 +792,19 @@ def path_patching(model: HookedTransformer, clean, corrupted, metric: str | Call
     clean_m, corr_m = float(metric.of_logits(clean_logits)), float(metric.of_logits(corr_logits))
     base_m = corr_m if direction == "denoising" else clean_m
     with torch.inference_mode():  # each sender's change of output: [sender, batch, pos, d_model]
-        delta = torch.stack([torch.einsum("bpe,ed->bpd", (src_cache[f"blocks.{l}.attn.hook_z"][:, :, h]
-                                                          - base_cache[f"blocks.{l}.attn.hook_z"][:, :, h]), model.W_O[l, h])
-                             for l, h in senders])
+        delta = torch.stack(
+            [
+                torch.einsum(
+                    "bpe,ed->bpd",
+                    (src_cache[f"blocks.{l}.attn.hook_z"][:, :, h] - base_cache[f"blocks.{l}.attn.hook_z"][:, :, h]),
+                    model.W_O[l, h],
+                )
+                for l, h in senders
+            ]
+        )
     seen = delta
     if metric.positions is not None and model.cfg.attention_dir == "causal":
-        seen = delta[:, :, :int(metric.positions.max()) + 1]
+        seen = delta[:, :, : int(metric.positions.max()) + 1]
     moves = (seen != 0).flatten(1).any(1)  # a sender whose output does not change where the metric sees changes nothing
 
     values = torch.full((len(senders), len(receivers), len(qkv)), float("nan"))
@@ -666,7 +825,7 @@ def path_patching(model: HookedTransformer, clean, corrupted, metric: str | Call
                         else:
                             values[i, j, k] = base_m
             for s in range(0, len(variants), chunk):
-                part = variants[s:s + chunk]
+                part = variants[s : s + chunk]
                 n = len(part)
                 adds = {}
                 for k, letter in enumerate(qkv):
@@ -679,19 +838,31 @@ def path_patching(model: HookedTransformer, clean, corrupted, metric: str | Call
                 if rows_last and rl == n_layers - 1:  # the receivers' layer is the last: its answer rows only
                     vals = _stacked_run(model, resid, base, rl, [], metric, n, adds=adds).float().cpu()
                 else:
-                    hooks = [(f"blocks.{rl}.hook_{letter}_input", lambda x, hook, add=add: x + add.to(x.dtype))
-                             for letter, add in adds.items()]
+                    hooks = [
+                        (f"blocks.{rl}.hook_{letter}_input", lambda x, hook, add=add: x + add.to(x.dtype))
+                        for letter, add in adds.items()
+                    ]
                     vals = _stacked_run(model, resid, base, rl, hooks, metric, n).float().cpu()
                 for v, (i, j, k) in enumerate(part):
                     values[i, j, k] = vals[v]
     finally:
         model.set_use_split_qkv_input(was)
-    return PathPatching(values=values, senders=senders, receivers=receivers, direction=direction, metric=metric.name,
-                        clean=clean_m, corrupted=corr_m, qkv=qkv, n_examples=B)
+    return PathPatching(
+        values=values,
+        senders=senders,
+        receivers=receivers,
+        direction=direction,
+        metric=metric.name,
+        clean=clean_m,
+        corrupted=corr_m,
+        qkv=qkv,
+        n_examples=B,
+    )
 
 
-def path_patching_loop(model: HookedTransformer, clean, corrupted, metric: Callable, senders, receivers,
-                       direction: str = "denoising") -> Float[Tensor, "sender receiver qkv"]:
+def path_patching_loop(
+    model: HookedTransformer, clean, corrupted, metric: Callable, senders, receivers, direction: str = "denoising"
+) -> Float[Tensor, "sender receiver qkv"]:
     """The slow reference for :func:`path_patching`: one ``run_with_hooks`` per (sender, receiver, input), adding the
     sender head's change of output (``hook_z`` through its ``W_O``) to that one receiver's query, key or value input
     only. ``metric`` maps logits to a number; ``senders``/``receivers`` are ``(layer, head)`` pairs. Used by the
@@ -711,11 +882,15 @@ def path_patching_loop(model: HookedTransformer, clean, corrupted, metric: Calla
                     if rl <= sl:
                         continue
                     for k, letter in enumerate(QKV):
+
                         def add(x, hook, rh=rh, delta=delta):
                             x = x.clone()
                             x[:, :, rh] += delta
                             return x
-                        logits = model.run_with_hooks(base.tokens, fwd_hooks=[(f"blocks.{rl}.hook_{letter}_input", add)])
+
+                        logits = model.run_with_hooks(
+                            base.tokens, fwd_hooks=[(f"blocks.{rl}.hook_{letter}_input", add)]
+                        )
                         out[i, j, k] = float(metric(logits))
     finally:
         model.set_use_split_qkv_input(False)

@@ -38,12 +38,23 @@ from interp.visualize import attention_patterns, render_table
 SCORES = ("induction", "prev_token", "duplicate", "bos")
 
 
-def repeated_random_tokens(n_seqs: int, rep_len: int, n_symbols: int, *, n_repeats: int = 2, bos: int | None = None,
-                    seed: int = 0, unique: bool = False, device=None) -> Int[Tensor, "batch pos"]:
+def repeated_random_tokens(
+    n_seqs: int,
+    rep_len: int,
+    n_symbols: int,
+    *,
+    n_repeats: int = 2,
+    bos: int | None = None,
+    seed: int = 0,
+    unique: bool = False,
+    device=None,
+) -> Int[Tensor, "batch pos"]:
     """``[BOS] R R ...`` (``n_repeats`` copies of ``R``, ``len(R) = rep_len``), R uniform over
     ``[0, n_symbols)``; ``unique=True`` draws R without replacement (no repeats inside R)."""
     if n_seqs < 1 or rep_len < 1 or n_repeats < 1 or n_symbols < 1:
-        raise InterpError(f"need n_seqs, rep_len, n_repeats, n_symbols >= 1, got {n_seqs}, {rep_len}, {n_repeats}, {n_symbols}")
+        raise InterpError(
+            f"need n_seqs, rep_len, n_repeats, n_symbols >= 1, got {n_seqs}, {rep_len}, {n_repeats}, {n_symbols}"
+        )
     if unique and rep_len > n_symbols:
         raise InterpError(f"unique R of length {rep_len} needs at least {rep_len} symbols, got {n_symbols}")
     gen = torch.Generator().manual_seed(seed)
@@ -73,7 +84,9 @@ def target_masks(tokens: Int[Tensor, "batch pos"]) -> dict[str, Float[Tensor, "b
     return {"induction": ind.float(), "prev_token": prev.float(), "duplicate": dup.float(), "bos": first.float()}
 
 
-def scores_from_patterns(patterns: Float[Tensor, "batch layer head q k"], masks: dict[str, Tensor]) -> dict[str, Tensor]:
+def scores_from_patterns(
+    patterns: Float[Tensor, "batch layer head q k"], masks: dict[str, Tensor]
+) -> dict[str, Tensor]:
     """Mean attention mass on each score's target keys over the queries that have a target: ``[layer, head]``."""
     out = {}
     for name, m in masks.items():
@@ -84,13 +97,17 @@ def scores_from_patterns(patterns: Float[Tensor, "batch layer head q k"], masks:
 
 
 PATHS = ("all", "query", "key", "value")
-PATH_NAMES = {"all": "zero-ablated", "query": "removed from later heads' query input",
-              "key": "removed from later heads' key input (the K-composition path)",
-              "value": "removed from later heads' value input"}
+PATH_NAMES = {
+    "all": "zero-ablated",
+    "query": "removed from later heads' query input",
+    "key": "removed from later heads' key input (the K-composition path)",
+    "value": "removed from later heads' value input",
+}
 
 
-def per_sequence_mass(patterns: Float[Tensor, "batch layer head q k"], masks: dict[str, Tensor]
-                      ) -> dict[str, tuple[Tensor, Tensor]]:
+def per_sequence_mass(
+    patterns: Float[Tensor, "batch layer head q k"], masks: dict[str, Tensor]
+) -> dict[str, tuple[Tensor, Tensor]]:
     """Per score: each sequence's summed attention mass on its target keys ``[batch, layer, head]`` over its
     queries that have a target, and the number of those queries ``[batch]``."""
     out = {}
@@ -101,8 +118,13 @@ def per_sequence_mass(patterns: Float[Tensor, "batch layer head q k"], masks: di
     return out
 
 
-def bootstrap_interval(mass: Float[Tensor, "batch layer head"], count: Float[Tensor, " batch"], n_boot: int = 1000,
-                       level: float = 0.95, seed: int = 0) -> tuple[Tensor, Tensor]:
+def bootstrap_interval(
+    mass: Float[Tensor, "batch layer head"],
+    count: Float[Tensor, " batch"],
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[Tensor, Tensor]:
     """Percentile bootstrap over sequences of the ratio ``sum mass / sum count``: ``(low, high)`` per head."""
     gen = torch.Generator().manual_seed(seed)
     b = mass.shape[0]
@@ -157,8 +179,9 @@ class HeadScores(Result):
         return rows
 
     def to_dict(self) -> dict:
-        return jsonable({"n_seqs": self.tokens.shape[0], "seq_len": self.tokens.shape[1], "ci_level": 0.95,
-                         "heads": self.rows()})
+        return jsonable(
+            {"n_seqs": self.tokens.shape[0], "seq_len": self.tokens.shape[1], "ci_level": 0.95, "heads": self.rows()}
+        )
 
     def figure(self):
         """Heatmap: scores (rows) by head (columns)."""
@@ -167,18 +190,36 @@ class HeadScores(Result):
         n_layers, n_heads = self.shape
         z = torch.stack([getattr(self, s).flatten() for s in SCORES]).cpu()
         labels = [head_label(l, h) for l in range(n_layers) for h in range(n_heads)]
-        return heatmap(z, labels, list(SCORES), title="Head scores on repeated random tokens", colorscale="Blues",
-                       zmid=None, zmin=0, zmax=1, text_fmt=".2f")
+        return heatmap(
+            z,
+            labels,
+            list(SCORES),
+            title="Head scores on repeated random tokens",
+            colorscale="Blues",
+            zmid=None,
+            zmin=0,
+            zmax=1,
+            text_fmt=".2f",
+        )
 
     def table_html(self) -> str:
-        rows = [{"head": r["head"], **{s: f"{r[f'{s}_score']:.3f}" + (f" [{r[f'{s}_ci'][0]:.3f}, {r[f'{s}_ci'][1]:.3f}]"
-                                                                    if f"{s}_ci" in r else "") for s in SCORES}}
-                for r in self.rows()]
+        rows = [
+            {
+                "head": r["head"],
+                **{
+                    s: f"{r[f'{s}_score']:.3f}"
+                    + (f" [{r[f'{s}_ci'][0]:.3f}, {r[f'{s}_ci'][1]:.3f}]" if f"{s}_ci" in r else "")
+                    for s in SCORES
+                },
+            }
+            for r in self.rows()
+        ]
         return render_table(rows, ["head", *SCORES], caption="score [95% bootstrap interval over sequences]")
 
 
-def head_scores(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 256, n_boot: int = 1000,
-                seed: int = 0) -> HeadScores:
+def head_scores(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 256, n_boot: int = 1000, seed: int = 0
+) -> HeadScores:
     """Induction / previous-token / duplicate / BOS scores of every head, from one cached forward pass per chunk
     of ``tokens`` (e.g. ``analyses.repeated_tokens.probe_tokens(task)``, or :func:`repeated_tokens` for a model of
     another task), with percentile-bootstrap 95% intervals over the sequences (``n_boot`` resamples, ``seed``)."""
@@ -186,7 +227,7 @@ def head_scores(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], chun
     check_tokens(model, tokens)
     sums: dict[str, list] = {}
     for start in range(0, tokens.shape[0], chunk):
-        part = tokens[start:start + chunk]
+        part = tokens[start : start + chunk]
         for name, (mass, count) in per_sequence_mass(attention_patterns(model, part), target_masks(part)).items():
             sums.setdefault(name, [[], []])
             sums[name][0].append(mass)
@@ -227,10 +268,18 @@ class AblationTest(Result):
 
     def rows(self) -> list[dict]:
         """One row per (ablated head, later head): the later head's induction score before and after."""
-        return [{"ablated": head_label(*s), "path": self.path, "head": head_label(l, h),
-                 "induction_score": float(self.base[l, h]), "ablated_score": float(self.ablated[i, l, h]),
-                 "drop": float(self.drop[i, l, h])}
-                for i, s in enumerate(self.sources) for l, h in self.targets()]
+        return [
+            {
+                "ablated": head_label(*s),
+                "path": self.path,
+                "head": head_label(l, h),
+                "induction_score": float(self.base[l, h]),
+                "ablated_score": float(self.ablated[i, l, h]),
+                "drop": float(self.drop[i, l, h]),
+            }
+            for i, s in enumerate(self.sources)
+            for l, h in self.targets()
+        ]
 
     def to_dict(self) -> dict:
         return jsonable({"layer": self.layer, "path": self.path, "removed": self.removed, "rows": self.rows()})
@@ -242,19 +291,33 @@ class AblationTest(Result):
         tg = self.targets()
         z = torch.stack([torch.stack([self.ablated[i, l, h] for l, h in tg]) for i in range(len(self.sources))]).cpu()
         base = ", ".join(f"{head_label(l, h)} {float(self.base[l, h]):.2f}" for l, h in tg)
-        return heatmap(z, [head_label(*t) for t in tg], [head_label(*s) for s in self.sources],
-                       title=f"Induction score, source head ablated ({self.path} path)<br><sup>source head {self.removed};"
-                             f" unablated: {base}</sup>",
-                       colorscale="Blues", zmid=None, zmin=0, zmax=1, text_fmt=".2f", x_title="measured head",
-                       y_title="source head")
+        return heatmap(
+            z,
+            [head_label(*t) for t in tg],
+            [head_label(*s) for s in self.sources],
+            title=f"Induction score, source head ablated ({self.path} path)<br><sup>source head {self.removed};"
+            f" unablated: {base}</sup>",
+            colorscale="Blues",
+            zmid=None,
+            zmin=0,
+            zmax=1,
+            text_fmt=".2f",
+            x_title="measured head",
+            y_title="source head",
+        )
 
     def table_html(self) -> str:
-        return render_table(self.rows(), ["ablated", "path", "head", "induction_score", "ablated_score", "drop"],
-                            float_format=".3f", caption=f"source head {self.removed}")
+        return render_table(
+            self.rows(),
+            ["ablated", "path", "head", "induction_score", "ablated_score", "drop"],
+            float_format=".3f",
+            caption=f"source head {self.removed}",
+        )
 
 
-def ablation_induction_test(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], layer: int = 0, sources=None,
-                            path: str = "all") -> AblationTest:
+def ablation_induction_test(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], layer: int = 0, sources=None, path: str = "all"
+) -> AblationTest:
     """Remove each head of ``layer`` (or the given ``sources``, all in that layer) along ``path`` and measure every
     later head's induction score, all in one batched forward pass (the batch repeated once per source).
 
@@ -265,8 +328,10 @@ def ablation_induction_test(model: HookedTransformer, tokens: Int[Tensor, "batch
     if path not in PATHS:
         raise InterpError(f"unknown path {path!r}; expected one of {PATHS}")
     if not 0 <= layer < n_layers - 1:
-        raise HeadError(f"the ablated layer must have a later layer to measure; this model has layers 0..{n_layers - 1}, "
-                        f"got layer {layer}")
+        raise HeadError(
+            f"the ablated layer must have a later layer to measure; this model has layers 0..{n_layers - 1}, "
+            f"got layer {layer}"
+        )
     heads = [(layer, h) for h in range(n_heads)] if sources is None else parse_heads(sources, n_layers, n_heads)
     if any(l != layer for l, _ in heads):
         raise HeadError(f"all ablated heads must be in layer {layer}, got {[head_label(*h) for h in heads]}")
@@ -283,12 +348,18 @@ def ablation_induction_test(model: HookedTransformer, tokens: Int[Tensor, "batch
     else:
         pats = _path_ablated_patterns(model, tokens.repeat(n_sub, 1), layer, 1 - row_keep, path)
     masks = target_masks(tokens)
-    scores = torch.stack([scores_from_patterns(pats[i * b:(i + 1) * b], {"induction": masks["induction"]})["induction"]
-                          for i in range(n_sub)])
+    scores = torch.stack(
+        [
+            scores_from_patterns(pats[i * b : (i + 1) * b], {"induction": masks["induction"]})["induction"]
+            for i in range(n_sub)
+        ]
+    )
     return AblationTest(sources=heads, base=scores[0], ablated=scores[1:], layer=layer, path=path)
 
 
-def _path_ablated_patterns(model: HookedTransformer, tokens, layer: int, removed: Float[Tensor, "batch head"], path: str):
+def _path_ablated_patterns(
+    model: HookedTransformer, tokens, layer: int, removed: Float[Tensor, "batch head"], path: str
+):
     """Attention patterns with the outputs of the ``removed`` heads of ``layer`` (per row) subtracted from the
     ``path`` input of every later layer's heads. Turns TransformerLens' split Q/K/V inputs on for the call."""
     store = {}

@@ -56,18 +56,39 @@ class Survival(Result):
             start = min(0.0, xs[0]) if x_min is None else x_min
             if xs[-1] < 1.0:  # nothing above the largest value: the curve drops to 0 there
                 xs, ys = xs + [1.0], ys + [0.0]
-            fig.add_trace(go.Scatter(x=[start] + xs, y=[1.0] + ys, mode="lines+markers", line_shape="vh",
-                                     name=f"{label} ({len(values)} {self.unit})", marker=dict(size=4)))
-        fig.update_layout(title=self.title, xaxis_title=self.xlabel, yaxis_title=f"share of {self.unit} >= x",
-                          template="plotly_white", width=760, height=420, yaxis_range=[0, 1.02])
+            fig.add_trace(
+                go.Scatter(
+                    x=[start] + xs,
+                    y=[1.0] + ys,
+                    mode="lines+markers",
+                    line_shape="vh",
+                    name=f"{label} ({len(values)} {self.unit})",
+                    marker=dict(size=4),
+                )
+            )
+        fig.update_layout(
+            title=self.title,
+            xaxis_title=self.xlabel,
+            yaxis_title=f"share of {self.unit} >= x",
+            template="plotly_white",
+            width=760,
+            height=420,
+            yaxis_range=[0, 1.02],
+        )
         if x_min is not None:
             fig.update_xaxes(range=[x_min, 1.001])
         return fig
 
     def to_dict(self) -> dict:
-        return jsonable({"title": self.title, "xlabel": self.xlabel, "unit": self.unit,
-                         "groups": {k: sorted(v) for k, v in self.groups.items()},
-                         "share_at_1": {k: self.share_at_least(k, 1.0) for k in self.groups}})
+        return jsonable(
+            {
+                "title": self.title,
+                "xlabel": self.xlabel,
+                "unit": self.unit,
+                "groups": {k: sorted(v) for k, v in self.groups.items()},
+                "share_at_1": {k: self.share_at_least(k, 1.0) for k in self.groups},
+            }
+        )
 
 
 def accuracy_survival(frame, split: str = "test") -> Survival:
@@ -78,8 +99,12 @@ def accuracy_survival(frame, split: str = "test") -> Survival:
     keys, shown = config_columns(frame)
     score = scores(frame, split)
     curves = {_label({k: c[k] for k in shown}): score.loc[members.index].tolist() for c, members in groups(frame, keys)}
-    return Survival(curves, title=f"1 - CDF of {split} accuracy per configuration (Fraknói 2024, Figures 9 and 11)",
-                    xlabel=f"{split} accuracy", unit="runs")
+    return Survival(
+        curves,
+        title=f"1 - CDF of {split} accuracy per configuration (Fraknói 2024, Figures 9 and 11)",
+        xlabel=f"{split} accuracy",
+        unit="runs",
+    )
 
 
 @dataclass
@@ -100,37 +125,76 @@ class GridAccuracy(Result):
         return sum(r > 0 for row in self.runs for r in row)
 
     def to_dict(self) -> dict:
-        return jsonable({"d_model": self.d_models, "n_heads": self.n_heads, "runs": self.runs, "share_at_1": self.share,
-                         "mean_accuracy": self.mean, "mean_val_accuracy": self.val_mean, "split": self.split,
-                         "strategy": self.strategy})
+        return jsonable(
+            {
+                "d_model": self.d_models,
+                "n_heads": self.n_heads,
+                "runs": self.runs,
+                "share_at_1": self.share,
+                "mean_accuracy": self.mean,
+                "mean_val_accuracy": self.val_mean,
+                "split": self.split,
+                "strategy": self.strategy,
+            }
+        )
 
     def figure(self):
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        panels = [(f"share of runs at 100% {self.split} accuracy", self.share), (f"mean {self.split} accuracy", self.mean)]
+        panels = [
+            (f"share of runs at 100% {self.split} accuracy", self.share),
+            (f"mean {self.split} accuracy", self.mean),
+        ]
         if self.val_mean is not None:
             panels.append(("mean validation accuracy", self.val_mean))
         fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels], horizontal_spacing=0.12)
         x = [str(h) for h in self.n_heads]
         y = [str(d) for d in self.d_models]
         for col, (_, z) in enumerate(panels, 1):
-            text = [[("" if math.isnan(v) else f"{v:.2f}<br>n={n}") for v, n in zip(zr, nr)] for zr, nr in zip(z, self.runs)]
-            fig.add_trace(go.Heatmap(z=[[None if math.isnan(v) else v for v in zr] for zr in z], x=x, y=y, zmin=0,
-                                     zmax=1, colorscale="Viridis", text=text, texttemplate="%{text}",
-                                     showscale=col == len(panels)), row=1, col=col)
+            text = [
+                [("" if math.isnan(v) else f"{v:.2f}<br>n={n}") for v, n in zip(zr, nr)] for zr, nr in zip(z, self.runs)
+            ]
+            fig.add_trace(
+                go.Heatmap(
+                    z=[[None if math.isnan(v) else v for v in zr] for zr in z],
+                    x=x,
+                    y=y,
+                    zmin=0,
+                    zmax=1,
+                    colorscale="Viridis",
+                    text=text,
+                    texttemplate="%{text}",
+                    showscale=col == len(panels),
+                ),
+                row=1,
+                col=col,
+            )
             fig.update_xaxes(title_text="n_heads", type="category", row=1, col=col)
             fig.update_yaxes(title_text="d_model", type="category", row=1, col=col)
-        fig.update_layout(title=f"Accuracy over the d_model x n_heads grid ({self.strategy} runs; Fraknói 2024, Figure 2)",
-                          template="plotly_white", width=430 * len(panels), height=420)
+        fig.update_layout(
+            title=f"Accuracy over the d_model x n_heads grid ({self.strategy} runs; Fraknói 2024, Figure 2)",
+            template="plotly_white",
+            width=430 * len(panels),
+            height=420,
+        )
         return fig
 
     def table_html(self) -> str:
         from interp.visualize import render_table
 
-        rows = [{"d_model": d, "n_heads": h, "runs": self.runs[i][j], "share at 100%": self.share[i][j],
-                 "mean": self.mean[i][j]} for i, d in enumerate(self.d_models) for j, h in enumerate(self.n_heads)
-                if self.runs[i][j]]
+        rows = [
+            {
+                "d_model": d,
+                "n_heads": h,
+                "runs": self.runs[i][j],
+                "share at 100%": self.share[i][j],
+                "mean": self.mean[i][j],
+            }
+            for i, d in enumerate(self.d_models)
+            for j, h in enumerate(self.n_heads)
+            if self.runs[i][j]
+        ]
         return render_table(rows, formats={"share at 100%": ".2f", "mean": ".4f"})
 
 
@@ -169,10 +233,23 @@ class LearningRateAccuracy(Result):
         return any(len(by_lr) > 1 for by_lr in self.series.values())
 
     def to_dict(self) -> dict:
-        return jsonable({"split": self.split, "series": {label: [{"lr": lr, "accuracy": sorted(v),
-                                                                   "share_at_1": sum(a >= 1 for a in v) / len(v),
-                                                                   "mean": sum(v) / len(v)} for lr, v in by.items()]
-                                                          for label, by in self.series.items()}})
+        return jsonable(
+            {
+                "split": self.split,
+                "series": {
+                    label: [
+                        {
+                            "lr": lr,
+                            "accuracy": sorted(v),
+                            "share_at_1": sum(a >= 1 for a in v) / len(v),
+                            "mean": sum(v) / len(v),
+                        }
+                        for lr, v in by.items()
+                    ]
+                    for label, by in self.series.items()
+                },
+            }
+        )
 
     def figure(self):
         import plotly.graph_objects as go
@@ -180,13 +257,28 @@ class LearningRateAccuracy(Result):
         fig = go.Figure()
         for label, by in self.series.items():
             lrs = sorted(by)
-            fig.add_trace(go.Scatter(x=[lr for lr in lrs for _ in by[lr]], y=[a for lr in lrs for a in by[lr]],
-                                     mode="markers", name=f"{label}: runs", marker=dict(size=6, opacity=0.6)))
-            fig.add_trace(go.Scatter(x=lrs, y=[sum(by[lr]) / len(by[lr]) for lr in lrs], mode="lines+markers",
-                                     name=f"{label}: mean"))
-        fig.update_layout(title=f"{self.split} accuracy over learning rates (Fraknói 2024, Figure 3)",
-                          xaxis_title="learning rate", yaxis_title=f"{self.split} accuracy", template="plotly_white",
-                          width=760, height=420)
+            fig.add_trace(
+                go.Scatter(
+                    x=[lr for lr in lrs for _ in by[lr]],
+                    y=[a for lr in lrs for a in by[lr]],
+                    mode="markers",
+                    name=f"{label}: runs",
+                    marker=dict(size=6, opacity=0.6),
+                )
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=lrs, y=[sum(by[lr]) / len(by[lr]) for lr in lrs], mode="lines+markers", name=f"{label}: mean"
+                )
+            )
+        fig.update_layout(
+            title=f"{self.split} accuracy over learning rates (Fraknói 2024, Figure 3)",
+            xaxis_title="learning rate",
+            yaxis_title=f"{self.split} accuracy",
+            template="plotly_white",
+            width=760,
+            height=420,
+        )
         fig.update_xaxes(type="log")
         return fig
 

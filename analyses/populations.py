@@ -72,8 +72,13 @@ def population_table(rows, *, split: str = "test", thresholds: Sequence[float] =
         for t in thresholds:
             hits = int((acc >= t).sum())
             lo, hi = wilson_interval(hits, len(acc))
-            entry.update({f"share_{split}_at_{t:g}": hits / len(acc), f"share_{split}_at_{t:g}_low": lo,
-                          f"share_{split}_at_{t:g}_high": hi})
+            entry.update(
+                {
+                    f"share_{split}_at_{t:g}": hits / len(acc),
+                    f"share_{split}_at_{t:g}_low": lo,
+                    f"share_{split}_at_{t:g}_high": hi,
+                }
+            )
         entry[f"mean_{split}_accuracy"] = float(acc.mean())
         table.append(entry)
     return table

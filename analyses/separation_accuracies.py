@@ -76,21 +76,40 @@ class SeparationAccuracy(Result):
         return [subset_name(s) for s in self.subsets]
 
     def to_dict(self) -> dict:
-        return jsonable({"C": self.C, "center": self.center, "standardize": self.standardize, "n_train": self.n_train,
-                         "n_test": self.n_test, "chance": self.chance,
-                         "subsets": [[head_label(*h) for h in s] for s in self.subsets], "accuracy": self.accuracy,
-                         "roc_auc": self.roc_auc, "train_accuracy": self.train_accuracy, "converged": self.converged,
-                         "threshold_limited": self.threshold_limited})
+        return jsonable(
+            {
+                "C": self.C,
+                "center": self.center,
+                "standardize": self.standardize,
+                "n_train": self.n_train,
+                "n_test": self.n_test,
+                "chance": self.chance,
+                "subsets": [[head_label(*h) for h in s] for s in self.subsets],
+                "accuracy": self.accuracy,
+                "roc_auc": self.roc_auc,
+                "train_accuracy": self.train_accuracy,
+                "converged": self.converged,
+                "threshold_limited": self.threshold_limited,
+            }
+        )
 
     def figure(self, top: int = 40):
         import plotly.graph_objects as go
 
         order = torch.argsort(self.accuracy, descending=True)[:top].tolist()
         names = [self.names[i] for i in order]
-        fig = go.Figure([go.Bar(name="accuracy", x=names, y=[float(self.accuracy[i]) for i in order]),
-                         go.Bar(name="ROC AUC", x=names, y=[float(self.roc_auc[i]) for i in order])])
-        fig.update_layout(title=f"Separation accuracy (LinearSVC C={self.C:g}, {self.n_train} train / {self.n_test} test)",
-                          yaxis_range=[0, 1], barmode="group", template="plotly_white")
+        fig = go.Figure(
+            [
+                go.Bar(name="accuracy", x=names, y=[float(self.accuracy[i]) for i in order]),
+                go.Bar(name="ROC AUC", x=names, y=[float(self.roc_auc[i]) for i in order]),
+            ]
+        )
+        fig.update_layout(
+            title=f"Separation accuracy (LinearSVC C={self.C:g}, {self.n_train} train / {self.n_test} test)",
+            yaxis_range=[0, 1],
+            barmode="group",
+            template="plotly_white",
+        )
         return fig
 
 
@@ -109,20 +128,33 @@ def make_separator(C: float = 1000.0, standardize: bool = False, max_iter: int =
 
     if not (isinstance(C, (int, float)) and C > 0):
         raise InterpError(f"C must be a positive number, got {C!r}")
-    svc = LinearSVC(penalty="l2", loss="squared_hinge", C=float(C), dual=False, max_iter=max_iter, random_state=random_state)
+    svc = LinearSVC(
+        penalty="l2", loss="squared_hinge", C=float(C), dual=False, max_iter=max_iter, random_state=random_state
+    )
     return make_pipeline(StandardScaler(), svc) if standardize else svc
 
 
-def fit_separator(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, *,
-                  C: float = 1000.0, standardize: bool = False, center: bool = True, max_iter: int = 10_000) -> dict:
+def fit_separator(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    *,
+    C: float = 1000.0,
+    standardize: bool = False,
+    center: bool = True,
+    max_iter: int = 10_000,
+) -> dict:
     """Fit on train, score on test: ``accuracy``, ``roc_auc`` (binary labels; NaN otherwise), ``train_accuracy``,
     ``converged`` (False when liblinear stopped at ``max_iter``). ``center``: subtract the train mean first."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.metrics import roc_auc_score
 
     if not (np.isfinite(x_train).all() and np.isfinite(x_test).all()):
-        raise InterpError("the head outputs hold NaN or infinite values (are the model's weights finite?); "
-                          "a separator needs finite features")
+        raise InterpError(
+            "the head outputs hold NaN or infinite values (are the model's weights finite?); "
+            "a separator needs finite features"
+        )
     if center:
         mean = x_train.mean(0, keepdims=True)
         x_train, x_test = x_train - mean, x_test - mean
@@ -137,13 +169,26 @@ def fit_separator(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, 
     auc = float("nan")
     if len(classes) == 2 and len(np.unique(y_test)) == 2:
         auc = float(roc_auc_score(y_test == classes[1], clf.decision_function(x_test)))
-    return {"accuracy": float((clf.predict(x_test) == y_test).mean()), "roc_auc": auc,
-            "train_accuracy": float((clf.predict(x_train) == y_train).mean()), "converged": converged}
+    return {
+        "accuracy": float((clf.predict(x_test) == y_test).mean()),
+        "roc_auc": auc,
+        "train_accuracy": float((clf.predict(x_train) == y_train).mean()),
+        "converged": converged,
+    }
 
 
-def separation_accuracy(model: HookedTransformer, train, test, subsets: Iterable | None = None, *, C: float = 1000.0,
-                        standardize: bool = False, center: bool = True, max_iter: int = 10_000,
-                        task: Task | None = None) -> SeparationAccuracy:
+def separation_accuracy(
+    model: HookedTransformer,
+    train,
+    test,
+    subsets: Iterable | None = None,
+    *,
+    C: float = 1000.0,
+    standardize: bool = False,
+    center: bool = True,
+    max_iter: int = 10_000,
+    task: Task | None = None,
+) -> SeparationAccuracy:
     """A_s(H) for every H in ``subsets`` (default: every single head). ``train``/``test`` are task data or
     :class:`AnswerCache` objects (reuse them across calls: the forward pass is the expensive part)."""
     cfg = model.cfg
@@ -160,12 +205,20 @@ def separation_accuracy(model: HookedTransformer, train, test, subsets: Iterable
     for subset in parsed:
         cols_tr = torch.cat([z_tr[:, l, h] for l, h in subset], -1).numpy()
         cols_te = torch.cat([z_te[:, l, h] for l, h in subset], -1).numpy()
-        rows.append(fit_separator(cols_tr, y_tr, cols_te, y_te, C=C, standardize=standardize, center=center,
-                                  max_iter=max_iter))
+        rows.append(
+            fit_separator(cols_tr, y_tr, cols_te, y_te, C=C, standardize=standardize, center=center, max_iter=max_iter)
+        )
     _, counts = np.unique(y_te, return_counts=True)
     return SeparationAccuracy(
-        subsets=parsed, accuracy=torch.tensor([r["accuracy"] for r in rows]), roc_auc=torch.tensor([r["roc_auc"] for r in rows]),
-        train_accuracy=torch.tensor([r["train_accuracy"] for r in rows]), converged=torch.tensor([r["converged"] for r in rows]),
-        C=float(C), standardize=standardize, n_train=len(tr), n_test=len(te), chance=float(counts.max() / counts.sum()),
+        subsets=parsed,
+        accuracy=torch.tensor([r["accuracy"] for r in rows]),
+        roc_auc=torch.tensor([r["roc_auc"] for r in rows]),
+        train_accuracy=torch.tensor([r["train_accuracy"] for r in rows]),
+        converged=torch.tensor([r["converged"] for r in rows]),
+        C=float(C),
+        standardize=standardize,
+        n_train=len(tr),
+        n_test=len(te),
+        chance=float(counts.max() / counts.sum()),
         center=center,
     )

@@ -132,9 +132,15 @@ class ShapleyResult(Result):
             if self.stderr is not None:
                 row["stderr"] = self.stderr[i]
             rows.append(row)
-        out = {"value": self.value, "exact": self.exact, "v_all": self.v_all, "v_empty": self.v_empty, "heads": rows,
-               "interactions": None if self.interactions is None else
-               {"heads": self.names, "matrix": self.interactions}, **self.info}
+        out = {
+            "value": self.value,
+            "exact": self.exact,
+            "v_all": self.v_all,
+            "v_empty": self.v_empty,
+            "heads": rows,
+            "interactions": None if self.interactions is None else {"heads": self.names, "matrix": self.interactions},
+            **self.info,
+        }
         if self.samples is not None:
             out["samples"] = self.samples
         return jsonable(out)
@@ -149,12 +155,20 @@ class ShapleyResult(Result):
         together (synergy) and those that overlap most (redundancy), read in the value's direction."""
         kind = "exact" if self.exact else f"sampled, {self.samples} permutations"
         better = self.higher_is_better
-        direction = {True: "higher is better", False: "lower is better: a helpful head has phi < 0",
-                     None: "direction unknown: phi > 0 adds to v"}[better]
-        lines = [f"Shapley values of {len(self.heads)} heads, v = {self.value} ({direction}; {kind}): "
-                 f"v(all) = {self.v_all:.4f}, v(none) = {self.v_empty:.4f}, sum of phi = {float(self.shapley.sum()):.4f}"]
-        head = f"{'head':<8}{'shapley':>10}" + (f"{'stderr':>10}" if self.stderr is not None else "") + \
-            (f"{'banzhaf':>10}" if self.banzhaf is not None else "")
+        direction = {
+            True: "higher is better",
+            False: "lower is better: a helpful head has phi < 0",
+            None: "direction unknown: phi > 0 adds to v",
+        }[better]
+        lines = [
+            f"Shapley values of {len(self.heads)} heads, v = {self.value} ({direction}; {kind}): "
+            f"v(all) = {self.v_all:.4f}, v(none) = {self.v_empty:.4f}, sum of phi = {float(self.shapley.sum()):.4f}"
+        ]
+        head = (
+            f"{'head':<8}{'shapley':>10}"
+            + (f"{'stderr':>10}" if self.stderr is not None else "")
+            + (f"{'banzhaf':>10}" if self.banzhaf is not None else "")
+        )
         lines.append(head)
         for i in torch.argsort(self.shapley, descending=better is not False, stable=True).tolist():
             line = f"{self.names[i]:<8}{float(self.shapley[i]):>10.4f}"
@@ -176,8 +190,12 @@ class ShapleyResult(Result):
         benefit = vals if higher_is_better else -vals
         out = []
         for label, sign in (("synergistic", 1.0), ("redundant", -1.0)):
-            order = [k for k in torch.argsort(sign * benefit, descending=True).tolist() if sign * float(benefit[k]) > 1e-12]
-            pairs = ", ".join(f"{self.names[iu[0, k]]}+{self.names[iu[1, k]]} I = {float(vals[k]):+.4f}" for k in order[:3])
+            order = [
+                k for k in torch.argsort(sign * benefit, descending=True).tolist() if sign * float(benefit[k]) > 1e-12
+            ]
+            pairs = ", ".join(
+                f"{self.names[iu[0, k]]}+{self.names[iu[1, k]]} I = {float(vals[k]):+.4f}" for k in order[:3]
+            )
             out.append(f"most {label} pairs: {pairs or 'none'}")
         return out
 
@@ -188,26 +206,48 @@ class ShapleyResult(Result):
         from plotly.subplots import make_subplots
 
         both = self.interactions is not None
-        fig = make_subplots(rows=1, cols=2 if both else 1, column_widths=[0.55, 0.45] if both else None,
-                            subplot_titles=["Shapley and Banzhaf values", "pairwise Shapley interaction"] if both else None)
+        fig = make_subplots(
+            rows=1,
+            cols=2 if both else 1,
+            column_widths=[0.55, 0.45] if both else None,
+            subplot_titles=["Shapley and Banzhaf values", "pairwise Shapley interaction"] if both else None,
+        )
         err = None if self.stderr is None else dict(type="data", array=self.stderr.tolist())
         fig.add_trace(go.Bar(name="Shapley", x=self.names, y=self.shapley.tolist(), error_y=err), 1, 1)
         if self.banzhaf is not None:
             fig.add_trace(go.Bar(name="Banzhaf", x=self.names, y=self.banzhaf.tolist()), 1, 1)
         if both:
             lim = float(self.interactions.abs().max()) or 1.0
-            fig.add_trace(go.Heatmap(z=self.interactions.tolist(), x=self.names, y=self.names, zmin=-lim, zmax=lim,
-                                     colorscale="RdBu", colorbar=dict(title="I_ij", x=1.02),
-                                     hovertemplate="%{y} + %{x}: %{z:.4f}<extra></extra>"), 1, 2)
+            fig.add_trace(
+                go.Heatmap(
+                    z=self.interactions.tolist(),
+                    x=self.names,
+                    y=self.names,
+                    zmin=-lim,
+                    zmax=lim,
+                    colorscale="RdBu",
+                    colorbar=dict(title="I_ij", x=1.02),
+                    hovertemplate="%{y} + %{x}: %{z:.4f}<extra></extra>",
+                ),
+                1,
+                2,
+            )
             fig.update_yaxes(autorange="reversed", row=1, col=2)
         kind = "exact" if self.exact else f"{self.samples} sampled permutations"
-        fig.update_layout(title=f"Heads' Shapley values, v = {self.value} ({kind}; v(all) = {self.v_all:.3f}, "
-                                f"v(none) = {self.v_empty:.3f})", barmode="group", template="plotly_white",
-                          height=420, width=1100 if both else 700)
+        fig.update_layout(
+            title=f"Heads' Shapley values, v = {self.value} ({kind}; v(all) = {self.v_all:.3f}, "
+            f"v(none) = {self.v_empty:.3f})",
+            barmode="group",
+            template="plotly_white",
+            height=420,
+            width=1100 if both else 700,
+        )
         return fig
 
 
-def shapley(values: CoalitionValues | Tensor, heads: list[Head] | None = None, value: str | None = None) -> ShapleyResult:
+def shapley(
+    values: CoalitionValues | Tensor, heads: list[Head] | None = None, value: str | None = None
+) -> ShapleyResult:
     """Exact Shapley and Banzhaf values and pairwise interactions from v of all 2**n coalitions: a
     :class:`CoalitionValues`, or a bitmask-indexed vector (then ``heads`` names the players, default L0H0...)."""
     if isinstance(values, CoalitionValues):
@@ -235,15 +275,18 @@ def shapley_of(model: HookedTransformer, data, **kw) -> ShapleyResult:
     return shapley(coalition_values(model, data, **kw))
 
 
-def sampled_shapley(model: HookedTransformer, data, *, samples: int = 200, seed: int = 0, antithetic: bool = True, **kw) -> ShapleyResult:
+def sampled_shapley(
+    model: HookedTransformer, data, *, samples: int = 200, seed: int = 0, antithetic: bool = True, **kw
+) -> ShapleyResult:
     """Shapley values estimated from ``samples`` random permutations of the heads (keyword arguments as
     :func:`analyses.coalitions.coalition_values`): each permutation adds the heads one by one, and a head's sample
     is v(before + head) - v(before). ``antithetic``: permutations come in reversed pairs (a pair's mean is one
     sample of the standard error), which lowers the variance. The estimate is unbiased; the standard error per
     head is the sample standard deviation over ``sqrt(samples)``. All prefixes are evaluated as one batch."""
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 2:
-        raise InterpError(f"samples must be an integer >= 2 (a standard error needs at least two permutations), got "
-                          f"{samples!r}")
+        raise InterpError(
+            f"samples must be an integer >= 2 (a standard error needs at least two permutations), got {samples!r}"
+        )
     progress = kw.pop("progress", False)
     ev = coalition_evaluator(model, data, **kw)
     n = len(ev.heads)
@@ -267,6 +310,16 @@ def sampled_shapley(model: HookedTransformer, data, *, samples: int = 200, seed:
     else:
         se = contrib.std(0) / math.sqrt(samples)
     v_all, v_empty = float(v[0, -1]), float(v[0, 0])
-    return ShapleyResult(list(ev.heads), phi, None, None, ev.value, v_all, v_empty, exact=False, stderr=se,
-                         samples=samples, info={"ablation": ev.ablation, "n_examples": ev.n_examples,
-                                                "coalitions_evaluated": len(uniq), **ev.info})
+    return ShapleyResult(
+        list(ev.heads),
+        phi,
+        None,
+        None,
+        ev.value,
+        v_all,
+        v_empty,
+        exact=False,
+        stderr=se,
+        samples=samples,
+        info={"ablation": ev.ablation, "n_examples": ev.n_examples, "coalitions_evaluated": len(uniq), **ev.info},
+    )

@@ -28,7 +28,9 @@ def main() -> None:
     p.add_argument("--checkpoint", default="noisy-majority")
     p.add_argument("--device", default=None)
     p.add_argument("--n-test", type=int, default=1000)
-    p.add_argument("--generic", action="store_true", help="also time the generic batched hook path (as slow as the loop on CPU)")
+    p.add_argument(
+        "--generic", action="store_true", help="also time the generic batched hook path (as slow as the loop on CPU)"
+    )
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
     if args.threads:
@@ -39,8 +41,10 @@ def main() -> None:
     cfg = model.cfg
     subsets = head_subsets(cfg.n_layers, cfg.n_heads, 1) + head_subsets(cfg.n_layers, cfg.n_heads, 2)
     dev = next(model.parameters()).device
-    print(f"{ckpt.path}: {cfg.n_layers} layer(s), {cfg.n_heads} heads; {len(subsets)} subsets x {len(data)} test sequences "
-          f"on {dev} ({torch.get_num_threads()} threads)")
+    print(
+        f"{ckpt.path}: {cfg.n_layers} layer(s), {cfg.n_heads} heads; {len(subsets)} subsets x {len(data)} test "
+        f"sequences on {dev} ({torch.get_num_threads()} threads)"
+    )
 
     def sync():
         if dev.type == "cuda":
@@ -51,6 +55,7 @@ def main() -> None:
             out = fn()
             sync()
             return out
+
         return timed(go)
 
     tl, t_tl = run(lambda: learned_accuracy(model, cache_answer(model, data, attention=False, method="hooks"), subsets))

@@ -9,8 +9,8 @@ Inputs: ``analyses.repeated_tokens.corrupted_pair(task, n, kind="key")`` (the qu
 moved), metric: logit difference at the answer, denoising (TransformerLens' convention: corrupted run, clean cache).
 Sweeps: every head x position of ``hook_z`` (132 patches), every position of ``resid_pre`` (66), and every head x
 query row of the attention pattern (132). Path patching (TransformerLens has no function for it) is timed against a
-loop of one ``run_with_hooks`` per (sender, receiver, input) that adds the sender's change of output to that input. Times are the best of ``--repeats``; TransformerLens' tqdm bar is
-switched off so that it is not counted against it.
+loop of one ``run_with_hooks`` per (sender, receiver, input) that adds the sender's change of output to that input.
+Times are the best of ``--repeats``; TransformerLens' tqdm bar is switched off so that it is not counted against it.
 
 Where the gain comes from (all exact): the patched variants of a layer are stacked along the batch axis; each
 stacked run starts at the patched layer from the base run's cached residual stream; a patched ``z`` of an
@@ -63,8 +63,10 @@ def main() -> None:
     model, task = ckpt.model, ckpt.task
     L, H = model.cfg.n_layers, model.cfg.n_heads
     cfg = model.cfg
-    print(f"{ckpt.path.name}: {cfg.n_layers} layers x {cfg.n_heads} heads, {task.n_ctx} tokens, on "
-          f"{next(model.parameters()).device} ({torch.get_num_threads()} thread(s)); best of {args.repeats}")
+    print(
+        f"{ckpt.path.name}: {cfg.n_layers} layers x {cfg.n_heads} heads, {task.n_ctx} tokens, on "
+        f"{next(model.parameters()).device} ({torch.get_num_threads()} thread(s)); best of {args.repeats}"
+    )
     print(f"{'sweep':<20}{'pairs':>6}{'patches':>9}{'TL serial s':>13}{'batched s':>11}{'ratio':>8}{'max |diff|':>12}")
     total_tl = total_ours = 0.0
     for n in args.pairs:
@@ -73,8 +75,9 @@ def main() -> None:
         with torch.inference_mode():
             _, clean_cache = model.run_with_cache(clean.tokens)
         for where, per, fn, perm in SWEEPS:
-            ours, t_ours = best_of(lambda: activation_patching(model, clean, corrupted, "logit_diff", where=where, per=per),
-                                   args.repeats)
+            ours, t_ours = best_of(
+                lambda: activation_patching(model, clean, corrupted, "logit_diff", where=where, per=per), args.repeats
+            )
             with torch.inference_mode():
                 theirs, t_tl = best_of(lambda: fn(model, corrupted.tokens, clean_cache, metric), args.repeats)
             theirs = theirs.cpu()
@@ -82,15 +85,31 @@ def main() -> None:
                 theirs = theirs.permute(*perm)
             diff = float((ours.values - theirs).abs().max())
             total_tl, total_ours = total_tl + t_tl, total_ours + t_ours
-            print(f"{where + ' ' + per:<20}{n:>6}{ours.values.numel():>9}{t_tl:>13.3f}{t_ours:>11.3f}"
-                  f"{t_tl / t_ours:>7.1f}x{diff:>12.2e}")
+            print(
+                f"{where + ' ' + per:<20}{n:>6}{ours.values.numel():>9}{t_tl:>13.3f}{t_ours:>11.3f}"
+                f"{t_tl / t_ours:>7.1f}x{diff:>12.2e}"
+            )
         ours, t_ours = best_of(lambda: path_patching(model, clean, corrupted, "logit_diff"), args.repeats)
-        slow, t_slow = best_of(lambda: path_patching_loop(model, clean, corrupted, metric, [(0, h) for h in range(H)],
-                                                          [(l, h) for l in range(1, L) for h in range(H)]), args.repeats)
+        slow, t_slow = best_of(
+            lambda: path_patching_loop(
+                model,
+                clean,
+                corrupted,
+                metric,
+                [(0, h) for h in range(H)],
+                [(l, h) for l in range(1, L) for h in range(H)],
+            ),
+            args.repeats,
+        )
         diff = float((ours.values - slow).abs().max())
-        print(f"{'path q/k/v (loop)':<20}{n:>6}{ours.values.numel():>9}{t_slow:>13.3f}{t_ours:>11.3f}"
-              f"{t_slow / t_ours:>7.1f}x{diff:>12.2e}")
-    print(f"all activation sweeps: TransformerLens {total_tl:.2f} s, batched {total_ours:.2f} s: {total_tl / total_ours:.1f}x")
+        print(
+            f"{'path q/k/v (loop)':<20}{n:>6}{ours.values.numel():>9}{t_slow:>13.3f}{t_ours:>11.3f}"
+            f"{t_slow / t_ours:>7.1f}x{diff:>12.2e}"
+        )
+    print(
+        f"all activation sweeps: TransformerLens {total_tl:.2f} s, batched {total_ours:.2f} s: "
+        f"{total_tl / total_ours:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -43,13 +43,25 @@ def _worker(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.solo_worker:
             for s in seeds:
-                train(task, spec.__class__(**{**spec.to_dict(), "init_seed": s}), TrainConfig(
-                    epochs=args.worker_epochs, seed=s, dropout_at=args.dropout_at), Path(tmp) / f"s{s}.safetensors",
-                      device="cpu", progress=False)
+                train(
+                    task,
+                    spec.__class__(**{**spec.to_dict(), "init_seed": s}),
+                    TrainConfig(epochs=args.worker_epochs, seed=s, dropout_at=args.dropout_at),
+                    Path(tmp) / f"s{s}.safetensors",
+                    device="cpu",
+                    progress=False,
+                )
         else:
             specs, cfgs = seed_population(task, spec, cfg, seeds)
-            train_population(task, specs, cfgs, [Path(tmp) / f"p{s}.safetensors" for s in seeds], device="cpu",
-                             progress=False, compile=args.compile)
+            train_population(
+                task,
+                specs,
+                cfgs,
+                [Path(tmp) / f"p{s}.safetensors" for s in seeds],
+                device="cpu",
+                progress=False,
+                compile=args.compile,
+            )
 
 
 def _wall(args, epochs: int, solo: bool) -> float:
@@ -60,8 +72,19 @@ def _wall(args, epochs: int, solo: bool) -> float:
     t0 = time.perf_counter()
     for p in range(args.processes):
         first, count = p * per, (1 if solo else min(per, args.models - p * per))
-        cmd = [sys.executable, __file__, "--worker", "--first", str(first if not solo else p), "--count", str(count),
-               "--worker-epochs", str(epochs), "--dropout-at", args.dropout_at]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--first",
+            str(first if not solo else p),
+            "--count",
+            str(count),
+            "--worker-epochs",
+            str(epochs),
+            "--dropout-at",
+            args.dropout_at,
+        ]
         cmd += ["--solo-worker"] if solo else (["--compile"] if args.compile else [])
         procs.append(subprocess.Popen(cmd, env={"OMP_NUM_THREADS": "1", **_env()}))
     for pr in procs:
@@ -99,13 +122,19 @@ def main() -> None:
         models = args.processes if solo else args.models
         rate = (long - short) / (2 * E * models)  # wall seconds per model-epoch, steady state
         result[side] = rate
-        print(f"{side:30s}: {rate:.4f} s per model-epoch (wall, {args.processes} process(es)); fixed cost "
-              f"{short - rate * E * models:.1f} s per run of {models} model(s)")
+        print(
+            f"{side:30s}: {rate:.4f} s per model-epoch (wall, {args.processes} process(es)); fixed cost "
+            f"{short - rate * E * models:.1f} s per run of {models} model(s)"
+        )
     solo, batched = result["one at a time (interp train)"], result["batched population"]
-    print(f"seed config (d 32, 16 heads), dropout at {args.dropout_at}, compile={args.compile}, "
-          f"{args.processes} process(es) x 1 thread")
-    print(f"speed-up {solo / batched:.1f}x; 100 models x 900 epochs: {batched * 100 * 900 / 60:.1f} min batched, "
-          f"{solo * 100 * 900 / 3600:.1f} h one at a time (steady state, plus the fixed cost)")
+    print(
+        f"seed config (d 32, 16 heads), dropout at {args.dropout_at}, compile={args.compile}, "
+        f"{args.processes} process(es) x 1 thread"
+    )
+    print(
+        f"speed-up {solo / batched:.1f}x; 100 models x 900 epochs: {batched * 100 * 900 / 60:.1f} min batched, "
+        f"{solo * 100 * 900 / 3600:.1f} h one at a time (steady state, plus the fixed cost)"
+    )
     print(json.dumps({"solo_s_per_model_epoch": solo, "batched_s_per_model_epoch": batched, "ratio": solo / batched}))
 
 

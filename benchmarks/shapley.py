@@ -6,7 +6,8 @@
 
 v = learned accuracy (1,000 test sequences): batched = ``shapley(coalition_values(...))`` (answer cache, then one small
 matmul over all coalitions); naive = one ``run_with_hooks`` pass over the test data per coalition
-(``analyses.learned_accuracies.learned_accuracy_loop``), timed on ``--naive`` random coalitions and extrapolated to 65,536.
+(``analyses.learned_accuracies.learned_accuracy_loop``), timed on ``--naive`` random coalitions and extrapolated to
+65,536.
 
 v = separation accuracy (LinearSVC C=1000 on the heads' outputs, 7,500 train / 1,000 test sequences): batched =
 ``coalition_values(..., value="separation", solver="torch")`` (analyses.batched_svc); naive = one scikit-learn
@@ -41,14 +42,18 @@ def main() -> None:
     test, train = task.dataset("test"), task.dataset("train")
     n = model.cfg.n_layers * model.cfg.n_heads
     total = 1 << n
-    print(f"{ckpt.path}: {n} heads, {total:,} coalitions; {len(train)} train / {len(test)} test sequences; "
-          f"{torch.get_num_threads()} torch threads")
+    print(
+        f"{ckpt.path}: {n} heads, {total:,} coalitions; {len(train)} train / {len(test)} test sequences; "
+        f"{torch.get_num_threads()} torch threads"
+    )
     gen = torch.Generator().manual_seed(0)
 
     # learned accuracy
     res, t_fast = timed(lambda: shapley(coalition_values(model, test, value="learned-accuracy", task=task)))
-    print(f"learned accuracy, exact Shapley (all {total:,} coalitions): {t_fast:8.2f} s; "
-          f"efficiency gap {res.efficiency_gap:.1e}")
+    print(
+        f"learned accuracy, exact Shapley (all {total:,} coalitions): {t_fast:8.2f} s; "
+        f"efficiency gap {res.efficiency_gap:.1e}"
+    )
     idx = torch.randint(0, total, (args.naive,), generator=gen)
     heads = res.heads
     subsets = [[h for i, h in enumerate(heads) if int(m) >> i & 1] for m in idx]
@@ -56,23 +61,30 @@ def main() -> None:
     cv = coalition_evaluator(model, test, value="learned-accuracy", task=task)(idx)
     same = float((naive.accuracy.double() - cv).abs().max())
     est = t_naive / len(idx) * total
-    print(f"  naive run_with_hooks per coalition: {t_naive:8.2f} s for {len(idx)} coalitions -> {est:8.1f} s for "
-          f"{total:,} (extrapolated); max difference on them {same:.1e}")
+    print(
+        f"  naive run_with_hooks per coalition: {t_naive:8.2f} s for {len(idx)} coalitions -> {est:8.1f} s for "
+        f"{total:,} (extrapolated); max difference on them {same:.1e}"
+    )
     print(f"  speed-up: {est / t_fast:8.1f}x")
 
     if not args.no_separation:
         sep, t_sep = timed(lambda: coalition_values(model, test, value="separation", train=train, task=task))
         res_s = shapley(sep)
-        print(f"separation accuracy, exact Shapley (all {total:,} SVC fits, batched torch): {t_sep:8.2f} s; "
-              f"efficiency gap {res_s.efficiency_gap:.1e}")
+        print(
+            f"separation accuracy, exact Shapley (all {total:,} SVC fits, batched torch): {t_sep:8.2f} s; "
+            f"efficiency gap {res_s.efficiency_gap:.1e}"
+        )
         idx = torch.randint(0, total, (args.naive_svc,), generator=gen)
-        ref, t_sk = timed(lambda: coalition_evaluator(model, test, value="separation", train=train, task=task,
-                                                      solver="sklearn")(idx))
+        ref, t_sk = timed(
+            lambda: coalition_evaluator(model, test, value="separation", train=train, task=task, solver="sklearn")(idx)
+        )
         diff = (ref - sep.values[idx]).abs() * len(test)
         est = t_sk / len(idx) * total
-        print(f"  naive LinearSVC per coalition: {t_sk:8.2f} s for {len(idx)} coalitions -> {est:8.1f} s for "
-              f"{total:,} (extrapolated); same test accuracy within one sequence on "
-              f"{float((diff <= 1 + 1e-9).float().mean()):.1%} of them (max {float(diff.max()):.0f} sequences)")
+        print(
+            f"  naive LinearSVC per coalition: {t_sk:8.2f} s for {len(idx)} coalitions -> {est:8.1f} s for "
+            f"{total:,} (extrapolated); same test accuracy within one sequence on "
+            f"{float((diff <= 1 + 1e-9).float().mean()):.1%} of them (max {float(diff.max()):.0f} sequences)"
+        )
         print(f"  speed-up: {est / t_sep:8.1f}x")
         print("heads by Shapley (learned accuracy | separation):")
         for i, name in enumerate(res.names):

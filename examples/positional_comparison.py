@@ -1,5 +1,5 @@
-"""Ibrahimli 2024, Compositional Generalization in Transformers's comparison, scaled to one CPU thread: exact-match accuracy by operand length for each positional
-scheme, same data, model and training budget, several seeds.
+"""Ibrahimli 2024, Compositional Generalization in Transformers's comparison, scaled to one CPU thread: exact-match
+accuracy by operand length for each positional scheme, same data, model and training budget, several seeds.
 
 Every run trains the same 2-layer model (d_model 64, 4 heads, d_mlp 256, LayerNorm) on sums of 1..3-digit operands
 (written units first, answer units first, 10% sum-9-cascade enrichment), for the same number of steps; then every
@@ -36,9 +36,18 @@ MAX_DIGITS = 6
 
 
 def task_for(test_digits, train_size: int):
-    return get_task("integer-addition", digits=list(TRAIN_DIGITS), test_digits=list(test_digits), max_digits=MAX_DIGITS,
-                    reverse_operands=True, reverse_answer=True, train_size=train_size, val_size=1000,
-                    test_size=1000, cascades_size=200)
+    return get_task(
+        "integer-addition",
+        digits=list(TRAIN_DIGITS),
+        test_digits=list(test_digits),
+        max_digits=MAX_DIGITS,
+        reverse_operands=True,
+        reverse_answer=True,
+        train_size=train_size,
+        val_size=1000,
+        test_size=1000,
+        cascades_size=200,
+    )
 
 
 def spec_for(task, scheme: str, seed: int) -> ModelSpec:
@@ -74,11 +83,21 @@ def run_one(scheme: str, seed: int, steps: int, batch: int, workdir: Path) -> di
     for n in range(1, MAX_DIGITS + 1):
         t = task_for((n, n), train_size)
         m = evaluate(ckpt.model, t, t.dataset("test"))
-        by_len[str(n)] = {"exact_match": m["accuracy"], "n": 1000,
-                          "digit_accuracy": [m[f"digit_{i}"] for i in range(n + 1)]}
-    return {"scheme": scheme, "seed": seed, "steps": prov["steps"], "train_seconds": round(seconds, 1),
-            "threads": torch.get_num_threads(), "val_accuracy": prov["accuracy"]["val"], "by_length": by_len,
-            "cascades": cascade_accuracy(ckpt.model)}
+        by_len[str(n)] = {
+            "exact_match": m["accuracy"],
+            "n": 1000,
+            "digit_accuracy": [m[f"digit_{i}"] for i in range(n + 1)],
+        }
+    return {
+        "scheme": scheme,
+        "seed": seed,
+        "steps": prov["steps"],
+        "train_seconds": round(seconds, 1),
+        "threads": torch.get_num_threads(),
+        "val_accuracy": prov["accuracy"]["val"],
+        "by_length": by_len,
+        "cascades": cascade_accuracy(ckpt.model),
+    }
 
 
 def cascade_accuracy(model) -> dict:
@@ -90,7 +109,11 @@ def cascade_accuracy(model) -> dict:
     for n in range(2, MAX_DIGITS + 1):
         t = task_for((n, n), 1)
         res = accuracy_by_case(model, t.dataset("cascades"))
-        out[str(n)] = {"by_digit_case": res.by_digit_case, "by_complexity": res.by_complexity, "exact_match": res.exact_match}
+        out[str(n)] = {
+            "by_digit_case": res.by_digit_case,
+            "by_complexity": res.by_complexity,
+            "exact_match": res.exact_match,
+        }
     return out
 
 
@@ -103,8 +126,19 @@ def table(rows: list[dict]) -> list[dict]:
             k = sum(round(r["by_length"][str(n)]["exact_match"] * r["by_length"][str(n)]["n"]) for r in rs)
             total = sum(r["by_length"][str(n)]["n"] for r in rs)
             lo, hi = wilson(k, total)
-            out.append({"scheme": scheme, "digits": n, "in_training": n <= TRAIN_DIGITS[1], "seeds": len(rs),
-                        "mean": sum(accs) / len(accs), "min": min(accs), "max": max(accs), "wilson_lo": lo, "wilson_hi": hi})
+            out.append(
+                {
+                    "scheme": scheme,
+                    "digits": n,
+                    "in_training": n <= TRAIN_DIGITS[1],
+                    "seeds": len(rs),
+                    "mean": sum(accs) / len(accs),
+                    "min": min(accs),
+                    "max": max(accs),
+                    "wilson_lo": lo,
+                    "wilson_hi": hi,
+                }
+            )
     return out
 
 
@@ -115,13 +149,33 @@ def figure(rows: list[dict]):
     fig = go.Figure()
     for scheme in dict.fromkeys(r["scheme"] for r in rows):
         rs = [r for r in rows if r["scheme"] == scheme]
-        fig.add_scatter(x=[r["digits"] for r in rs], y=[r["mean"] for r in rs], mode="lines+markers", name=scheme,
-                        error_y=dict(type="data", symmetric=False, array=[r["wilson_hi"] - r["mean"] for r in rs],
-                                     arrayminus=[r["mean"] - r["wilson_lo"] for r in rs]))
-    fig.add_vrect(x0=TRAIN_DIGITS[0] - 0.5, x1=TRAIN_DIGITS[1] + 0.5, fillcolor="green", opacity=0.08, line_width=0,
-                  annotation_text="training lengths")
-    fig.update_layout(xaxis_title="operand digits", yaxis_title="exact match", yaxis_range=[-0.02, 1.02],
-                      title="Exact match by operand length per positional scheme", template="plotly_white")
+        fig.add_scatter(
+            x=[r["digits"] for r in rs],
+            y=[r["mean"] for r in rs],
+            mode="lines+markers",
+            name=scheme,
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=[r["wilson_hi"] - r["mean"] for r in rs],
+                arrayminus=[r["mean"] - r["wilson_lo"] for r in rs],
+            ),
+        )
+    fig.add_vrect(
+        x0=TRAIN_DIGITS[0] - 0.5,
+        x1=TRAIN_DIGITS[1] + 0.5,
+        fillcolor="green",
+        opacity=0.08,
+        line_width=0,
+        annotation_text="training lengths",
+    )
+    fig.update_layout(
+        xaxis_title="operand digits",
+        yaxis_title="exact match",
+        yaxis_range=[-0.02, 1.02],
+        title="Exact match by operand length per positional scheme",
+        template="plotly_white",
+    )
     return fig
 
 
@@ -143,10 +197,16 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
-    setup = {"train_digits": list(TRAIN_DIGITS), "test_digits": list(range(1, MAX_DIGITS + 1)), "steps": args.steps,
-             "batch_size": args.batch_size, "test_sums_per_length": 1000,
-             "model": "2 layers, d_model 64, 4 heads x 16, d_mlp 256, LayerNorm", "format": "operands and answer units first",
-             "train": "AdamW lr 1e-3, wd 0.1, betas (0.9, 0.98), warmup 100 steps, 10% cascade enrichment, last model kept"}
+    setup = {
+        "train_digits": list(TRAIN_DIGITS),
+        "test_digits": list(range(1, MAX_DIGITS + 1)),
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "test_sums_per_length": 1000,
+        "model": "2 layers, d_model 64, 4 heads x 16, d_mlp 256, LayerNorm",
+        "format": "operands and answer units first",
+        "train": "AdamW lr 1e-3, wd 0.1, betas (0.9, 0.98), warmup 100 steps, 10% cascade enrichment, last model kept",
+    }
     doc["setup"] = setup
     for seed in [] if args.table_only else args.seeds:
         for scheme in args.schemes:
@@ -156,8 +216,11 @@ def main() -> None:
             doc["runs"] = [r for r in doc["runs"] if not (r["scheme"] == scheme and r["seed"] == seed)] + [row]
             doc["table"] = table(doc["runs"])
             atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n"), "the results")
-            print(f"{scheme} seed {seed}: {row['train_seconds']} s; exact match by length "
-                  + " ".join(f"{n}:{v['exact_match']:.3f}" for n, v in row["by_length"].items()), flush=True)
+            print(
+                f"{scheme} seed {seed}: {row['train_seconds']} s; exact match by length "
+                + " ".join(f"{n}:{v['exact_match']:.3f}" for n, v in row["by_length"].items()),
+                flush=True,
+            )
     for r in doc["runs"]:  # runs from before the cascade evaluation existed: add it from their checkpoints
         path = workdir / f"{r['scheme']}-seed{r['seed']}.safetensors"
         if "cascades" not in r and path.is_file():
@@ -165,8 +228,13 @@ def main() -> None:
     doc["table"] = table(doc["runs"])
     atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n"), "the results")
     cols = ["scheme", "digits", "in_training", "seeds", "mean", "min", "max", "wilson_lo", "wilson_hi"]
-    csv = "\n".join([",".join(cols)] + [",".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols)
-                                        for r in doc["table"]]) + "\n"
+    csv = (
+        "\n".join(
+            [",".join(cols)]
+            + [",".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols) for r in doc["table"]]
+        )
+        + "\n"
+    )
     atomic_write(out.with_suffix(".csv"), lambda tmp: Path(tmp).write_text(csv), "the results table")
     if args.figure:
         Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +242,10 @@ def main() -> None:
     print(f"{'scheme':<10}" + "".join(f"{n:>18}" for n in range(1, MAX_DIGITS + 1)))
     for scheme in dict.fromkeys(r["scheme"] for r in doc["table"]):
         cells = [r for r in doc["table"] if r["scheme"] == scheme]
-        print(f"{scheme:<10}" + "".join(f"{c['mean']:.3f} [{c['wilson_lo']:.2f},{c['wilson_hi']:.2f}]".rjust(18) for c in cells))
+        print(
+            f"{scheme:<10}"
+            + "".join(f"{c['mean']:.3f} [{c['wilson_lo']:.2f},{c['wilson_hi']:.2f}]".rjust(18) for c in cells)
+        )
 
 
 if __name__ == "__main__":

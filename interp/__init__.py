@@ -19,22 +19,42 @@ __version__ = "0.1.0"
 
 _WHERE = {
     # the core (this package)
-    "Checkpoint": "interp.checkpoint", "save_checkpoint": "interp.checkpoint", "read_checkpoint": "interp.checkpoint",
-    "train": "interp.training", "TrainConfig": "interp.training", "train_population": "interp.population",
-    "ModelSpec": "interp.model", "build_model": "interp.model", "extend_context": "interp.model",
-    "evaluate": "interp.evaluation", "evaluate_splits": "interp.evaluation",
+    "Checkpoint": "interp.checkpoint",
+    "save_checkpoint": "interp.checkpoint",
+    "read_checkpoint": "interp.checkpoint",
+    "train": "interp.training",
+    "TrainConfig": "interp.training",
+    "train_population": "interp.population",
+    "ModelSpec": "interp.model",
+    "build_model": "interp.model",
+    "extend_context": "interp.model",
+    "evaluate": "interp.evaluation",
+    "evaluate_splits": "interp.evaluation",
     "pick_device": "interp.device",
-    "head_label": "interp.heads", "parse_head": "interp.heads", "head_mask": "interp.heads",
-    "attention_view": "interp.visualize", "attention_patterns": "interp.visualize",
-    "Result": "interp.results", "Task": "interp.task", "TaskData": "interp.task", "Vocab": "interp.task",
-    "Suite": "interp.suite", "Report": "interp.report_page", "load_results": "interp.sweep_directory",
+    "head_label": "interp.heads",
+    "parse_head": "interp.heads",
+    "head_mask": "interp.heads",
+    "attention_view": "interp.visualize",
+    "attention_patterns": "interp.visualize",
+    "Result": "interp.results",
+    "Task": "interp.task",
+    "TaskData": "interp.task",
+    "Vocab": "interp.task",
+    "Suite": "interp.suite",
+    "Report": "interp.report_page",
+    "load_results": "interp.sweep_directory",
     # the tasks: the registry and the shipped checkpoints
-    "load": "tasks", "load_checkpoint": "tasks", "get_task": "tasks", "task_names": "tasks",
+    "load": "tasks",
+    "load_checkpoint": "tasks",
+    "get_task": "tasks",
+    "task_names": "tasks",
     "shipped_checkpoints": "tasks",
     # the app: whole reports and sweeps
-    "write_report": "interp.app.report", "write_sweep_report": "interp.app.report", "run_sweep": "interp.app.sweeps",
+    "write_report": "interp.app.report",
+    "write_sweep_report": "interp.app.report",
+    "run_sweep": "interp.app.sweeps",
 }
-__all__ = sorted(_WHERE)
+__all__ = sorted(_WHERE)  # noqa: PLE0605 (computed from the table above)
 
 
 def __getattr__(name):

@@ -66,8 +66,9 @@ def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def save_checkpoint(path, model: HookedTransformer, spec: ModelSpec, task: Task,
-                    training: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    path, model: HookedTransformer, spec: ModelSpec, task: Task, training: dict[str, Any] | None = None
+) -> Path:
     """Write ``model`` (built from ``spec``) and ``task`` to ``path`` atomically, with the checksum of its weights
     and its TransformerLens config."""
     from safetensors.torch import save_file
@@ -135,10 +136,14 @@ def read_metadata(path) -> dict[str, Any]:
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise CheckpointError(f"{path} is not a valid .safetensors file: {e}") from None
     if raw.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is a .safetensors file but not an interp checkpoint (no format={FORMAT!r} metadata)")
+        raise CheckpointError(
+            f"{path} is a .safetensors file but not an interp checkpoint (no format={FORMAT!r} metadata)"
+        )
     version = raw.get("format_version")
     if version != str(FORMAT_VERSION):
-        raise CheckpointError(f"{path} has checkpoint format version {version}; this toolkit reads version {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{path} has checkpoint format version {version}; this toolkit reads version {FORMAT_VERSION}"
+        )
     try:
         meta = {k: json.loads(raw[k]) for k in ("model_spec", "task", "training")}
     except (KeyError, json.JSONDecodeError) as e:
@@ -162,15 +167,19 @@ def verify_tensors(path, tensors: dict[str, torch.Tensor], spec: ModelSpec, chec
     if checksum is not None and tensor_checksum(tensors) != checksum:
         bad = [k for k in parameters if k in tensors and not bool(torch.isfinite(tensors[k]).all())]
         hint = f" (non-finite values in {bad[0]})" if bad else ""
-        raise CheckpointError(f"{path}: the weights do not match the checksum in the metadata{hint}: the file is corrupt")
+        raise CheckpointError(
+            f"{path}: the weights do not match the checksum in the metadata{hint}: the file is corrupt"
+        )
     for name in parameters:
         t = tensors.get(name)
         if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{path}: tensor {name} holds NaN or infinite values")
     for name, value in frozen_values(spec, {k: tuple(v.shape) for k, v in tensors.items()}).items():
         if name in tensors and not torch.equal(tensors[name].float(), value):
-            raise CheckpointError(f"{path}: tensor {name} is fixed by the model spec ({_what_fixed(name)}) but holds "
-                                  "other values: the file is corrupt or was edited")
+            raise CheckpointError(
+                f"{path}: tensor {name} is fixed by the model spec ({_what_fixed(name)}) but holds "
+                "other values: the file is corrupt or was edited"
+            )
 
 
 def _what_fixed(name: str) -> str:
@@ -184,8 +193,13 @@ def _what_fixed(name: str) -> str:
 MakeTask = Callable[..., Task]  # make_task(name, **params) -> the task a checkpoint names
 
 
-def read_checkpoint(path, make_task: MakeTask, device: str | None = None, expect_task: str | None = None,
-                    task_params: dict[str, Any] | None = None) -> Checkpoint:
+def read_checkpoint(
+    path,
+    make_task: MakeTask,
+    device: str | None = None,
+    expect_task: str | None = None,
+    task_params: dict[str, Any] | None = None,
+) -> Checkpoint:
     """Read and verify the checkpoint file at ``path`` onto ``device`` (default: CUDA if present, else CPU);
     ``make_task(name, **params)`` builds the task it names (``tasks.get_task``).
 
@@ -215,8 +229,11 @@ def read_checkpoint(path, make_task: MakeTask, device: str | None = None, expect
     except Exception as e:
         raise CheckpointError(f"{path}: cannot read the weights ({e}); the file is truncated or corrupt") from None
     model = build_model(spec, device="cpu")
-    _check_shapes(path, {k: tuple(v.shape) for k, v in model.state_dict().items()},
-                  {k: tuple(v.shape) for k, v in tensors.items()})
+    _check_shapes(
+        path,
+        {k: tuple(v.shape) for k, v in model.state_dict().items()},
+        {k: tuple(v.shape) for k, v in tensors.items()},
+    )
     verify_tensors(path, tensors, spec, meta.get("checksum"), [n for n, _ in model.named_parameters()])
     model.load_state_dict(tensors, strict=True)
     if device != "cpu":
@@ -235,9 +252,13 @@ def _check_shapes(path: Path, expected: dict[str, tuple[int, ...]], got: dict[st
     missing = sorted(set(expected) - set(got))
     extra = sorted(set(got) - set(expected))
     shapes = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
-    detail = "; ".join(s for s in (
-        f"missing {missing[:5]}" if missing else "",
-        f"unexpected {extra[:5]}" if extra else "",
-        ", ".join(f"{k}: file {got[k]} vs spec {expected[k]}" for k in shapes[:5]),
-    ) if s)
+    detail = "; ".join(
+        s
+        for s in (
+            f"missing {missing[:5]}" if missing else "",
+            f"unexpected {extra[:5]}" if extra else "",
+            ", ".join(f"{k}: file {got[k]} vs spec {expected[k]}" for k in shapes[:5]),
+        )
+        if s
+    )
     raise CheckpointError(f"{path}: the weights do not match the model spec in its metadata ({detail})")

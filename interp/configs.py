@@ -33,18 +33,34 @@ class ModelSpec:
     d_vocab_out: int | None = None
     attn_only: bool = field(default=True, metadata=option("attention-only blocks (no MLP)"))
     d_mlp: int | None = field(default=None, metadata=option("MLP width where attn_only is off (default 4 x d_model)"))
-    positional: str = field(default="none", metadata=option(
-        "positional embedding: none (zeroed, frozen), standard (added to the residual stream), shortformer (into "
-        "queries and keys only), rotary, random (randomised positions in training), abacus (index of a digit within "
-        "its number; see interp.positions)", choices=POSITIONAL))
-    output_matrix: str | None = field(default=None, metadata=option(
-        "identity (no output matrix: head h writes residual dimensions h*d_head ..) or learned; auto (the "
-        "default): identity where n_heads * d_head == d_model, else learned", choices=OUTPUT_MATRIX, none="auto"))
+    positional: str = field(
+        default="none",
+        metadata=option(
+            "positional embedding: none (zeroed, frozen), standard (added to the residual stream), shortformer (into "
+            "queries and keys only), rotary, random (randomised positions in training), abacus (index of a digit "
+            "within its number; see interp.positions)",
+            choices=POSITIONAL,
+        ),
+    )
+    output_matrix: str | None = field(
+        default=None,
+        metadata=option(
+            "identity (no output matrix: head h writes residual dimensions h*d_head ..) or learned; auto (the "
+            "default): identity where n_heads * d_head == d_model, else learned",
+            choices=OUTPUT_MATRIX,
+            none="auto",
+        ),
+    )
     attn_bias: bool = field(default=False, metadata=option("trainable attention biases b_Q, b_K, b_V, b_O"))
     unembed_bias: bool = field(default=True, metadata=option("trainable unembedding bias b_U (the thesis's b_H)"))
-    normalization: str | None = field(default=None, metadata=option(
-        "TransformerLens normalization_type (LN: pre-LN and a final LN; LNPre: without weights; RMS, RMSPre); "
-        "default none", choices=NORMALIZATION[1:]))
+    normalization: str | None = field(
+        default=None,
+        metadata=option(
+            "TransformerLens normalization_type (LN: pre-LN and a final LN; LNPre: without weights; RMS, RMSPre); "
+            "default none",
+            choices=NORMALIZATION[1:],
+        ),
+    )
     act_fn: str = field(default="relu", metadata=option("MLP activation (TransformerLens act_fn)"))
     init_seed: int = 0
     digit_tokens: tuple[int, ...] | list[int] | None = None  # positional="abacus": the token ids that form numbers
@@ -60,8 +76,10 @@ class ModelSpec:
         if self.positional not in POSITIONAL:
             raise ConfigError(f"positional must be one of {POSITIONAL}, got {self.positional!r}")
         if self.output_matrix is not None and self.output_matrix not in OUTPUT_MATRIX:
-            raise ConfigError(f"output_matrix must be one of {OUTPUT_MATRIX} (or None: identity where n_heads * d_head "
-                              f"== d_model, else learned), got {self.output_matrix!r}")
+            raise ConfigError(
+                f"output_matrix must be one of {OUTPUT_MATRIX} (or None: identity where n_heads * d_head "
+                f"== d_model, else learned), got {self.output_matrix!r}"
+            )
         if self.digit_tokens is not None:
             object.__setattr__(self, "digit_tokens", tuple(int(t) for t in self.digit_tokens))
         if self.positional == "abacus" and not self.digit_tokens:
@@ -104,12 +122,20 @@ class ModelSpec:
         """The HookedTransformerConfig keyword arguments for this spec (TransformerLens' own field names; JSON
         types only apart from ``device``): ``HookedTransformer(HookedTransformerConfig(**kw))`` builds it."""
         return dict(
-            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, d_head=self.d_head,
-            d_vocab=self.d_vocab, d_vocab_out=self.d_vocab_out or self.d_vocab, n_ctx=self.n_ctx,
-            attn_only=self.attn_only, d_mlp=None if self.attn_only else (self.d_mlp or 4 * self.d_model),
-            act_fn=self.act_fn, normalization_type=self.normalization,
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_head=self.d_head,
+            d_vocab=self.d_vocab,
+            d_vocab_out=self.d_vocab_out or self.d_vocab,
+            n_ctx=self.n_ctx,
+            attn_only=self.attn_only,
+            d_mlp=None if self.attn_only else (self.d_mlp or 4 * self.d_model),
+            act_fn=self.act_fn,
+            normalization_type=self.normalization,
             positional_embedding_type=self.positional if self.positional in ("shortformer", "rotary") else "standard",
-            seed=self.init_seed, device=device,
+            seed=self.init_seed,
+            device=device,
             **({"rotary_dim": self.d_head} if self.positional == "rotary" else {}),
         )
 
@@ -151,27 +177,46 @@ class TrainConfig:
     beta1: float = field(default=0.9, metadata=option("AdamW beta1"))
     beta2: float = field(default=0.999, metadata=option("AdamW beta2 (the warmup lasts 2 / (1 - beta2) steps)"))
     dropout: float = field(default=0.1, metadata=option("dropout probability"))
-    warmup_steps: int | None = field(default=None, metadata=option(
-        "linear warmup steps; default 2 / (1 - beta2), Ma and Yarats' untuned warmup"))
+    warmup_steps: int | None = field(
+        default=None, metadata=option("linear warmup steps; default 2 / (1 - beta2), Ma and Yarats' untuned warmup")
+    )
     seed: int = 0
-    save_every: int = field(default=5, metadata=option("epochs between resume files", resumable=True,
-                                                                     config=False))
-    patience: int | None = field(default=None, metadata=option(
-        "stop after this many epochs without a better validation accuracy", resumable=True))
-    keep: str = field(default="best", metadata=option(
-        "the model written: best (highest validation accuracy, ties by lower validation loss), first-best (the "
-        "first epoch at the highest validation accuracy) or last (the final epoch)", choices=KEEP, resumable=True))
-    dropout_at: str = field(default="embedding+attention", metadata=option(
-        "where dropout goes: after the embedding and the attention output, or after the attention output only "
-        "(which allows the token-count batched forward of interp.population)", choices=DROPOUT_AT))
-    loss_dtype: str = field(default="float32", metadata=option(
-        "precision of the cross-entropy (float64: the grokking recipe)", choices=LOSS_DTYPE_NAMES))
-    halving: str | None = field(default=None, metadata=option(
-        "halving heads (Fraknói 2024): when validation accuracy reaches the threshold, mask half of the active "
-        "heads, keeping the best by this strategy, until one is left (mask-all-but-one: a - 1 heads masked from the "
-        "start)", choices=STRATEGIES))
-    halving_threshold: float = field(default=0.95, metadata=option(
-        "validation accuracy that triggers a halving step"))
+    save_every: int = field(default=5, metadata=option("epochs between resume files", resumable=True, config=False))
+    patience: int | None = field(
+        default=None,
+        metadata=option("stop after this many epochs without a better validation accuracy", resumable=True),
+    )
+    keep: str = field(
+        default="best",
+        metadata=option(
+            "the model written: best (highest validation accuracy, ties by lower validation loss), first-best (the "
+            "first epoch at the highest validation accuracy) or last (the final epoch)",
+            choices=KEEP,
+            resumable=True,
+        ),
+    )
+    dropout_at: str = field(
+        default="embedding+attention",
+        metadata=option(
+            "where dropout goes: after the embedding and the attention output, or after the attention output only "
+            "(which allows the token-count batched forward of interp.population)",
+            choices=DROPOUT_AT,
+        ),
+    )
+    loss_dtype: str = field(
+        default="float32",
+        metadata=option("precision of the cross-entropy (float64: the grokking recipe)", choices=LOSS_DTYPE_NAMES),
+    )
+    halving: str | None = field(
+        default=None,
+        metadata=option(
+            "halving heads (Fraknói 2024): when validation accuracy reaches the threshold, mask half of the active "
+            "heads, keeping the best by this strategy, until one is left (mask-all-but-one: a - 1 heads masked from "
+            "the start)",
+            choices=STRATEGIES,
+        ),
+    )
+    halving_threshold: float = field(default=0.95, metadata=option("validation accuracy that triggers a halving step"))
 
     def __post_init__(self):
         positive, fraction = "a positive integer", "a number in [0, 1)"
@@ -184,9 +229,14 @@ class TrainConfig:
             "beta2": (_number(self.beta2) and 0 <= self.beta2 < 1, fraction),
             "dropout": (_number(self.dropout) and 0 <= self.dropout < 1, fraction),
             "save_every": (_int(self.save_every) and self.save_every >= 1, positive),
-            "warmup_steps": (self.warmup_steps is None or (_int(self.warmup_steps) and self.warmup_steps >= 0),
-                             "a non-negative integer or None (2 / (1 - beta2))"),
-            "patience": (self.patience is None or (_int(self.patience) and self.patience >= 1), "a positive integer or None"),
+            "warmup_steps": (
+                self.warmup_steps is None or (_int(self.warmup_steps) and self.warmup_steps >= 0),
+                "a non-negative integer or None (2 / (1 - beta2))",
+            ),
+            "patience": (
+                self.patience is None or (_int(self.patience) and self.patience >= 1),
+                "a positive integer or None",
+            ),
             "keep": (self.keep in KEEP, f"one of {', '.join(KEEP)}"),
             "dropout_at": (self.dropout_at in DROPOUT_AT, f"one of {', '.join(DROPOUT_AT)}"),
             "loss_dtype": (self.loss_dtype in LOSS_DTYPE_NAMES, f"one of {', '.join(LOSS_DTYPE_NAMES)}"),

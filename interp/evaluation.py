@@ -33,13 +33,18 @@ def check_tokens(model: HookedTransformer, tokens: Tensor, vocab=None) -> None:
     if tokens.shape[1] > model.cfg.n_ctx:
         raise TokenError(
             f"sequences of {tokens.shape[1]} tokens are longer than the model's context n_ctx={model.cfg.n_ctx}"
-            + (" (a model without positional embedding can take them: interp.model.extend_context(model, n_ctx))"
-               if model.cfg.positional_embedding_type == "standard" and not bool(model.W_pos.detach().abs().max() > 0) else "")
+            + (
+                " (a model without positional embedding can take them: interp.model.extend_context(model, n_ctx))"
+                if model.cfg.positional_embedding_type == "standard" and not bool(model.W_pos.detach().abs().max() > 0)
+                else ""
+            )
         )
     if vocab is not None:
         vocab.check_ids(tokens)
     elif tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= model.cfg.d_vocab):
-        raise TokenError(f"token ids must lie in [0, {model.cfg.d_vocab - 1}], got min {int(tokens.min())} max {int(tokens.max())}")
+        raise TokenError(
+            f"token ids must lie in [0, {model.cfg.d_vocab - 1}], got min {int(tokens.min())} max {int(tokens.max())}"
+        )
 
 
 def check_finite_parameters(model: HookedTransformer) -> None:
@@ -48,8 +53,10 @@ def check_finite_parameters(model: HookedTransformer) -> None:
     learned accuracy, coalition values), instead of a number that depends on how each path treats NaN."""
     for name, p in model.named_parameters():
         if p.is_floating_point() and not bool(torch.isfinite(p.detach()).all()):
-            raise InterpError(f"the model's parameter {name} holds NaN or infinite values: its outputs, and any "
-                              "accuracy or value computed from them, are undefined")
+            raise InterpError(
+                f"the model's parameter {name} holds NaN or infinite values: its outputs, and any "
+                "accuracy or value computed from them, are undefined"
+            )
 
 
 def check_finite_logits(logits: Tensor, what: str = "the model's logits") -> None:
@@ -72,7 +79,9 @@ def length_chunks(data: TaskData, budget: int = DEFAULT_BUDGET) -> Iterator[Tens
         start = end
 
 
-def map_chunks(model: HookedTransformer, data: TaskData, fn: Callable[[TaskData], dict[str, Tensor]], budget: int = DEFAULT_BUDGET) -> dict[str, Tensor]:
+def map_chunks(
+    model: HookedTransformer, data: TaskData, fn: Callable[[TaskData], dict[str, Tensor]], budget: int = DEFAULT_BUDGET
+) -> dict[str, Tensor]:
     """Apply ``fn`` to length-sorted chunks of ``data`` (moved to the model's device) and reassemble
     the per-example outputs (dim 0) in the original order."""
     check_nonempty(data)
@@ -111,7 +120,9 @@ def predictions_and_loss(model: HookedTransformer, data: TaskData, fwd_hooks=())
     return map_chunks(model, data, one)
 
 
-def per_position_loss(logits: Float[Tensor, "batch pos vocab"], targets: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+def per_position_loss(
+    logits: Float[Tensor, "batch pos vocab"], targets: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos"]:
     """Cross-entropy at every position with a target; 0 where ``targets == IGNORE``."""
     return F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE, reduction="none")
 
@@ -134,7 +145,9 @@ def evaluate(model: HookedTransformer, task: Task, data: TaskData, *, full_forwa
     return task.metrics(out["preds"], out["loss"], data.to(out["preds"].device))
 
 
-def evaluate_splits(model: HookedTransformer, task: Task, splits=None, seed: int | None = None, *, full_forward: bool = False) -> dict[str, dict[str, float]]:
+def evaluate_splits(
+    model: HookedTransformer, task: Task, splits=None, seed: int | None = None, *, full_forward: bool = False
+) -> dict[str, dict[str, float]]:
     """Metrics per split, e.g. ``{"train": {...}, "val": {...}, "test": {...}}``."""
     return {s: evaluate(model, task, task.dataset(s, seed), full_forward=full_forward) for s in (splits or task.splits)}
 
@@ -170,5 +183,7 @@ def sparse_predictions_and_loss(model: HookedTransformer, data, batch_size: int 
             logits = logits_at(model, chunk.tokens, qpos)
             rows = idx[:, None]
             preds[rows, qpos] = logits.argmax(-1)
-            loss[rows, qpos] = F.cross_entropy(logits.transpose(1, 2).float(), chunk.targets.gather(1, qpos), reduction="none")
+            loss[rows, qpos] = F.cross_entropy(
+                logits.transpose(1, 2).float(), chunk.targets.gather(1, qpos), reduction="none"
+            )
     return {"preds": preds, "loss": loss}

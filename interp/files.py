@@ -75,7 +75,7 @@ def remove_stale_temps(path) -> list[Path]:
     parent = path.parent if str(path.parent) else Path(".")
     removed = []
     for tmp in parent.glob(f".{path.name}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
+        pid = tmp.name[len(path.name) + 2 :].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)

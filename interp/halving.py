@@ -129,8 +129,17 @@ class Halving:
             self._record(0, None, scores, keep_best(self.active, scores, 1))
         self.apply(model, optimizer)
 
-    def after_validation(self, model: HookedTransformer, optimizer, epoch: int, val_accuracy: float, task: Task | None = None, train=None, val=None,
-                         scorer: Scorer | None = None) -> dict[str, Any] | None:
+    def after_validation(
+        self,
+        model: HookedTransformer,
+        optimizer,
+        epoch: int,
+        val_accuracy: float,
+        task: Task | None = None,
+        train=None,
+        val=None,
+        scorer: Scorer | None = None,
+    ) -> dict[str, Any] | None:
         """Halve if ``val_accuracy`` reached the threshold and more than one head is active; return the step."""
         if self.done or val_accuracy < self.threshold:
             return None
@@ -139,8 +148,10 @@ class Halving:
             scores = random_scores(len(before), self.seed, len(self.steps) + 1)
         else:
             if scorer is None:
-                raise ConfigError(f"halving strategy {self.strategy!r} needs a scorer: train through "
-                                  "analyses.halving.train_halving, or pass head_scorer=analyses.halving.scorer(...)")
+                raise ConfigError(
+                    f"halving strategy {self.strategy!r} needs a scorer: train through "
+                    "analyses.halving.train_halving, or pass head_scorer=analyses.halving.scorer(...)"
+                )
             was_training = model.training
             model.eval()
             scores = [float(s) for s in scorer(model, task, before, train, val)]
@@ -151,27 +162,51 @@ class Halving:
 
     def _record(self, epoch, val_accuracy, scores, kept) -> dict[str, Any]:
         before = list(self.active)
-        step = {"epoch": int(epoch), "val_accuracy": val_accuracy,
-                "before": [head_label(*h) for h in before], "kept": [head_label(*h) for h in kept],
-                "masked": [head_label(*h) for h in before if h not in kept],
-                "scores": {head_label(*h): float(s) for h, s in zip(before, scores)}}
+        step = {
+            "epoch": int(epoch),
+            "val_accuracy": val_accuracy,
+            "before": [head_label(*h) for h in before],
+            "kept": [head_label(*h) for h in kept],
+            "masked": [head_label(*h) for h in before if h not in kept],
+            "scores": {head_label(*h): float(s) for h, s in zip(before, scores)},
+        }
         self.steps.append(step)
         self.active = list(kept)
         return step
 
     def summary(self) -> dict[str, Any]:
         """What goes in the checkpoint's training metadata: the schedule, the final mask, success."""
-        return {"strategy": self.strategy, "threshold": self.threshold, "active": [head_label(*h) for h in self.active],
-                "mask": self.mask.tolist(), "success": self.done, "n_steps": len(self.steps), "steps": self.steps}
+        return {
+            "strategy": self.strategy,
+            "threshold": self.threshold,
+            "active": [head_label(*h) for h in self.active],
+            "mask": self.mask.tolist(),
+            "success": self.done,
+            "n_steps": len(self.steps),
+            "steps": self.steps,
+        }
 
     # -- JSON round trip (resume files) ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.strategy, "threshold": self.threshold, "n_layers": self.n_layers,
-                "n_heads": self.n_heads, "seed": self.seed, "active": [head_label(*h) for h in self.active],
-                "steps": self.steps}
+        return {
+            "strategy": self.strategy,
+            "threshold": self.threshold,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "seed": self.seed,
+            "active": [head_label(*h) for h in self.active],
+            "steps": self.steps,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Halving:
-        h = cls(d["strategy"], d["threshold"], d["n_layers"], d["n_heads"], d.get("seed", 0),
-                active=[parse_head(s, d["n_layers"], d["n_heads"]) for s in d["active"]], steps=list(d["steps"]))
+        h = cls(
+            d["strategy"],
+            d["threshold"],
+            d["n_layers"],
+            d["n_heads"],
+            d.get("seed", 0),
+            active=[parse_head(s, d["n_layers"], d["n_heads"]) for s in d["active"]],
+            steps=list(d["steps"]),
+        )
         return h

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from .errors import HeadError
 
@@ -37,7 +36,9 @@ def parse_head(spec: object, n_layers: int, n_heads: int) -> Head:
         except TypeError:
             parts = ()
         if len(parts) != 2 or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in parts):
-            raise HeadError(f"cannot parse head {spec!r}; expected (layer, head) with two integers or a name like 'L0H3'")
+            raise HeadError(
+                f"cannot parse head {spec!r}; expected (layer, head) with two integers or a name like 'L0H3'"
+            )
         layer, head = (int(x) for x in parts)
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise HeadError(

@@ -27,8 +27,15 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
-__all__ = ["ModelSpec", "apply_frozen", "build_model", "extend_context", "frozen_values", "quiet_tl",
-           "trainable_parameters"]
+__all__ = [
+    "ModelSpec",
+    "apply_frozen",
+    "build_model",
+    "extend_context",
+    "frozen_values",
+    "quiet_tl",
+    "trainable_parameters",
+]
 
 
 def quiet_tl():
@@ -89,8 +96,10 @@ def extend_context(model: HookedTransformer, n_ctx: int) -> None:
         return
     w_pos = model.pos_embed.W_pos
     if cfg.positional_embedding_type != "standard" or bool(w_pos.detach().abs().max() > 0):
-        raise ConfigError(f"only a model without positional embedding (W_pos all zero) can take sequences longer than "
-                          f"its context n_ctx={cfg.n_ctx}; this one has a {cfg.positional_embedding_type!r} positional embedding")
+        raise ConfigError(
+            f"only a model without positional embedding (W_pos all zero) can take sequences longer than "
+            f"its context n_ctx={cfg.n_ctx}; this one has a {cfg.positional_embedding_type!r} positional embedding"
+        )
     extra = torch.zeros(n_ctx - cfg.n_ctx, w_pos.shape[1], device=w_pos.device, dtype=w_pos.dtype)
     model.pos_embed.W_pos = torch.nn.Parameter(torch.cat([w_pos.detach(), extra]), requires_grad=False)
     cfg.n_ctx = n_ctx

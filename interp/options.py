@@ -19,8 +19,9 @@ from typing import Any
 from .errors import ConfigError
 
 
-def option(help: str, *, choices: tuple | None = None, resumable: bool = False, config: bool = True,
-           none: str = "none") -> dict[str, Any]:
+def option(
+    help: str, *, choices: tuple | None = None, resumable: bool = False, config: bool = True, none: str = "none"
+) -> dict[str, Any]:
     """Field metadata marking a dataclass field as a user option: ``help`` for ``--help``; ``choices`` where the
     values are a fixed set; ``resumable=True`` where the value may change when an interrupted run is resumed (more
     epochs, another patience); ``config=False`` for bookkeeping that is not part of a run's configuration (sweep
@@ -68,8 +69,9 @@ class Option:
             return float(value)
         if isinstance(value, self.type) and not (self.type is int and isinstance(value, bool)):
             return value
-        raise ConfigError(f"{self.name}: expected {self.type.__name__}{' or None' if self.optional else ''}, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"{self.name}: expected {self.type.__name__}{' or None' if self.optional else ''}, got {value!r}"
+        )
 
 
 def options(cls) -> dict[str, Option]:
@@ -85,8 +87,17 @@ def options(cls) -> dict[str, Option]:
         optional = isinstance(hint, types.UnionType) and type(None) in args
         base = next(a for a in args if a is not type(None)) if optional else hint
         default = f.default if f.default is not dataclasses.MISSING else None
-        out[f.name] = Option(f.name, base, optional, default, meta["help"], meta["choices"], meta["resumable"],
-                              meta["config"], meta.get("none", "none"))
+        out[f.name] = Option(
+            f.name,
+            base,
+            optional,
+            default,
+            meta["help"],
+            meta["choices"],
+            meta["resumable"],
+            meta["config"],
+            meta.get("none", "none"),
+        )
     return out
 
 

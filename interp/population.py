@@ -54,9 +54,20 @@ if TYPE_CHECKING:
     from .task import Task
 
 # the parameters of a one-layer attention-only HookedTransformer, in state-dict names
-PARAMS = ("embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q", "blocks.0.attn.b_Q", "blocks.0.attn.W_K",
-          "blocks.0.attn.b_K", "blocks.0.attn.W_V", "blocks.0.attn.b_V", "blocks.0.attn.W_O", "blocks.0.attn.b_O",
-          "unembed.W_U", "unembed.b_U")
+PARAMS = (
+    "embed.W_E",
+    "pos_embed.W_pos",
+    "blocks.0.attn.W_Q",
+    "blocks.0.attn.b_Q",
+    "blocks.0.attn.W_K",
+    "blocks.0.attn.b_K",
+    "blocks.0.attn.W_V",
+    "blocks.0.attn.b_V",
+    "blocks.0.attn.W_O",
+    "blocks.0.attn.b_O",
+    "unembed.W_U",
+    "unembed.b_U",
+)
 # log(0) as a finite number: exp(score + ABSENT - max) underflows to exactly 0 for any score below 1e29 in size, as
 # exp(-inf) does, and unlike -inf it can enter a matrix product (0 x -inf would be NaN)
 ABSENT = -1e30
@@ -67,8 +78,10 @@ VARYING_CONFIG = ("seed", "lr")
 def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) -> None:
     """Refuse populations that are not one shape and one recipe (up to seeds and learning rates)."""
     if not specs or len(specs) != len(cfgs):
-        raise ConfigError(f"a population needs one spec and one training config per model, got {len(specs)} specs "
-                          f"and {len(cfgs)} configs")
+        raise ConfigError(
+            f"a population needs one spec and one training config per model, got {len(specs)} specs "
+            f"and {len(cfgs)} configs"
+        )
     shape = {k: v for k, v in asdict(specs[0]).items() if k != "init_seed"}
     for i, s in enumerate(specs):
         diff = [k for k, v in asdict(s).items() if k != "init_seed" and shape[k] != v]
@@ -83,14 +96,21 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
         raise ConfigError(f"batched training computes the loss in float32; got loss_dtype={cfgs[0].loss_dtype!r}")
     s = specs[0]
     if not (s.n_layers == 1 and s.attn_only and s.normalization is None):
-        raise ConfigError("batched training covers one-layer attention-only models without LayerNorm (the thesis's "
-                          f"shape); got n_layers={s.n_layers}, attn_only={s.attn_only}, normalization="
-                          f"{s.normalization!r}: train these one at a time with `interp train`")
+        raise ConfigError(
+            "batched training covers one-layer attention-only models without LayerNorm (the thesis's "
+            f"shape); got n_layers={s.n_layers}, attn_only={s.attn_only}, normalization="
+            f"{s.normalization!r}: train these one at a time with `interp train`"
+        )
 
 
-def stacked_logits_at(P: dict[str, Tensor], tokens: Int[Tensor, "K batch pos"], query_pos: Int[Tensor, "K batch k"],
-                      attn_scale: float, emb_mask: Float[Tensor, "K batch pos d_model"] | None = None,
-                      out_mask: Float[Tensor, "K batch k d_model"] | None = None) -> Float[Tensor, "K batch k vocab_out"]:
+def stacked_logits_at(
+    P: dict[str, Tensor],
+    tokens: Int[Tensor, "K batch pos"],
+    query_pos: Int[Tensor, "K batch k"],
+    attn_scale: float,
+    emb_mask: Float[Tensor, "K batch pos d_model"] | None = None,
+    out_mask: Float[Tensor, "K batch k d_model"] | None = None,
+) -> Float[Tensor, "K batch k vocab_out"]:
     """Logits at ``query_pos`` of K one-layer attention-only models at once (``P[name]`` is ``[K, ...]``): the
     query-restricted forward of :func:`interp.query_forward.logits_at` with a model axis. ``emb_mask`` /
     ``out_mask`` are dropout multipliers (0 or 1/(1-p)) for the embedding and the attention output."""
@@ -143,10 +163,14 @@ def token_counts(data, d_vocab: int) -> TokenCounts:
     return TokenCounts(data.tokens.gather(1, qpos), counts[..., present].float().log().clamp(min=ABSENT), present)
 
 
-def stacked_count_logits(P: dict[str, Tensor], query_tok: Int[Tensor, "K batch k"],
-                         log_counts: Float[Tensor, "K batch k present"], present: Int[Tensor, " present"],
-                         attn_scale: float, out_mask: Float[Tensor, "K batch k d_model"] | None = None
-                         ) -> Float[Tensor, "K batch k vocab_out"]:
+def stacked_count_logits(
+    P: dict[str, Tensor],
+    query_tok: Int[Tensor, "K batch k"],
+    log_counts: Float[Tensor, "K batch k present"],
+    present: Int[Tensor, " present"],
+    attn_scale: float,
+    out_mask: Float[Tensor, "K batch k d_model"] | None = None,
+) -> Float[Tensor, "K batch k vocab_out"]:
     """The same logits as :func:`stacked_logits_at` for models without positional embedding and without dropout
     before attention, from token counts (:class:`TokenCounts`): attention to a token is shared by all its
     occurrences, so the softmax over positions is a softmax over the present tokens with ``log(count)`` added to
@@ -161,8 +185,9 @@ def stacked_count_logits(P: dict[str, Tensor], query_tok: Int[Tensor, "K batch k
     slower over a short last axis)."""
     K, b, k = query_tok.shape
     N = b * k
-    W_E, W_Q, W_K, W_V, W_O = (P[n] for n in ("embed.W_E", "blocks.0.attn.W_Q", "blocks.0.attn.W_K",
-                                               "blocks.0.attn.W_V", "blocks.0.attn.W_O"))
+    W_E, W_Q, W_K, W_V, W_O = (
+        P[n] for n in ("embed.W_E", "blocks.0.attn.W_Q", "blocks.0.attn.W_K", "blocks.0.attn.W_V", "blocks.0.attn.W_O")
+    )
     H, d, e = W_Q.shape[1:]
     V, Vp = W_E.shape[1], len(present)
 
@@ -192,7 +217,9 @@ def stacked_count_logits(P: dict[str, Tensor], query_tok: Int[Tensor, "K batch k
     return torch.baddbmm(P["unembed.b_U"][:, None], resid.view(K, N, d), P["unembed.W_U"]).view(K, b, k, -1)
 
 
-def _mean_losses(logits: Float[Tensor, "K batch k vocab_out"], targets: Int[Tensor, "K batch k"]) -> Float[Tensor, " K"]:
+def _mean_losses(
+    logits: Float[Tensor, "K batch k vocab_out"], targets: Int[Tensor, "K batch k"]
+) -> Float[Tensor, " K"]:
     """Each model's own mean cross-entropy over its batch's targets."""
     losses = F.cross_entropy(logits.flatten(0, 2).float(), targets.flatten(), reduction="none")
     return losses.view(logits.shape[0], -1).mean(1)
@@ -211,13 +238,16 @@ def _compiled(fn):
     import shutil
 
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++")) and torch.device(pick_device(None)).type == "cpu":
-        raise ConfigError("compile=True (--compile) needs a C++ compiler on the CPU (torch.compile generates C++); "
-                          "install g++ or train without it")
+        raise ConfigError(
+            "compile=True (--compile) needs a C++ compiler on the CPU (torch.compile generates C++); "
+            "install g++ or train without it"
+        )
     return torch.compile(inspect.unwrap(fn), dynamic=False)
 
 
-def _mask_heads(P: dict[str, Tensor], names: Sequence[str], head_on: Float[Tensor, "K n_heads"], opt=None,
-                k: int | None = None) -> None:
+def _mask_heads(
+    P: dict[str, Tensor], names: Sequence[str], head_on: Float[Tensor, "K n_heads"], opt=None, k: int | None = None
+) -> None:
     """Zero the masked heads' parameters (``names``: per-head ``[K, n_heads, ...]`` parameters, by their short
     name) of every model, or only of model ``k`` and also its Adam moments (when its mask has just changed)."""
     with torch.no_grad():
@@ -241,8 +271,9 @@ def _dropout_mask(shape, p: float, gen: torch.Generator, device, out: Tensor | N
 class _AdamW:
     """``torch.optim.AdamW`` (amsgrad off) on stacked parameters with a learning rate per model."""
 
-    def __init__(self, params: dict[str, Tensor], lr: Tensor, betas: tuple[float, float], weight_decay: float,
-                 eps: float = 1e-8):
+    def __init__(
+        self, params: dict[str, Tensor], lr: Tensor, betas: tuple[float, float], weight_decay: float, eps: float = 1e-8
+    ):
         self.params, self.lr, self.betas, self.wd, self.eps = params, lr, betas, weight_decay, eps
         self.exp_avg = {k: torch.zeros_like(v) for k, v in params.items()}
         self.exp_avg_sq = {k: torch.zeros_like(v) for k, v in params.items()}
@@ -252,7 +283,7 @@ class _AdamW:
     def step(self, lr_scale: float) -> None:
         self.t += 1
         b1, b2 = self.betas
-        bc1, bc2_sqrt = 1 - b1 ** self.t, math.sqrt(1 - b2 ** self.t)
+        bc1, bc2_sqrt = 1 - b1**self.t, math.sqrt(1 - b2**self.t)
         for k, p in self.params.items():
             lr = (self.lr * lr_scale).view(-1, *[1] * (p.ndim - 1))
             p.mul_(1 - lr * self.wd)
@@ -263,8 +294,9 @@ class _AdamW:
             p.grad = None
 
 
-def _val_metrics(task: Task, P, data, attn_scale: float, counted: TokenCounts | None = None, budget: int = 1 << 24
-                 ) -> list[dict[str, float]]:
+def _val_metrics(
+    task: Task, P, data, attn_scale: float, counted: TokenCounts | None = None, budget: int = 1 << 24
+) -> list[dict[str, float]]:
     """The task's metrics of each model on ``data``, as :func:`interp.evaluation.evaluate` computes them (from token
     counts when ``counted`` = :func:`token_counts` of ``data`` is given), in chunks of rows whose largest
     intermediate holds about ``budget`` numbers."""
@@ -284,14 +316,16 @@ def _val_metrics(task: Task, P, data, attn_scale: float, counted: TokenCounts | 
             idx = torch.arange(start, min(start + rows_per_chunk, n), device=data.device)
             if counted is not None:
                 qtok, logc = counted.select(idx[None])
-                logits = stacked_count_logits(P, qtok.expand(K, -1, -1), logc.expand(K, -1, -1, -1),
-                                              counted.present, attn_scale)
+                logits = stacked_count_logits(
+                    P, qtok.expand(K, -1, -1), logc.expand(K, -1, -1, -1), counted.present, attn_scale
+                )
             else:
                 chunk = data.select(idx)
                 logits = stacked_logits_at(P, chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1), attn_scale)
             preds[:, idx] = logits.argmax(-1)
-            losses[:, idx] = F.cross_entropy(logits.flatten(0, 2).float(), tgt[idx].expand(K, -1, -1).flatten(),
-                                             reduction="none").view(K, len(idx), k)
+            losses[:, idx] = F.cross_entropy(
+                logits.flatten(0, 2).float(), tgt[idx].expand(K, -1, -1).flatten(), reduction="none"
+            ).view(K, len(idx), k)
     # the task scores per-position predictions: one buffer, refilled at the target positions for each model
     pred_buf = torch.full(data.tokens.shape, -1, dtype=torch.long, device=data.device)
     loss_buf = torch.zeros(data.tokens.shape, device=data.device)
@@ -303,9 +337,18 @@ def _val_metrics(task: Task, P, data, attn_scale: float, counted: TokenCounts | 
     return metrics
 
 
-def train_population(task: Task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig], outs: Sequence, *,
-                     device: str | None = None, progress: bool = True, compile: bool = False,
-                     head_scorer: Scorer | None = None, resume_file=None) -> list[dict[str, Any]]:
+def train_population(
+    task: Task,
+    specs: Sequence[ModelSpec],
+    cfgs: Sequence[TrainConfig],
+    outs: Sequence,
+    *,
+    device: str | None = None,
+    progress: bool = True,
+    compile: bool = False,
+    head_scorer: Scorer | None = None,
+    resume_file=None,
+) -> list[dict[str, Any]]:
     """Train ``len(specs)`` models as one batched computation; write model k to ``outs[k]`` as an ordinary
     checkpoint; return each model's provenance (the keys :func:`interp.training.train` returns, plus
     ``population``). Only ``init_seed`` (specs) and ``seed`` / ``lr`` (configs) may differ between models.
@@ -330,16 +373,25 @@ def train_population(task: Task, specs: Sequence[ModelSpec], cfgs: Sequence[Trai
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        return _train_population(task, specs, cfgs, outs, device=device, progress=progress, compile=compile,
-                                 head_scorer=head_scorer, resume_file=resume_file)
+        return _train_population(
+            task,
+            specs,
+            cfgs,
+            outs,
+            device=device,
+            progress=progress,
+            compile=compile,
+            head_scorer=head_scorer,
+            resume_file=resume_file,
+        )
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 class _Population:
     """K models of one shape in training: stacked parameters ``P[name]`` (``[K, ...]``), one AdamW, each model's
-    generators (data order, dropout), best and last states, :class:`interp.run_record.RunRecord` and head mask. Everything a resume
-    file holds (:meth:`state` / :meth:`load_state`)."""
+    generators (data order, dropout), best and last states, :class:`interp.run_record.RunRecord` and head mask.
+    Everything a resume file holds (:meth:`state` / :meth:`load_state`)."""
 
     def __init__(self, task: Task, specs, cfgs, device: str, head_scorer: Scorer | None):
         self.task, self.specs, self.cfgs, self.device, self.head_scorer = task, specs, cfgs, device, head_scorer
@@ -356,23 +408,29 @@ class _Population:
         self.records = [RunRecord(c.keep, c.patience) for c in cfgs]
         if self.cfg.halving is not None:
             if self.cfg.halving not in SELF_SCORED and head_scorer is None:
-                raise ConfigError(f"halving strategy {self.cfg.halving!r} needs a head scorer: pass head_scorer="
-                                  "analyses.halving.scorer(strategy) (interp sweep does)")
+                raise ConfigError(
+                    f"halving strategy {self.cfg.halving!r} needs a head scorer: pass head_scorer="
+                    "analyses.halving.scorer(strategy) (interp sweep does)"
+                )
             for r, s, c, m in zip(self.records, specs, cfgs, self.models):
                 r.halving = Halving(c.halving, c.halving_threshold, s.n_layers, s.n_heads, c.seed)
                 r.halving.start(m)  # mask-all-but-one masks all heads but one before the first step
         trainable = {n for n, p in self.models[0].named_parameters() if p.requires_grad}
         sd = [m.state_dict() for m in self.models]
         self.P = {n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in PARAMS}
-        self.opt = _AdamW({n: self.P[n] for n in PARAMS if n in trainable},
-                          torch.tensor([c.lr for c in cfgs], device=device), (self.cfg.beta1, self.cfg.beta2),
-                          self.cfg.weight_decay)
+        self.opt = _AdamW(
+            {n: self.P[n] for n in PARAMS if n in trainable},
+            torch.tensor([c.lr for c in cfgs], device=device),
+            (self.cfg.beta1, self.cfg.beta2),
+            self.cfg.weight_decay,
+        )
         self.data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
         self.best_state = {n: self.P[n].detach().clone() for n in PARAMS}
         self.last_state = {n: self.P[n].detach().clone() for n in PARAMS}
         self.masked = [short for short in HEAD_PARAMS if f"blocks.0.attn.{short}" in trainable]
-        self.head_on = (torch.stack([r.halving.mask[0] for r in self.records]).to(device)
-                        if self.cfg.halving is not None else None)  # [K, n_heads], 1 for active heads
+        self.head_on = (
+            torch.stack([r.halving.mask[0] for r in self.records]).to(device) if self.cfg.halving is not None else None
+        )  # [K, n_heads], 1 for active heads
         self.attn_scale = float(self.models[0].blocks[0].attn.attn_scale)
         self.epoch = self.step = 0
 
@@ -381,8 +439,9 @@ class _Population:
         return {n: v.detach() for n, v in self.P.items()}
 
     # -- one training step ----------------------------------------------------------------------------------------
-    def count_batch(self, counted: TokenCounts, targets: Int[Tensor, "n k"], idx: Int[Tensor, "K b"],
-                    count_losses) -> Float[Tensor, " K"]:
+    def count_batch(
+        self, counted: TokenCounts, targets: Int[Tensor, "n k"], idx: Int[Tensor, "K b"], count_losses
+    ) -> Float[Tensor, " K"]:
         """Each model's mean loss on its batch ``idx`` through the token-count forward (dropout on the attention
         output only, drawn per model as its solo run draws it: ``[b, k, d_model]``)."""
         qtok, logc = counted.select(idx)
@@ -407,11 +466,13 @@ class _Population:
         p, d = self.cfg.dropout, self.P["embed.W_E"].shape[-1]
         if p:
             bsz = idx.shape[1]
-            emb_mask = torch.zeros(self.K, bsz, t, d, device=self.device) if self.cfg.dropout_at != "attention" else None
+            emb_mask = (
+                torch.zeros(self.K, bsz, t, d, device=self.device) if self.cfg.dropout_at != "attention" else None
+            )
             out_mask = torch.empty(self.K, *qpos.shape[1:], d, device=self.device)
             for k, (b, g) in enumerate(zip(batches, self.drop_gens)):
                 if emb_mask is not None:
-                    emb_mask[k, :, :b.tokens.shape[1]] = _dropout_mask((bsz, b.tokens.shape[1], d), p, g, self.device)
+                    emb_mask[k, :, : b.tokens.shape[1]] = _dropout_mask((bsz, b.tokens.shape[1], d), p, g, self.device)
                 out_mask[k] = _dropout_mask((*qpos.shape[1:], d), p, g, self.device)
         return _mean_losses(stacked_logits_at(self.P, tokens, qpos, self.attn_scale, emb_mask, out_mask), targets)
 
@@ -451,8 +512,9 @@ class _Population:
         heads (parameters and Adam moments)."""
         r, model = self.records[k], self.models[k]
         model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in PARAMS}})
-        halved = r.halving.after_validation(model, None, self.epoch, acc, self.task, train_data, val_data,
-                                            self.head_scorer)
+        halved = r.halving.after_validation(
+            model, None, self.epoch, acc, self.task, train_data, val_data, self.head_scorer
+        )
         r.note_halving(halved)
         if halved is not None:
             self.head_on[k] = r.halving.mask[0].to(self.device)
@@ -466,25 +528,41 @@ class _Population:
                 self._copy_model(k, self.last_state)
         kept = [r.kept for r in self.records]
         keep_best = torch.tensor([kp != "last" for kp in kept], device=self.device)
-        return kept, {n: torch.where(keep_best.view(-1, *[1] * (self.best_state[n].ndim - 1)), self.best_state[n],
-                                     self.last_state[n]) for n in PARAMS}
+        return kept, {
+            n: torch.where(
+                keep_best.view(-1, *[1] * (self.best_state[n].ndim - 1)), self.best_state[n], self.last_state[n]
+            )
+            for n in PARAMS
+        }
 
     # -- resume files -----------------------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
-        return {"task": {"name": self.task.name, "params": self.task.params()},
-                "specs": [sp.to_dict() for sp in self.specs], "configs": [asdict(c) for c in self.cfgs]}
+        return {
+            "task": {"name": self.task.name, "params": self.task.params()},
+            "specs": [sp.to_dict() for sp in self.specs],
+            "configs": [asdict(c) for c in self.cfgs],
+        }
 
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        tensors = {**{f"{part}.{n}": st[n] for part, st in (("model", self.P), ("best", self.best_state),
-                                                            ("last", self.last_state)) for n in PARAMS},
-                   **{f"adam.exp_avg.{n}": v for n, v in self.opt.exp_avg.items()},
-                   **{f"adam.exp_avg_sq.{n}": v for n, v in self.opt.exp_avg_sq.items()},
-                   "rng.data": torch.stack([g.get_state() for g in self.data_gens]),
-                   "rng.dropout": torch.stack([g.get_state() for g in self.drop_gens])}
+        tensors = {
+            **{
+                f"{part}.{n}": st[n]
+                for part, st in (("model", self.P), ("best", self.best_state), ("last", self.last_state))
+                for n in PARAMS
+            },
+            **{f"adam.exp_avg.{n}": v for n, v in self.opt.exp_avg.items()},
+            **{f"adam.exp_avg_sq.{n}": v for n, v in self.opt.exp_avg_sq.items()},
+            "rng.data": torch.stack([g.get_state() for g in self.data_gens]),
+            "rng.dropout": torch.stack([g.get_state() for g in self.drop_gens]),
+        }
         if self.head_on is not None:
             tensors["head_on"] = self.head_on
-        return tensors, {"epoch": self.epoch, "step": self.step, "adam_t": self.opt.t,
-                         "records": [r.to_dict() for r in self.records]}
+        return tensors, {
+            "epoch": self.epoch,
+            "step": self.step,
+            "adam_t": self.opt.t,
+            "records": [r.to_dict() for r in self.records],
+        }
 
     def load_state(self, t: dict[str, Tensor], progress: dict[str, Any]) -> None:
         with torch.no_grad():
@@ -504,8 +582,9 @@ class _Population:
             self.head_on = t["head_on"].to(self.device)
 
 
-def _train_population(task: Task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file
-                      ) -> list[dict[str, Any]]:
+def _train_population(
+    task: Task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file
+) -> list[dict[str, Any]]:
     check_population(specs, cfgs)
     device = pick_device(device)
     outs = [Path(o) for o in outs]
@@ -532,15 +611,17 @@ def _train_population(task: Task, specs, cfgs, outs, *, device, progress, compil
         pop.load_state(*_load_resume(Path(resume_file), pop.identity()))
     resumed_at = pop.epoch
     n = len(train_data)
-    bar = tqdm(total=cfg.epochs, initial=pop.epoch, desc=f"train {K} x {task.name}", unit="epoch",
-               disable=not progress)
+    bar = tqdm(total=cfg.epochs, initial=pop.epoch, desc=f"train {K} x {task.name}", unit="epoch", disable=not progress)
     while pop.epoch < cfg.epochs and any(r.active for r in pop.records):
         perms = torch.stack([torch.randperm(n, generator=g) for g in pop.data_gens]).to(device)  # [K, n]
         totals = torch.zeros(K, dtype=torch.float64)
         for start in range(0, n, cfg.batch_size):
-            idx = perms[:, start:start + cfg.batch_size]  # [K, b]: each model's own batch
-            losses = (pop.count_batch(train_counted, train_targets, idx, count_losses) if use_counts
-                      else pop.position_batch(train_data, idx))
+            idx = perms[:, start : start + cfg.batch_size]  # [K, b]: each model's own batch
+            losses = (
+                pop.count_batch(train_counted, train_targets, idx, count_losses)
+                if use_counts
+                else pop.position_batch(train_data, idx)
+            )
             pop.update(losses)
             totals += losses.detach().double().cpu() * idx.shape[1]
         val = _val_metrics(task, pop.detached, val_data, pop.attn_scale, val_counted)
@@ -548,28 +629,40 @@ def _train_population(task: Task, specs, cfgs, outs, *, device, progress, compil
         if resume_file is not None and cfg.save_every and pop.epoch % cfg.save_every == 0 and pop.epoch < cfg.epochs:
             _save_resume(Path(resume_file), pop.identity(), *pop.state())
         bar.update(1)
-        bar.set_postfix(active=sum(r.active for r in pop.records),
-                        best=f"{min(r.best_accuracy for r in pop.records):.3f}-"
-                             f"{max(r.best_accuracy for r in pop.records):.3f}",
-                        **({"one_head": sum(r.halving.done for r in pop.records)} if cfg.halving else {}))
+        bar.set_postfix(
+            active=sum(r.active for r in pop.records),
+            best=f"{min(r.best_accuracy for r in pop.records):.3f}-{max(r.best_accuracy for r in pop.records):.3f}",
+            **({"one_head": sum(r.halving.done for r in pop.records)} if cfg.halving else {}),
+        )
     bar.close()
 
     # the kept models, evaluated on every split as one batched computation (what evaluate_splits gives each)
-    kept, final = pop.kept()
+    _kept, final = pop.kept()
     split_metrics = {}
     for split in task.splits:
         data = task.dataset(split).to(device)
-        split_metrics[split] = _val_metrics(task, final, data, pop.attn_scale,
-                                            token_counts(data, d_vocab) if eval_counts else None)
+        split_metrics[split] = _val_metrics(
+            task, final, data, pop.attn_scale, token_counts(data, d_vocab) if eval_counts else None
+        )
     results = []
     wall = time.time() - started
     for k, (spec, c, model, out, r) in enumerate(zip(specs, cfgs, pop.models, outs, pop.records)):
         model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in PARAMS}})
         model.eval()
         metrics = {split: split_metrics[split][k] for split in task.splits}
-        prov = r.provenance(c, metrics, device, wall, population={
-            "size": K, "index": k, "forward": "token counts" if use_counts else "positions",
-            "compiled": bool(compile and use_counts), "resumed_at_epoch": resumed_at})
+        prov = r.provenance(
+            c,
+            metrics,
+            device,
+            wall,
+            population={
+                "size": K,
+                "index": k,
+                "forward": "token counts" if use_counts else "positions",
+                "compiled": bool(compile and use_counts),
+                "resumed_at_epoch": resumed_at,
+            },
+        )
         save_checkpoint(out, model, spec, task, prov)
         results.append(prov)
     if resume_file is not None:
@@ -581,8 +674,11 @@ def _save_resume(path: Path, identity: dict[str, Any], tensors: dict[str, Tensor
     from safetensors.torch import save_file
 
     meta = {"identity": json.dumps(identity, sort_keys=True), "progress": json.dumps(progress)}
-    atomic_write(path, lambda tmp: save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp,
-                                             metadata=meta), "the population's resume file")
+    atomic_write(
+        path,
+        lambda tmp: save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=meta),
+        "the population's resume file",
+    )
 
 
 def _load_resume(path: Path, identity: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -597,10 +693,15 @@ def _load_resume(path: Path, identity: dict[str, Any]) -> tuple[dict[str, Tensor
     except Exception as e:
         raise CheckpointError(f"population resume file {path} is corrupt ({e}); delete it to start over") from None
     if saved != json.loads(json.dumps(identity, sort_keys=True)):
-        diff = sorted(k for k in set(saved) | set(identity) if json.dumps(saved.get(k), sort_keys=True)
-                      != json.dumps(identity.get(k), sort_keys=True))
-        raise CheckpointError(f"population resume file {path} belongs to another population (differs in: "
-                              f"{', '.join(diff)}); use the same runs or delete it")
+        diff = sorted(
+            k
+            for k in set(saved) | set(identity)
+            if json.dumps(saved.get(k), sort_keys=True) != json.dumps(identity.get(k), sort_keys=True)
+        )
+        raise CheckpointError(
+            f"population resume file {path} belongs to another population (differs in: "
+            f"{', '.join(diff)}); use the same runs or delete it"
+        )
     return tensors, progress
 
 

@@ -43,8 +43,16 @@ def run_index(tokens: Int[Tensor, "batch pos"], digit_tokens) -> Int[Tensor, "ba
     return (count - last) * is_digit
 
 
-def position_ids(tokens: Int[Tensor, "batch pos"], scheme: str, n_ctx: int, *, training: bool = False,
-                 digit_tokens=(), max_offset: int = 0, generator: torch.Generator | None = None) -> Int[Tensor, "batch pos"]:
+def position_ids(
+    tokens: Int[Tensor, "batch pos"],
+    scheme: str,
+    n_ctx: int,
+    *,
+    training: bool = False,
+    digit_tokens=(),
+    max_offset: int = 0,
+    generator: torch.Generator | None = None,
+) -> Int[Tensor, "batch pos"]:
     """The ``W_pos`` row each token reads under ``scheme`` (``standard``/``none``: ``0 .. T-1``)."""
     bsz, t = tokens.shape
     dev = tokens.device
@@ -60,8 +68,10 @@ def position_ids(tokens: Int[Tensor, "batch pos"], scheme: str, n_ctx: int, *, t
         idx = run_index(tokens, digit_tokens)
         pos = torch.where(idx > 0, idx + offset, torch.zeros_like(idx))
         if pos.numel() and int(pos.max()) >= n_ctx:
-            raise TokenError(f"a number of {int(idx.max())} digits (+ offset {int(offset.max())}) needs Abacus position "
-                             f"{int(pos.max())}, beyond the model's {n_ctx} position rows")
+            raise TokenError(
+                f"a number of {int(idx.max())} digits (+ offset {int(offset.max())}) needs Abacus position "
+                f"{int(pos.max())}, beyond the model's {n_ctx} position rows"
+            )
         return pos
     return torch.arange(t, device=dev).expand(bsz, t)
 
@@ -78,8 +88,14 @@ class PositionHook:
 
     def __call__(self, module, args, output):
         tokens = args[0]
-        pos = position_ids(tokens, self.scheme, module.W_pos.shape[0], training=module.training,
-                           digit_tokens=self.digit_tokens, max_offset=self.max_offset)
+        pos = position_ids(
+            tokens,
+            self.scheme,
+            module.W_pos.shape[0],
+            training=module.training,
+            digit_tokens=self.digit_tokens,
+            max_offset=self.max_offset,
+        )
         return module.W_pos[pos]
 
 

@@ -36,9 +36,12 @@ def supports_query_forward(model: HookedTransformer) -> bool:
 
     cfg = model.cfg
     return position_hook(model) is None and (
-        cfg.n_layers == 1 and cfg.attn_only and cfg.positional_embedding_type == "standard"
+        cfg.n_layers == 1
+        and cfg.attn_only
+        and cfg.positional_embedding_type == "standard"
         and getattr(cfg, "attn_scores_soft_cap", -1.0) in (-1.0, None, 0)
-        and cfg.attention_dir == "causal" and not getattr(cfg, "use_local_attn", False)
+        and cfg.attention_dir == "causal"
+        and not getattr(cfg, "use_local_attn", False)
         and getattr(cfg, "n_key_value_heads", None) in (None, cfg.n_heads)
     )
 
@@ -55,8 +58,9 @@ def resolve_method(model: HookedTransformer, method: str) -> str:
     return method
 
 
-def layer0_inputs(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], dropout: float = 0.0
-                  ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
+def layer0_inputs(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], dropout: float = 0.0
+) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
     """The residual stream entering layer 0 (``hook_resid_pre``: embedding plus positions, with ``dropout`` if
     > 0) and its ``ln1``-normalised form that layer 0's heads read."""
     x = model.embed(tokens) + model.pos_embed(tokens)
@@ -69,19 +73,29 @@ def token_inputs(model: HookedTransformer, token_ids) -> Float[Tensor, "token d_
     """``ln1(W_E[t])`` for each token: what layer 0's heads read from a token in a model without positional
     embedding, whatever its position (refused for models with one)."""
     cfg = model.cfg
-    if cfg.positional_embedding_type not in ("standard", "shortformer") or bool(model.pos_embed.W_pos.detach().abs().max() > 0):
-        raise ConfigError("per-token layer-0 inputs need a model without positional embedding (W_pos zero): with "
-                          f"a {cfg.positional_embedding_type!r} positional embedding they depend on the position")
+    if cfg.positional_embedding_type not in ("standard", "shortformer") or bool(
+        model.pos_embed.W_pos.detach().abs().max() > 0
+    ):
+        raise ConfigError(
+            "per-token layer-0 inputs need a model without positional embedding (W_pos zero): with "
+            f"a {cfg.positional_embedding_type!r} positional embedding they depend on the position"
+        )
     return model.blocks[0].ln1(model.W_E[torch.as_tensor(token_ids, device=model.W_E.device)][None])[0]
 
 
-def query_attention(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"], dropout: float = 0.0
-                    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head k pos"], Float[Tensor, "batch head pos d_head"]]:
+def query_attention(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"], dropout: float = 0.0
+) -> tuple[
+    Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head k pos"], Float[Tensor, "batch head pos d_head"]
+]:
     """The layer-0 attention inputs of the queries at ``query_pos`` only: the residual input ``x``
     (embedding, with ``dropout`` if > 0), the scaled attention scores (``-inf`` on future keys) and the
     value vectors of every position."""
     if not supports_query_forward(model):
-        raise ConfigError("the query-restricted forward needs a one-layer, attention-only, causal model with standard/no positional embedding")
+        raise ConfigError(
+            "the query-restricted forward needs a one-layer, attention-only, causal model with standard/no positional "
+            "embedding"
+        )
     attn = model.blocks[0].attn
     b, t = tokens.shape
     x, h = layer0_inputs(model, tokens, dropout)  # [b, t, d]
@@ -94,8 +108,13 @@ def query_attention(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], 
     return x, scores.masked_fill(future[:, None], float("-inf")), vals
 
 
-def logits_at(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], query_pos: Int[Tensor, "batch k"],
-              dropout: float = 0.0, embed_dropout: bool = True) -> Float[Tensor, "batch k vocab_out"]:
+def logits_at(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    query_pos: Int[Tensor, "batch k"],
+    dropout: float = 0.0,
+    embed_dropout: bool = True,
+) -> Float[Tensor, "batch k vocab_out"]:
     """Logits at ``query_pos`` of a one-layer attention-only model, exactly as ``model(tokens)`` gives them
     (with ``dropout`` > 0: dropout after the embedding, unless ``embed_dropout`` is False, and after the attention
     output, as in training)."""
@@ -108,5 +127,3 @@ def logits_at(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], query_
     rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
     resid = x[rows, query_pos] + out
     return model.unembed(model.ln_final(resid) if hasattr(model, "ln_final") else resid)
-
-

@@ -20,8 +20,10 @@ from .visualize import escape_text as _escape_text
 from .visualize import render_table
 
 # Nothing may be fetched: scripts and styles are inline, images only data:/blob: URLs.
-CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
-       "img-src data: blob:; font-src data:; worker-src blob:; connect-src 'none'")
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:; worker-src blob:; connect-src 'none'"
+)
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1200px;
@@ -77,11 +79,16 @@ class Report:
             if para.strip():
                 self.add_html(f"<p>{_escape_text(para)}</p>")
 
-    def table(self, rows: Any, columns: Sequence[str] | None = None, caption: str = "",
-              formats: Mapping[str, str] | None = None) -> None:
+    def table(
+        self,
+        rows: Any,
+        columns: Sequence[str] | None = None,
+        caption: str = "",
+        formats: Mapping[str, str] | None = None,
+    ) -> None:
         """A table with one row per mapping in ``rows`` (a sequence of mappings; anything else is refused with one
-        clear line, so it is not narrowed by its annotation); ``columns`` picks and orders the columns (default: the keys in
-        first-seen order); ``formats`` maps a column to a format spec such as ``".3f"``."""
+        clear line, so it is not narrowed by its annotation); ``columns`` picks and orders the columns (default: the
+        keys in first-seen order); ``formats`` maps a column to a format spec such as ``".3f"``."""
         self.add_html(render_table(rows, columns, caption, formats))
 
     def figure(self, fig, caption: str = "") -> None:
@@ -89,8 +96,12 @@ class Report:
         if not hasattr(fig, "to_html") or not hasattr(fig, "to_plotly_json"):
             raise InterpError(f"report.figure expects a plotly Figure, got {type(fig).__name__}")
         self.n_figures += 1
-        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{self.n_figures}",
-                          config={"displaylogo": False, "responsive": True})
+        div = fig.to_html(
+            full_html=False,
+            include_plotlyjs=False,
+            div_id=f"fig-{self.n_figures}",
+            config={"displaylogo": False, "responsive": True},
+        )
         self.add_html(f'<div class="figure">{div}</div>' + caption_html(caption))
 
     def result(self, result, caption: str = "") -> None:
@@ -132,11 +143,19 @@ class Report:
         if self.n_attention:
             scripts.append(f"<script>{circuitsvis_bundle()}</script>")
         titled = [s for s in self.sections if s.title]
-        nav = ("<nav><ol>" + "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in titled)
-               + "</ol></nav>") if len(titled) > 1 else ""
+        nav = (
+            (
+                "<nav><ol>"
+                + "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in titled)
+                + "</ol></nav>"
+            )
+            if len(titled) > 1
+            else ""
+        )
         body = "".join(
             (f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>' if s.title else f'<section id="{s.anchor}">')
-            + "".join(s.parts) + "</section>"
+            + "".join(s.parts)
+            + "</section>"
             for s in self.sections
         )
         subtitle = f'<p class="subtitle">{_escape_text(self.subtitle)}</p>' if self.subtitle else ""

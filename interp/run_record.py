@@ -85,17 +85,30 @@ class RunRecord:
     def kept_epoch(self) -> int:
         return self.best_epoch if self.kept != "last" else self.epochs_run
 
-    def provenance(self, cfg: Any, metrics: dict[str, dict[str, float]], device: str, wall_seconds: float,
-                   **extra: Any) -> dict[str, Any]:
+    def provenance(
+        self, cfg: Any, metrics: dict[str, dict[str, float]], device: str, wall_seconds: float, **extra: Any
+    ) -> dict[str, Any]:
         """What the checkpoint's ``training`` metadata records about the run (``extra`` adds keys, e.g. the
         population a model was trained in)."""
         prov = {
-            "seed": cfg.seed, "epochs": cfg.epochs, "epochs_run": self.epochs_run, "steps": self.steps,
-            "best_epoch": self.best_epoch, "kept": self.kept, "kept_epoch": self.kept_epoch, "config": asdict(cfg),
-            "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics, "history": self.history,
-            "device": device, "wall_seconds_this_run": round(wall_seconds, 1), "torch": torch.__version__,
-            "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "machine": platform.machine(), **extra,
+            "seed": cfg.seed,
+            "epochs": cfg.epochs,
+            "epochs_run": self.epochs_run,
+            "steps": self.steps,
+            "best_epoch": self.best_epoch,
+            "kept": self.kept,
+            "kept_epoch": self.kept_epoch,
+            "config": asdict(cfg),
+            "accuracy": {s: m["accuracy"] for s, m in metrics.items()},
+            "metrics": metrics,
+            "history": self.history,
+            "device": device,
+            "wall_seconds_this_run": round(wall_seconds, 1),
+            "torch": torch.__version__,
+            "cpu_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            **extra,
         }
         if self.halving is not None:
             test = metrics.get("test", {}).get("accuracy")
@@ -104,15 +117,30 @@ class RunRecord:
 
     # -- resume files (JSON) --------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"keep": self.keep, "patience": self.patience,
-                "halving": self.halving.to_dict() if self.halving is not None else None, "history": self.history,
-                "best": [self.best_accuracy, self.best_loss, self.best_epoch], "epochs_run": self.epochs_run,
-                "steps": self.steps, "active": self.active}
+        return {
+            "keep": self.keep,
+            "patience": self.patience,
+            "halving": self.halving.to_dict() if self.halving is not None else None,
+            "history": self.history,
+            "best": [self.best_accuracy, self.best_loss, self.best_epoch],
+            "epochs_run": self.epochs_run,
+            "steps": self.steps,
+            "active": self.active,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], keep: str, patience: int | None) -> RunRecord:
         """A record saved by :meth:`to_dict`; ``keep`` and ``patience`` are the resumed run's (they may change)."""
         best = d["best"]
-        return cls(keep, patience, Halving.from_dict(d["halving"]) if d.get("halving") is not None else None,
-                   list(d["history"]), float(best[0]), float(best[1]), int(best[2]), int(d["epochs_run"]),
-                   int(d["steps"]), bool(d.get("active", True)))
+        return cls(
+            keep,
+            patience,
+            Halving.from_dict(d["halving"]) if d.get("halving") is not None else None,
+            list(d["history"]),
+            float(best[0]),
+            float(best[1]),
+            int(best[2]),
+            int(d["epochs_run"]),
+            int(d["steps"]),
+            bool(d.get("active", True)),
+        )

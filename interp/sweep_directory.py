@@ -47,8 +47,10 @@ NESTED = ("accuracy", "metrics", "population", "halving_result")
 
 def grid_options() -> dict[str, Option]:
     """The options a sweep grid may vary: every model and training option that is part of a run's configuration."""
-    return {**{k: o for k, o in options(ModelSpec).items() if o.config},
-            **{k: o for k, o in options(TrainConfig).items() if o.config}}
+    return {
+        **{k: o for k, o in options(ModelSpec).items() if o.config},
+        **{k: o for k, o in options(TrainConfig).items() if o.config},
+    }
 
 
 def config_columns_all() -> tuple[str, ...]:
@@ -79,8 +81,14 @@ def run_name(task_name: str, point: dict[str, Any], seed: int, digest: str) -> s
     return "-".join(str(p).replace("/", "_").replace(" ", "") for p in parts)
 
 
-def plan(task_name: str, task_params: dict[str, Any], base_spec: ModelSpec, base_cfg: TrainConfig,
-         seeds: Sequence[int], grid: dict[str, list]) -> list[dict[str, Any]]:
+def plan(
+    task_name: str,
+    task_params: dict[str, Any],
+    base_spec: ModelSpec,
+    base_cfg: TrainConfig,
+    seeds: Sequence[int],
+    grid: dict[str, list],
+) -> list[dict[str, Any]]:
     """Every run of a sweep: ``{"name", "point" (grid values), "seed", "spec", "cfg", "identity"}``. Each grid point's
     spec and config are built here, so an invalid combination is a ConfigError before anything is trained or
     written. A spec whose output matrix is left unset gets the identity where the grid point's heads fill the
@@ -99,9 +107,16 @@ def plan(task_name: str, task_params: dict[str, Any], base_spec: ModelSpec, base
         identity = run_identity(task_name, task_params, spec0, cfg0)
         digest = config_hash(identity)
         for seed in seeds:
-            runs.append({"name": run_name(task_name, point, seed, digest), "point": point, "seed": seed,
-                         "spec": replace(spec0, init_seed=seed), "cfg": replace(cfg0, seed=seed),
-                         "identity": identity})
+            runs.append(
+                {
+                    "name": run_name(task_name, point, seed, digest),
+                    "point": point,
+                    "seed": seed,
+                    "spec": replace(spec0, init_seed=seed),
+                    "cfg": replace(cfg0, seed=seed),
+                    "identity": identity,
+                }
+            )
     return runs
 
 
@@ -122,15 +137,26 @@ def run_row(run: dict[str, Any], prov: dict[str, Any], path: Path) -> dict[str, 
     spec["output_matrix"] = run["spec"].w_o
     halving = prov.get("halving")
     identity = run["identity"]
-    return {"name": run["name"], "task": identity["task"], "task_params": identity["task_params"],
-            "config_hash": config_hash(identity),
-            **{k: spec[k] for k in grid_options() if k in spec}, **{k: cfg[k] for k in grid_options() if k in cfg},
-            "strategy": cfg["halving"] or "normal", "seed": run["seed"], "checkpoint": f"{RUNS}/{Path(path).name}",
-            "best_epoch": prov.get("best_epoch"), "kept_epoch": prov["kept_epoch"], "epochs_run": prov["epochs_run"],
-            "accuracy": prov["accuracy"], "metrics": prov.get("metrics"),
-            "final_active_heads": len(halving["active"]) if halving else spec["n_layers"] * spec["n_heads"],
-            "wall_seconds": prov.get("wall_seconds_this_run"), "population": prov.get("population"),
-            "halving_result": halving}
+    return {
+        "name": run["name"],
+        "task": identity["task"],
+        "task_params": identity["task_params"],
+        "config_hash": config_hash(identity),
+        **{k: spec[k] for k in grid_options() if k in spec},
+        **{k: cfg[k] for k in grid_options() if k in cfg},
+        "strategy": cfg["halving"] or "normal",
+        "seed": run["seed"],
+        "checkpoint": f"{RUNS}/{Path(path).name}",
+        "best_epoch": prov.get("best_epoch"),
+        "kept_epoch": prov["kept_epoch"],
+        "epochs_run": prov["epochs_run"],
+        "accuracy": prov["accuracy"],
+        "metrics": prov.get("metrics"),
+        "final_active_heads": len(halving["active"]) if halving else spec["n_layers"] * spec["n_heads"],
+        "wall_seconds": prov.get("wall_seconds_this_run"),
+        "population": prov.get("population"),
+        "halving_result": halving,
+    }
 
 
 class CorruptRows(ConfigError):
@@ -159,30 +185,50 @@ def read_results(directory, *, skip_corrupt: bool = False) -> list[dict[str, Any
     if bad:
         lines = f"line{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad[:10]))}" + (" ..." if len(bad) > 10 else "")
         verb = "are not JSON rows" if len(bad) > 1 else "is not a JSON row"
-        message = (f"{path}: {lines} of {len(rows) + len(bad)} {verb} (the file is written atomically: was it "
-                   "edited?)")
+        message = f"{path}: {lines} of {len(rows) + len(bad)} {verb} (the file is written atomically: was it edited?)"
         if not skip_corrupt:
-            raise CorruptRows(f"{message}; `interp sweep {directory} --resume` rebuilds the rows from the checkpoints in "
-                              f"{Path(directory) / RUNS} (rows without a checkpoint there cannot be rebuilt)")
+            raise CorruptRows(
+                f"{message}; `interp sweep {directory} --resume` rebuilds the rows from the checkpoints in "
+                f"{Path(directory) / RUNS} (rows without a checkpoint there cannot be rebuilt)"
+            )
         warnings.warn(f"{message}; left out, and rebuilt from their checkpoints where these exist", stacklevel=2)
     return rows
 
 
 def write_results(directory: Path, rows: list[dict[str, Any]]) -> None:
     """``results.jsonl`` and, beside it, ``results.csv`` (the flat rows of :func:`load_results`), each atomically."""
-    atomic_write(directory / RESULTS, lambda tmp: Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in rows)),
-                 "the sweep's results table")
+    atomic_write(
+        directory / RESULTS,
+        lambda tmp: Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in rows)),
+        "the sweep's results table",
+    )
     frame = results_frame(rows)
     atomic_write(directory / RESULTS_CSV, lambda tmp: frame.to_csv(tmp, index=False), "the sweep's results CSV")
 
 
 # -- plans ----------------------------------------------------------------------------------------------------------
-def plan_entry(task_name: str, task_params: dict[str, Any], base_spec: ModelSpec, base_cfg: TrainConfig,
-               seeds: Sequence[int], grid: dict[str, list]) -> dict[str, Any]:
+def plan_entry(
+    task_name: str,
+    task_params: dict[str, Any],
+    base_spec: ModelSpec,
+    base_cfg: TrainConfig,
+    seeds: Sequence[int],
+    grid: dict[str, list],
+) -> dict[str, Any]:
     """A sweep's arguments as ``sweep.json`` keeps them (JSON types; the spec as given, its output matrix unset
     where it was not asked for)."""
-    return json.loads(json.dumps({"task": task_name, "task_params": task_params, "spec": asdict(base_spec),
-                                  "cfg": asdict(base_cfg), "seeds": list(seeds), "grid": grid}))
+    return json.loads(
+        json.dumps(
+            {
+                "task": task_name,
+                "task_params": task_params,
+                "spec": asdict(base_spec),
+                "cfg": asdict(base_cfg),
+                "seeds": list(seeds),
+                "grid": grid,
+            }
+        )
+    )
 
 
 def check_task(directory: Path, task_name: str) -> None:
@@ -190,8 +236,10 @@ def check_task(directory: Path, task_name: str) -> None:
     if (Path(directory) / PLAN).is_file():
         held = {p["task"] for p in read_plans(directory)}
         if held and task_name not in held:
-            raise ConfigError(f"{directory} holds sweeps of {', '.join(sorted(held))}; a sweep of {task_name} needs a "
-                              "directory of its own (one task per results table)")
+            raise ConfigError(
+                f"{directory} holds sweeps of {', '.join(sorted(held))}; a sweep of {task_name} needs a "
+                "directory of its own (one task per results table)"
+            )
 
 
 def add_plan(directory: Path, entry: dict[str, Any]) -> None:
@@ -207,19 +255,27 @@ def read_plans(directory) -> list[dict[str, Any]]:
     """The plans in ``sweep.json`` (the arguments of every ``interp sweep`` into ``directory``), or a ConfigError."""
     path = Path(directory) / PLAN
     if not path.is_file():
-        raise ConfigError(f"{directory} is not a sweep directory with a plan (no {PLAN}; sweeps written before it "
-                          "existed need their original command, with --status)")
+        raise ConfigError(
+            f"{directory} is not a sweep directory with a plan (no {PLAN}; sweeps written before it "
+            "existed need their original command, with --status)"
+        )
     try:
         d = json.loads(path.read_text())
     except json.JSONDecodeError:
         raise ConfigError(f"{path} is not JSON (it is written atomically: was it edited?)") from None
-    return d["plans"] if "plans" in d else [d]  # a single plan
+    return d.get("plans", [d])  # a file of one plan
 
 
 def plan_runs(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """The runs of one ``sweep.json`` plan."""
-    return plan(entry["task"], entry["task_params"], ModelSpec(**entry["spec"]), TrainConfig(**entry["cfg"]),
-                entry["seeds"], entry["grid"])
+    return plan(
+        entry["task"],
+        entry["task_params"],
+        ModelSpec(**entry["spec"]),
+        TrainConfig(**entry["cfg"]),
+        entry["seeds"],
+        entry["grid"],
+    )
 
 
 def planned_runs(directory) -> list[dict[str, Any]]:
@@ -251,13 +307,17 @@ def sweep_status(directory, runs: Sequence[dict[str, Any]] | None = None) -> lis
     runs = planned_runs(directory) if runs is None else runs
     named = {r["name"] for r in read_results(directory, skip_corrupt=True)}
     configs = [run_config(r) for r in runs]
-    varying = [k for k in config_columns_all()
-               if k == "strategy" or len({json.dumps(c[k], sort_keys=True) for c in configs}) > 1]
+    varying = [
+        k
+        for k in config_columns_all()
+        if k == "strategy" or len({json.dumps(c[k], sort_keys=True) for c in configs}) > 1
+    ]
     status: dict[str, dict[str, Any]] = {}
     for run, config in zip(runs, configs):
         shown = {k: config[k] for k in varying}
-        entry = status.setdefault(json.dumps(run["identity"], sort_keys=True),
-                                  {**shown, "runs": 0, "done": 0, "rows": 0, "todo": 0})
+        entry = status.setdefault(
+            json.dumps(run["identity"], sort_keys=True), {**shown, "runs": 0, "done": 0, "rows": 0, "todo": 0}
+        )
         done = (directory / RUNS / f"{run['name']}.safetensors").is_file()
         entry["runs"] += 1
         entry["done"] += done
@@ -336,8 +396,9 @@ def load_results(directory):
 
     directory = Path(directory)
     if not (directory / RESULTS).is_file():
-        raise ConfigError(f"{directory} holds no sweep results (no {RESULTS}): expected a directory written by "
-                          "interp sweep")
+        raise ConfigError(
+            f"{directory} holds no sweep results (no {RESULTS}): expected a directory written by interp sweep"
+        )
     flat = []
     for row in read_results(directory):
         meta = None

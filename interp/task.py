@@ -101,8 +101,13 @@ class TaskData:
 
     def to(self, device) -> TaskData:
         return TaskData(
-            self.task, self.tokens.to(device), self.targets.to(device), self.answer_pos.to(device),
-            self.labels.to(device), self.lengths.to(device), {k: v.to(device) for k, v in self.fields.items()},
+            self.task,
+            self.tokens.to(device),
+            self.targets.to(device),
+            self.answer_pos.to(device),
+            self.labels.to(device),
+            self.lengths.to(device),
+            {k: v.to(device) for k, v in self.fields.items()},
             self.vocab,
         )
 
@@ -118,8 +123,14 @@ class TaskData:
         t = int(lengths.max()) if len(idx) else 0
         t = max(t, 1)
         return TaskData(
-            self.task, self.tokens[idx, :t], self.targets[idx, :t], self.answer_pos[idx], self.labels[idx],
-            lengths, {k: v[idx] for k, v in self.fields.items()}, self.vocab,
+            self.task,
+            self.tokens[idx, :t],
+            self.targets[idx, :t],
+            self.answer_pos[idx],
+            self.labels[idx],
+            lengths,
+            {k: v[idx] for k, v in self.fields.items()},
+            self.vocab,
         )
 
 
@@ -136,7 +147,9 @@ class Task(Protocol):
     def dataset(self, split: str, seed: int | None = None) -> TaskData:
         """Deterministic examples of a split; the same seed gives the same data."""
 
-    def metrics(self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData) -> dict[str, float]:
+    def metrics(
+        self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData
+    ) -> dict[str, float]:
         """Scores from per-position argmax predictions and losses. Must include ``accuracy``."""
 
     def default_spec(self) -> dict[str, Any]:

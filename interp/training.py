@@ -79,8 +79,14 @@ def task_loss(logits, targets, dtype: torch.dtype = torch.float32) -> torch.Tens
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(dtype), targets.reshape(-1), ignore_index=IGNORE)
 
 
-def batch_loss(model: HookedTransformer, batch, hooks, dropout: float, dtype: torch.dtype = torch.float32,
-               dropout_at: str = "embedding+attention") -> torch.Tensor:
+def batch_loss(
+    model: HookedTransformer,
+    batch,
+    hooks,
+    dropout: float,
+    dtype: torch.dtype = torch.float32,
+    dropout_at: str = "embedding+attention",
+) -> torch.Tensor:
     """Training loss of one batch: the exact query-restricted forward where it applies, else TL's."""
     qpos = target_positions(batch) if supports_query_forward(model) else None
     if qpos is not None:
@@ -138,7 +144,10 @@ class _State:
             raise CheckpointError(f"resume file {path} is corrupt ({e}); delete it to start over") from None
         saved = json.loads(meta["identity"])
         # options added since the file was written count as their defaults (e.g. loss_dtype)
-        saved = {**{f.name: f.default for f in fields(TrainConfig) if f.name in identity and f.name not in saved}, **saved}
+        saved = {
+            **{f.name: f.default for f in fields(TrainConfig) if f.name in identity and f.name not in saved},
+            **saved,
+        }
         diff = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
         if diff:
             raise CheckpointError(
@@ -165,8 +174,17 @@ class _State:
             self.record = RunRecord.from_dict(prog["record"], keep, patience)
         else:  # a resume file written before the run record existed
             halving = Halving.from_dict(prog["halving"]) if prog.get("halving") is not None else None
-            self.record = RunRecord(keep, patience, halving, prog["history"], prog["best_val"],
-                                    prog.get("best_loss", float("inf")), prog["best_epoch"], self.epoch, self.step)
+            self.record = RunRecord(
+                keep,
+                patience,
+                halving,
+                prog["history"],
+                prog["best_val"],
+                prog.get("best_loss", float("inf")),
+                prog["best_epoch"],
+                self.epoch,
+                self.step,
+            )
 
 
 def resume_options(out) -> dict[str, Any]:
@@ -183,16 +201,29 @@ def resume_options(out) -> dict[str, Any]:
         identity = json.loads(meta["identity"])
         options = json.loads(meta["options"]) if "options" in meta else {}
     except Exception as e:
-        raise CheckpointError(f"resume file {rpath} is corrupt or from an older version ({e}); start over with --restart") from None
+        raise CheckpointError(
+            f"resume file {rpath} is corrupt or from an older version ({e}); start over with --restart"
+        ) from None
     config = {**{k: v for k, v in identity.items() if k not in ("task", "spec")}, **options}
     return {"task": identity["task"], "spec": identity["spec"], "config": config}
 
 
-def train(task: Task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | None = None, resume: bool = False,
-          restart: bool = False, progress: bool = True,
-          on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
-          history_extras: Callable[[Any, int], dict[str, Any]] | None = None,
-          snapshot_every: int | None = None, snapshot_dir=None, head_scorer: Scorer | None = None) -> dict[str, Any]:
+def train(
+    task: Task,
+    spec: ModelSpec,
+    cfg: TrainConfig,
+    out,
+    *,
+    device: str | None = None,
+    resume: bool = False,
+    restart: bool = False,
+    progress: bool = True,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+    history_extras: Callable[[Any, int], dict[str, Any]] | None = None,
+    snapshot_every: int | None = None,
+    snapshot_dir=None,
+    head_scorer: Scorer | None = None,
+) -> dict[str, Any]:
     """Train a model for ``task``; write the kept model (``cfg.keep``) to ``out``; return its provenance.
 
     ``out`` is checked before any training. An existing resume file of ``out`` is continued with ``resume=True``,
@@ -218,21 +249,47 @@ def train(task: Task, spec: ModelSpec, cfg: TrainConfig, out, *, device: str | N
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        return _train(task, spec, cfg, out, device=device, resume=resume, restart=restart, progress=progress,
-                      on_epoch_end=on_epoch_end, history_extras=history_extras, snapshot_every=snapshot_every,
-                      snapshot_dir=snapshot_dir, head_scorer=head_scorer)
+        return _train(
+            task,
+            spec,
+            cfg,
+            out,
+            device=device,
+            resume=resume,
+            restart=restart,
+            progress=progress,
+            on_epoch_end=on_epoch_end,
+            history_extras=history_extras,
+            snapshot_every=snapshot_every,
+            snapshot_dir=snapshot_dir,
+            head_scorer=head_scorer,
+        )
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
-def _train(task: Task, spec, cfg, out, *, device, resume, restart, progress, on_epoch_end, history_extras=None,
-           snapshot_every=None, snapshot_dir=None, head_scorer=None) -> dict[str, Any]:
+def _train(
+    task: Task,
+    spec,
+    cfg,
+    out,
+    *,
+    device,
+    resume,
+    restart,
+    progress,
+    on_epoch_end,
+    history_extras=None,
+    snapshot_every=None,
+    snapshot_dir=None,
+    head_scorer=None,
+) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
     snapshot_dir = _check_outputs(out, cfg, resume, restart, snapshot_every, snapshot_dir)
     rpath = resume_path(out)
     state, identity, options = _start(task, spec, cfg, device, rpath if resume else None)
-    record, model, opt, gen = state.record, state.model, state.opt, state.gen
+    record, model, opt, _gen = state.record, state.model, state.opt, state.gen
     halving = record.halving
     if halving is not None:
         halving.start(model, opt)
@@ -255,15 +312,26 @@ def _train(task: Task, spec, cfg, out, *, device, resume, restart, progress, on_
             with torch.no_grad():
                 record.history[-1].update(history_extras(model, state.epoch))
         if snapshot_dir is not None and state.epoch % snapshot_every == 0:
-            save_checkpoint(snapshot_dir / f"epoch-{state.epoch:06d}.safetensors", model, spec, task,
-                            {"epoch": state.epoch, "seed": cfg.seed, "config": asdict(cfg), "record": record.history[-1]})
+            save_checkpoint(
+                snapshot_dir / f"epoch-{state.epoch:06d}.safetensors",
+                model,
+                spec,
+                task,
+                {"epoch": state.epoch, "seed": cfg.seed, "config": asdict(cfg), "record": record.history[-1]},
+            )
         if halving is not None:
-            record.note_halving(halving.after_validation(model, opt, state.epoch, val["accuracy"], task, train_data,
-                                                         val_data, head_scorer))
+            record.note_halving(
+                halving.after_validation(
+                    model, opt, state.epoch, val["accuracy"], task, train_data, val_data, head_scorer
+                )
+            )
         bar.update(1)
-        bar.set_postfix(loss=f"{train_loss:.4f}", val=f"{val['accuracy']:.4f}",
-                        best=f"{record.best_accuracy:.4f}@{record.best_epoch}",
-                        **({"heads": len(halving.active)} if halving is not None else {}))
+        bar.set_postfix(
+            loss=f"{train_loss:.4f}",
+            val=f"{val['accuracy']:.4f}",
+            best=f"{record.best_accuracy:.4f}@{record.best_epoch}",
+            **({"heads": len(halving.active)} if halving is not None else {}),
+        )
         if state.epoch % cfg.save_every == 0 and state.epoch < cfg.epochs:
             state.save(rpath, identity, options)
         if on_epoch_end is not None:
@@ -280,13 +348,16 @@ def _train(task: Task, spec, cfg, out, *, device, resume, restart, progress, on_
     return provenance
 
 
-def _check_outputs(out: Path, cfg: TrainConfig, resume: bool, restart: bool, snapshot_every: int | None,
-                   snapshot_dir) -> Path | None:
+def _check_outputs(
+    out: Path, cfg: TrainConfig, resume: bool, restart: bool, snapshot_every: int | None, snapshot_dir
+) -> Path | None:
     """Everything a run will write, checked before any training: the checkpoint path (a directory, a missing
     folder or an unwritable path fails now), the resume file's state against ``resume`` / ``restart``, and the
     snapshot folder (returned, created)."""
     if snapshot_every is not None and (not isinstance(snapshot_every, int) or snapshot_every < 1):
-        raise ConfigError(f"snapshot_every must be a positive integer (epochs between snapshots), got {snapshot_every!r}")
+        raise ConfigError(
+            f"snapshot_every must be a positive integer (epochs between snapshots), got {snapshot_every!r}"
+        )
     with AtomicFile(out, "the checkpoint"):
         pass
     rpath = resume_path(out)
@@ -296,32 +367,44 @@ def _check_outputs(out: Path, cfg: TrainConfig, resume: bool, restart: bool, sna
         raise CheckpointError(f"--resume: no resume file {rpath} (it is written every {cfg.save_every} epochs)")
     if not resume and rpath.is_file():
         if not restart:
-            raise ConfigError(f"{rpath} holds an interrupted run of {out}: continue it with --resume, or start over "
-                              "with --restart (which deletes it)")
+            raise ConfigError(
+                f"{rpath} holds an interrupted run of {out}: continue it with --resume, or start over "
+                "with --restart (which deletes it)"
+            )
         rpath.unlink()
     if snapshot_every is None:
         return None
-    snapshot_dir = Path(snapshot_dir) if snapshot_dir else out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
+    snapshot_dir = (
+        Path(snapshot_dir) if snapshot_dir else out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
+    )
     snapshot_dir.mkdir(parents=True, exist_ok=True)
     return snapshot_dir
 
 
-def _start(task: Task, spec: ModelSpec, cfg: TrainConfig, device: str, resume_file: Path | None
-           ) -> tuple[_State, dict[str, Any], dict[str, Any]]:
+def _start(
+    task: Task, spec: ModelSpec, cfg: TrainConfig, device: str, resume_file: Path | None
+) -> tuple[_State, dict[str, Any], dict[str, Any]]:
     """A new run's state (seeded model, AdamW, data-order generator, empty record), continued from
     ``resume_file`` when given; with the run's identity (what a resume file must match) and resumable options."""
     torch.manual_seed(cfg.seed)
     model = build_model(spec, device=device)
     model.train()
-    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                            weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(
+        trainable_parameters(model), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+    )
     gen = torch.Generator().manual_seed(cfg.seed)
-    halving = (Halving(cfg.halving, cfg.halving_threshold, spec.n_layers, spec.n_heads, cfg.seed)
-               if cfg.halving is not None else None)
+    halving = (
+        Halving(cfg.halving, cfg.halving_threshold, spec.n_layers, spec.n_heads, cfg.seed)
+        if cfg.halving is not None
+        else None
+    )
     state = _State(model, opt, gen, RunRecord(cfg.keep, cfg.patience, halving))
     resumable = [name for name, o in options(TrainConfig).items() if o.resumable]
-    identity = {"task": {"name": task.name, "params": task.params()}, "spec": spec.to_dict(),
-                **{k: v for k, v in asdict(cfg).items() if k not in resumable}}
+    identity = {
+        "task": {"name": task.name, "params": task.params()},
+        "spec": spec.to_dict(),
+        **{k: v for k, v in asdict(cfg).items() if k not in resumable},
+    }
     run_options = {k: getattr(cfg, k) for k in resumable}
     if resume_file is not None:
         state.load(resume_file, identity)

@@ -62,20 +62,27 @@ def forget_notebook_scripts() -> None:
 
 def notebook_figure_html(fig) -> str:
     """A plotly figure as notebook HTML that needs no network (plotly.js once per kernel)."""
-    return notebook_script("plotly") + fig.to_html(full_html=False, include_plotlyjs=False,
-                                                   config={"displaylogo": False, "responsive": True})
+    return notebook_script("plotly") + fig.to_html(
+        full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True}
+    )
 
 
-def attention_props(tokens: Sequence[str], pattern: Float[Tensor, "heads dest src"], head_names: Sequence[str] | None = None) -> dict:
+def attention_props(
+    tokens: Sequence[str], pattern: Float[Tensor, "heads dest src"], head_names: Sequence[str] | None = None
+) -> dict:
     """Validated props for circuitsvis' ``AttentionHeads``. Tokens are passed as plain text: React renders
     them as text (escaping them would show ``&lt;``); :func:`render_call` keeps ``</script>`` out of the JSON."""
     pattern = torch.as_tensor(pattern).detach().float().cpu()
     if pattern.ndim == 2:
         pattern = pattern[None]
     if pattern.ndim != 3 or pattern.shape[1] != pattern.shape[2]:
-        raise InterpError(f"attention pattern must have shape [heads, dest, src] with dest == src, got {tuple(pattern.shape)}")
+        raise InterpError(
+            f"attention pattern must have shape [heads, dest, src] with dest == src, got {tuple(pattern.shape)}"
+        )
     if len(tokens) != pattern.shape[-1]:
-        raise InterpError(f"{len(tokens)} tokens were given for an attention pattern over {pattern.shape[-1]} positions")
+        raise InterpError(
+            f"{len(tokens)} tokens were given for an attention pattern over {pattern.shape[-1]} positions"
+        )
     names = list(head_names) if head_names is not None else [f"H{h}" for h in range(pattern.shape[0])]
     if len(names) != pattern.shape[0]:
         raise InterpError(f"{len(names)} head names were given for {pattern.shape[0]} heads")
@@ -89,8 +96,10 @@ def attention_props(tokens: Sequence[str], pattern: Float[Tensor, "heads dest sr
 def render_call(element: str, props: dict, div_id: str | None = None) -> str:
     """A <div> plus the script that renders a circuitsvis element into it (needs the bundle on the page)."""
     div_id = div_id or f"cv-{uuid.uuid4().hex[:12]}"
-    return (f'<div id="{div_id}" class="cv-view" style="margin: 8px 0"></div>'
-            f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {_script_json(props)});</script>')
+    return (
+        f'<div id="{div_id}" class="cv-view" style="margin: 8px 0"></div>'
+        f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{element}, {_script_json(props)});</script>'
+    )
 
 
 def _script_json(obj) -> str:
@@ -104,8 +113,13 @@ class AttentionView:
     Displays itself in Jupyter (offline: the bundle is inlined), ``.save(path)`` writes a self-contained
     HTML file, ``.pattern`` keeps the numbers."""
 
-    def __init__(self, tokens: Sequence[str], pattern: Float[Tensor, "heads dest src"], head_names: Sequence[str] | None = None,
-                 title: str = ""):
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        pattern: Float[Tensor, "heads dest src"],
+        head_names: Sequence[str] | None = None,
+        title: str = "",
+    ):
         self.props = attention_props(tokens, pattern, head_names)
         self.tokens = list(tokens)
         self.pattern = torch.as_tensor(pattern).detach().cpu()
@@ -119,8 +133,10 @@ class AttentionView:
 
     def html(self) -> str:
         """A complete, self-contained HTML document."""
-        return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>attention</title>"
-                f"<script>{circuitsvis_bundle()}</script></head><body>{self.body_html()}</body></html>")
+        return (
+            "<!DOCTYPE html><html><head><meta charset='utf-8'><title>attention</title>"
+            f"<script>{circuitsvis_bundle()}</script></head><body>{self.body_html()}</body></html>"
+        )
 
     def save(self, path) -> Path:
         from .files import atomic_write_text
@@ -131,7 +147,9 @@ class AttentionView:
         return notebook_script("circuitsvis") + self.body_html()
 
 
-def attention_patterns(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], fwd_hooks=()) -> Float[Tensor, "batch layer head q k"]:
+def attention_patterns(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], fwd_hooks=()
+) -> Float[Tensor, "batch layer head q k"]:
     """Every layer's attention pattern ``[batch, layer, head, query, key]`` from one forward pass (optionally with
     intervention hooks): the one attention-pattern function of analyses and reports."""
     store: dict[int, Tensor] = {}
@@ -145,8 +163,15 @@ def attention_patterns(model: HookedTransformer, tokens: Int[Tensor, "batch pos"
     return torch.stack([store[l] for l in range(model.cfg.n_layers)], dim=1)
 
 
-def attention_view(model: HookedTransformer, tokens: Int[Tensor, " pos"], heads=None, vocab=None, token_strs=None, title: str = "",
-                   max_len: int | None = None) -> AttentionView:
+def attention_view(
+    model: HookedTransformer,
+    tokens: Int[Tensor, " pos"],
+    heads=None,
+    vocab=None,
+    token_strs=None,
+    title: str = "",
+    max_len: int | None = None,
+) -> AttentionView:
     """A circuitsvis view of ``heads`` (default: all) on one sequence, its tokens named by ``vocab`` (the task's) or
     ``token_strs`` (else their ids); only the first ``max_len`` tokens are shown if given (causal attention: the
     shown rows are exact). Displays inline in Jupyter; ``.save(path)`` writes an offline HTML file."""
@@ -161,7 +186,11 @@ def attention_view(model: HookedTransformer, tokens: Int[Tensor, " pos"], heads=
     if tokens.ndim != 1:
         raise TokenError(f"attention_view takes one sequence [pos], got shape {tuple(tokens.shape)}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)] if heads is None else parse_heads(heads, n_layers, n_heads)
+    heads = (
+        [(l, h) for l in range(n_layers) for h in range(n_heads)]
+        if heads is None
+        else parse_heads(heads, n_layers, n_heads)
+    )
     tokens = tokens.to(model_device(model))
     check_tokens(model, tokens[None])
     shown = len(tokens) if max_len is None else min(len(tokens), max_len)
@@ -172,16 +201,28 @@ def attention_view(model: HookedTransformer, tokens: Int[Tensor, " pos"], heads=
     return AttentionView(list(token_strs)[:shown], pattern, [head_label(*h) for h in heads], title=title)
 
 
-def heatmap(matrix: Float[Tensor, "rows cols"], x_labels: Sequence[str], y_labels: Sequence[str], title: str = "",
-            colorscale: str = "RdBu", zmid: float | None = 0.0, zmin: float | None = None, zmax: float | None = None,
-            x_title: str = "", y_title: str = "", text_fmt: str | None = None):
+def heatmap(
+    matrix: Float[Tensor, "rows cols"],
+    x_labels: Sequence[str],
+    y_labels: Sequence[str],
+    title: str = "",
+    colorscale: str = "RdBu",
+    zmid: float | None = 0.0,
+    zmin: float | None = None,
+    zmax: float | None = None,
+    x_title: str = "",
+    y_title: str = "",
+    text_fmt: str | None = None,
+):
     """A labelled plotly heatmap (rows top to bottom), values shown on hover (and in cells if ``text_fmt``)."""
     import plotly.graph_objects as go
 
     z = torch.as_tensor(matrix).detach().float().cpu()
     if z.shape != (len(y_labels), len(x_labels)):
-        raise InterpError(f"heatmap of shape {tuple(z.shape)} needs {z.shape[0]} row and {z.shape[1]} column labels, "
-                          f"got {len(y_labels)} and {len(x_labels)}")
+        raise InterpError(
+            f"heatmap of shape {tuple(z.shape)} needs {z.shape[0]} row and {z.shape[1]} column labels, "
+            f"got {len(y_labels)} and {len(x_labels)}"
+        )
     kw = dict(z=z.tolist(), x=list(x_labels), y=list(y_labels), colorscale=colorscale, hoverongaps=False)
     if zmid is not None and zmin is None and zmax is None:
         kw["zmid"] = zmid
@@ -193,17 +234,27 @@ def heatmap(matrix: Float[Tensor, "rows cols"], x_labels: Sequence[str], y_label
         kw["text"] = [[format(v, text_fmt) for v in row] for row in z.tolist()]
         kw["texttemplate"] = "%{text}"
     fig = go.Figure(go.Heatmap(**kw))
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, yaxis_autorange="reversed",
-                      width=max(420, 28 * len(x_labels) + 200, int(7.5 * len(title)) + 120),
-                      height=max(360, 24 * len(y_labels) + 160),
-                      template="plotly_white")
+    fig.update_layout(
+        title=title,
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        yaxis_autorange="reversed",
+        width=max(420, 28 * len(x_labels) + 200, int(7.5 * len(title)) + 120),
+        height=max(360, 24 * len(y_labels) + 160),
+        template="plotly_white",
+    )
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
     return fig
 
 
-def render_table(rows: Any, columns: Sequence[str] | None = None, caption: str = "",
-                 formats: Mapping[str, str] | None = None, float_format: str = ".4g") -> str:
+def render_table(
+    rows: Any,
+    columns: Sequence[str] | None = None,
+    caption: str = "",
+    formats: Mapping[str, str] | None = None,
+    float_format: str = ".4g",
+) -> str:
     """The HTML of a table of dict rows (cells escaped, numbers right-aligned; ``formats`` per column,
     ``float_format`` for other non-integer numbers)."""
     if isinstance(rows, Mapping) or not all(isinstance(r, Mapping) for r in rows):

@@ -14,8 +14,18 @@ if TYPE_CHECKING:
     from interp.checkpoint import Checkpoint
     from interp.task import Task
 
-__all__ = ["CHECKPOINT_ALIASES", "CHECKPOINT_DIR", "TASKS", "checkpoint_file", "get_task", "load", "load_checkpoint",
-           "read_metadata", "shipped_checkpoints", "task_names"]
+__all__ = [
+    "CHECKPOINT_ALIASES",
+    "CHECKPOINT_DIR",
+    "TASKS",
+    "checkpoint_file",
+    "get_task",
+    "load",
+    "load_checkpoint",
+    "read_metadata",
+    "shipped_checkpoints",
+    "task_names",
+]
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 
@@ -77,12 +87,14 @@ def checkpoint_file(path_or_name) -> Path:
     if p.exists():
         raise CheckpointError(f"checkpoint {p} is not a regular file")
     names = ", ".join(shipped) or "none"
-    raise CheckpointError(f"no checkpoint file {str(path_or_name)!r}, and no shipped checkpoint of that name "
-                          f"(shipped: {names})")
+    raise CheckpointError(
+        f"no checkpoint file {str(path_or_name)!r}, and no shipped checkpoint of that name (shipped: {names})"
+    )
 
 
-def load_checkpoint(path_or_name, device: str | None = None, expect_task: str | None = None,
-                    task_params: dict[str, Any] | None = None) -> Checkpoint:
+def load_checkpoint(
+    path_or_name, device: str | None = None, expect_task: str | None = None, task_params: dict[str, Any] | None = None
+) -> Checkpoint:
     """Load a checkpoint by path or shipped name onto ``device`` (default: CUDA if present, else CPU), its task
     built from this registry (:func:`interp.checkpoint.read_checkpoint` does the reading and the checks).
 
@@ -90,8 +102,9 @@ def load_checkpoint(path_or_name, device: str | None = None, expect_task: str | 
     generalisation); a model without positional embedding then takes the longer sequences."""
     from interp.checkpoint import read_checkpoint
 
-    return read_checkpoint(checkpoint_file(path_or_name), get_task, device=device, expect_task=expect_task,
-                           task_params=task_params)
+    return read_checkpoint(
+        checkpoint_file(path_or_name), get_task, device=device, expect_task=expect_task, task_params=task_params
+    )
 
 
 def load(path_or_name, device: str | None = None) -> tuple[HookedTransformer, Task]:

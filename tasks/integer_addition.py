@@ -1,4 +1,5 @@
-"""Integer addition (Ibrahimli 2024, Compositional Generalization in Transformers; Fraknói 2024, §4, Quirke & Barez): ``a + b = c`` on digit tokens.
+"""Integer addition (Ibrahimli 2024, Compositional Generalization in Transformers; Fraknói 2024, §4, Quirke & Barez):
+``a + b = c`` on digit tokens.
 
 A sentence is ``[BOS] a + b = c [EOS]``. Both operands of one sentence have the same digit count ``n`` (drawn
 per sentence from a range), written with leading zeros, so digit ``i`` of ``a`` and of ``b`` have the same place
@@ -58,7 +59,11 @@ def complexity_name(code: int) -> str:
 def _range(value, what: str) -> tuple[int, int]:
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value, value)
-    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    ok = (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    )
     if not ok or not 1 <= value[0] <= value[1]:
         raise TaskError(f"{what} must be a digit count or [lo, hi] digit counts with 1 <= lo <= hi, got {value!r}")
     return (int(value[0]), int(value[1]))
@@ -94,8 +99,10 @@ class IntegerAddition:
         if self.max_digits is None:
             object.__setattr__(self, "max_digits", longest + 3)
         elif not isinstance(self.max_digits, int) or self.max_digits < longest:
-            raise TaskError(f"max_digits must be an integer >= the longest operand of any split ({longest}), "
-                            f"got {self.max_digits!r}")
+            raise TaskError(
+                f"max_digits must be an integer >= the longest operand of any split ({longest}), "
+                f"got {self.max_digits!r}"
+            )
         for k in ("reverse_answer", "reverse_operands"):
             if not isinstance(getattr(self, k), bool):
                 raise TaskError(f"{k} must be true or false, got {getattr(self, k)!r}")
@@ -121,9 +128,20 @@ class IntegerAddition:
         """Two layers with MLPs and LayerNorm, learned absolute positions (Quirke's 2-layer models solve 5 digits);
         small enough to train on one CPU thread in about 20 minutes."""
         return dict(
-            n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256, attn_only=False, d_vocab=len(VOCAB),
-            d_vocab_out=VOCAB.n_out, n_ctx=self.n_ctx, positional="standard", output_matrix="learned",
-            attn_bias=True, normalization="LN", digit_tokens=list(DIGIT_TOKENS),
+            n_layers=2,
+            d_model=64,
+            n_heads=4,
+            d_head=16,
+            d_mlp=256,
+            attn_only=False,
+            d_vocab=len(VOCAB),
+            d_vocab_out=VOCAB.n_out,
+            n_ctx=self.n_ctx,
+            positional="standard",
+            output_matrix="learned",
+            attn_bias=True,
+            normalization="LN",
+            digit_tokens=list(DIGIT_TOKENS),
         )
 
     def default_train(self) -> dict[str, Any]:
@@ -148,7 +166,9 @@ class IntegerAddition:
         a, b, n = random_operands(size, self.split_digits(split), enrich, gen)
         return make_sums(a, b, n, reverse_answer=self.reverse_answer, reverse_operands=self.reverse_operands)
 
-    def metrics(self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData) -> dict[str, float]:
+    def metrics(
+        self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData
+    ) -> dict[str, float]:
         """``accuracy``: exact match (every answer digit right; teacher-forced argmax, which equals greedy decoding's
         exact match); ``digit_i``: accuracy of the answer digit of place value ``10**i``; ``eos_accuracy``; ``loss``:
         mean loss on the answer and [EOS] positions."""
@@ -239,7 +259,9 @@ def make_sums(a, b, n=None, *, reverse_answer: bool = True, reverse_operands: bo
         a, b, n = digits_of(a, b, n)
     a, b = torch.as_tensor(a, dtype=torch.long), torch.as_tensor(b, dtype=torch.long)
     if a.ndim != 2 or a.shape != b.shape or a.shape[0] == 0:
-        raise TaskError(f"operand digits must be two [batch, digit] tensors of one shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise TaskError(
+            f"operand digits must be two [batch, digit] tensors of one shape, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     if int(torch.cat([a, b]).min()) < 0 or int(torch.cat([a, b]).max()) > 9:
         raise TaskError("operand digits must lie in 0..9")
     n = torch.full((a.shape[0],), a.shape[1]) if n is None else torch.as_tensor(n, dtype=torch.long)
@@ -256,18 +278,34 @@ def make_sums(a, b, n=None, *, reverse_answer: bool = True, reverse_operands: bo
         ops = [x if reverse_operands else x.flip(1) for x in ops]
         ans = answer[rows, : m + 1]
         ans = ans if reverse_answer else ans.flip(1)
-        col = lambda v: torch.full((len(rows), 1), v, dtype=torch.long)
+
+        def col(v: int, k: int = len(rows)) -> Tensor:
+            return torch.full((k, 1), v, dtype=torch.long)
+
         seq = torch.cat([col(BOS), ops[0], col(PLUS), ops[1], col(EQ), ans, col(EOS)], 1)
         tokens[rows, : seq.shape[1]] = seq
         start = 2 * m + 3  # position of the first answer digit
         targets[rows, start - 1 : start + m + 1] = seq[:, start : start + m + 2]
     start = 2 * n + 3
     return TaskData(
-        task=IntegerAddition.name, tokens=tokens, targets=targets, answer_pos=start - 1, labels=tokens[torch.arange(bsz), start],
-        lengths=seq_len(n), vocab=VOCAB,
-        fields={"a": a, "b": b, "n_digits": n, "answer": answer, "pair_kind": kind, "digit_case": case,
-                "complexity": complexity, "answer_start": start,
-                "reverse_answer": torch.full((bsz,), int(reverse_answer))},
+        task=IntegerAddition.name,
+        tokens=tokens,
+        targets=targets,
+        answer_pos=start - 1,
+        labels=tokens[torch.arange(bsz), start],
+        lengths=seq_len(n),
+        vocab=VOCAB,
+        fields={
+            "a": a,
+            "b": b,
+            "n_digits": n,
+            "answer": answer,
+            "pair_kind": kind,
+            "digit_case": case,
+            "complexity": complexity,
+            "answer_start": start,
+            "reverse_answer": torch.full((bsz,), int(reverse_answer)),
+        },
     )
 
 
@@ -281,7 +319,10 @@ def digits_of(a: list[int], b: list[int], n: list[int] | None = None):
     if any(m < k for m, k in zip(n, need)):
         raise TaskError(f"digit counts {n} are too small for the operands (need {need})")
     w = max(n)
-    to = lambda xs: torch.tensor([[(x // 10 ** i) % 10 for i in range(w)] for x in xs], dtype=torch.long)
+
+    def to(xs: list[int]) -> Tensor:
+        return torch.tensor([[(x // 10**i) % 10 for i in range(w)] for x in xs], dtype=torch.long)
+
     return to(a), to(b), torch.tensor(n)
 
 

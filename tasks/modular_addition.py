@@ -43,9 +43,9 @@ class ModularAddition:
             raise TaskError(f"p must be an integer >= 2, got {self.p!r}")
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 < self.fraction < 1:
             raise TaskError(f"fraction must be a number in (0, 1), got {self.fraction!r}")
-        n_train = int(self.fraction * self.p ** 2)
-        if not 1 <= n_train < self.p ** 2:
-            raise TaskError(f"fraction {self.fraction} of {self.p ** 2} pairs leaves an empty train or test split")
+        n_train = int(self.fraction * self.p**2)
+        if not 1 <= n_train < self.p**2:
+            raise TaskError(f"fraction {self.fraction} of {self.p**2} pairs leaves an empty train or test split")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise TaskError(f"seed must be a non-negative integer, got {self.seed!r}")
         object.__setattr__(self, "fraction", float(self.fraction))
@@ -63,7 +63,7 @@ class ModularAddition:
 
     @property
     def n_train(self) -> int:
-        return int(self.fraction * self.p ** 2)
+        return int(self.fraction * self.p**2)
 
     def params(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,32 +71,56 @@ class ModularAddition:
     def default_spec(self) -> dict[str, Any]:
         """Nanda's grokking model (biases of attention and unembedding frozen at zero; the MLP keeps its biases)."""
         return dict(
-            n_layers=1, d_model=128, n_heads=4, d_head=32, d_mlp=512, attn_only=False, act_fn="relu",
-            d_vocab=self.p + 1, d_vocab_out=self.p, n_ctx=self.n_ctx, positional="standard",
-            output_matrix="learned", attn_bias=False, unembed_bias=False, normalization=None,
+            n_layers=1,
+            d_model=128,
+            n_heads=4,
+            d_head=32,
+            d_mlp=512,
+            attn_only=False,
+            act_fn="relu",
+            d_vocab=self.p + 1,
+            d_vocab_out=self.p,
+            n_ctx=self.n_ctx,
+            positional="standard",
+            output_matrix="learned",
+            attn_bias=False,
+            unembed_bias=False,
+            normalization=None,
         )
 
     def default_train(self) -> dict[str, Any]:
         """Full-batch AdamW as in the paper (the batch holds every training pair)."""
-        return dict(epochs=3000, batch_size=self.n_train, lr=1e-3, weight_decay=1.0, beta1=0.9, beta2=0.98,
-                    dropout=0.0, warmup_steps=10, loss_dtype="float64", keep="last")
+        return dict(
+            epochs=3000,
+            batch_size=self.n_train,
+            lr=1e-3,
+            weight_decay=1.0,
+            beta1=0.9,
+            beta2=0.98,
+            dropout=0.0,
+            warmup_steps=10,
+            loss_dtype="float64",
+            keep="last",
+        )
 
     def split_index(self, split: str) -> Int[Tensor, " n"]:
         """Pair indices ``a * p + b`` of a split (``"all"``: every pair, in order)."""
-        n = self.p ** 2
+        n = self.p**2
         if split == "all":
             return torch.arange(n)
         if split not in self.splits:
             raise TaskError(f"unknown split {split!r} for task {self.name}; expected one of {self.splits} (or 'all')")
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
-        return perm[: self.n_train] if split == "train" else perm[self.n_train:]
+        return perm[: self.n_train] if split == "train" else perm[self.n_train :]
 
     def dataset(self, split: str, seed: int | None = None) -> TaskData:
         """The pairs of ``split`` (``seed`` replaces the task's shuffle seed)."""
         task = self if seed is None or seed == self.seed else ModularAddition(self.p, self.fraction, int(seed))
         return make_pairs(task.split_index(split) // self.p, task.split_index(split) % self.p, self.p)
 
-    def metrics(self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData) -> dict[str, float]:
+    def metrics(
+        self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData
+    ) -> dict[str, float]:
         """``accuracy``: the argmax at ``=`` is ``(a + b) mod p``; ``loss``: mean cross-entropy there."""
         ok = preds[:, EQ_POS] == data.labels
         return {"accuracy": ok.float().mean().item(), "loss": loss[:, EQ_POS].mean().item()}
@@ -124,6 +148,13 @@ def make_pairs(a, b, p: int) -> TaskData:
     targets = torch.full((n, 3), IGNORE, dtype=torch.long)
     targets[:, EQ_POS] = labels
     vocab = Vocab(tokens=tuple(str(i) for i in range(p)) + ("=",), n_out=p)
-    return TaskData(task=ModularAddition.name, tokens=tokens, targets=targets,
-                    answer_pos=torch.full((n,), EQ_POS, dtype=torch.long), labels=labels,
-                    lengths=torch.full((n,), 3, dtype=torch.long), fields={"a": a, "b": b}, vocab=vocab)
+    return TaskData(
+        task=ModularAddition.name,
+        tokens=tokens,
+        targets=targets,
+        answer_pos=torch.full((n,), EQ_POS, dtype=torch.long),
+        labels=labels,
+        lengths=torch.full((n,), 3, dtype=torch.long),
+        fields={"a": a, "b": b},
+        vocab=vocab,
+    )

@@ -71,8 +71,15 @@ class NoisyMajority:
         """Fraknói 2024 (§5.2): 1 layer, attention only, no positional embedding, no output matrix (the spec takes
         the identity W_O where the heads fill the residual stream, a learned one otherwise)."""
         return dict(
-            n_layers=1, d_model=32, n_heads=16, d_head=2, d_vocab=len(VOCAB), d_vocab_out=VOCAB.n_out,
-            n_ctx=self.n_ctx, positional="none", attn_bias=False,
+            n_layers=1,
+            d_model=32,
+            n_heads=16,
+            d_head=2,
+            d_vocab=len(VOCAB),
+            d_vocab_out=VOCAB.n_out,
+            n_ctx=self.n_ctx,
+            positional="none",
+            attn_bias=False,
         )
 
     def default_train(self) -> dict[str, Any]:
@@ -91,7 +98,9 @@ class NoisyMajority:
         digits = torch.randint(0, 3, (size, hi), generator=gen)
         return make_sentences([digits[i, : n[i]] for i in range(size)])
 
-    def metrics(self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData) -> dict[str, float]:
+    def metrics(
+        self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData
+    ) -> dict[str, float]:
         """``accuracy``: the 4/5 prediction at '=' (argmax over all output tokens) is right;
         ``eos_accuracy``: [EOS] is predicted after the answer; ``loss``: mean loss on both positions."""
         rows = torch.arange(len(data), device=preds.device)
@@ -125,7 +134,9 @@ def make_sentences(digit_seqs: list[Tensor] | list[list[int]]) -> TaskData:
     t = int(n.max()) + 4
     tokens = torch.full((b, t), PAD, dtype=torch.long)
     targets = torch.full((b, t), IGNORE, dtype=torch.long)
-    counts = torch.stack([torch.bincount(d, minlength=3) if d.numel() else torch.zeros(3, dtype=torch.long) for d in seqs])
+    counts = torch.stack(
+        [torch.bincount(d, minlength=3) if d.numel() else torch.zeros(3, dtype=torch.long) for d in seqs]
+    )
     labels = torch.where(counts[:, 0] >= counts[:, 1], FOUR, FIVE)
     rows = torch.arange(b)
     tokens[:, 0] = BOS
@@ -138,6 +149,12 @@ def make_sentences(digit_seqs: list[Tensor] | list[list[int]]) -> TaskData:
     targets[rows, eq] = labels
     targets[rows, eq + 1] = EOS
     return TaskData(
-        task=NoisyMajority.name, tokens=tokens, targets=targets, answer_pos=eq, labels=labels, lengths=n + 4,
-        fields={"n0": counts[:, 0], "n1": counts[:, 1], "n2": counts[:, 2], "n_digits": n}, vocab=VOCAB,
+        task=NoisyMajority.name,
+        tokens=tokens,
+        targets=targets,
+        answer_pos=eq,
+        labels=labels,
+        lengths=n + 4,
+        fields={"n0": counts[:, 0], "n1": counts[:, 1], "n2": counts[:, 2], "n_digits": n},
+        vocab=VOCAB,
     )

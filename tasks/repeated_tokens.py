@@ -1,4 +1,5 @@
-"""Repeated random tokens (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*): ``[BOS] R R (R ...)``, the task that grows induction heads.
+"""Repeated random tokens (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*): ``[BOS] R
+R (R ...)``, the task that grows induction heads.
 
 ``R`` is a sequence of ``n`` symbols drawn uniformly (with replacement, so a symbol may repeat inside
 ``R``) from ``n_symbols`` symbols; ``n`` is drawn per sequence from ``repeat_lengths`` and ``R`` is
@@ -65,8 +66,9 @@ class RepeatedTokens:
 
     @property
     def vocab(self) -> Vocab:
-        return Vocab(tokens=tuple(str(i) for i in range(self.n_symbols)) + ("[BOS]",), bos=self.n_symbols,
-                     n_out=self.n_symbols)
+        return Vocab(
+            tokens=tuple(str(i) for i in range(self.n_symbols)) + ("[BOS]",), bos=self.n_symbols, n_out=self.n_symbols
+        )
 
     @property
     def bos(self) -> int:
@@ -88,9 +90,18 @@ class RepeatedTokens:
         Two heads, not four: with four, layer 0 grew two redundant previous-token heads, so ablating either
         one left the induction heads half working (measured 0.84 -> 0.35 at best)."""
         return dict(
-            n_layers=2, d_model=64, n_heads=2, d_head=16, d_vocab=self.n_symbols + 1, d_vocab_out=self.n_symbols,
-            n_ctx=self.n_ctx, positional="standard", output_matrix="learned", attn_bias=False,
-            unembed_bias=False, normalization=None,
+            n_layers=2,
+            d_model=64,
+            n_heads=2,
+            d_head=16,
+            d_vocab=self.n_symbols + 1,
+            d_vocab_out=self.n_symbols,
+            n_ctx=self.n_ctx,
+            positional="standard",
+            output_matrix="learned",
+            attn_bias=False,
+            unembed_bias=False,
+            normalization=None,
         )
 
     def default_train(self) -> dict[str, Any]:
@@ -117,20 +128,33 @@ class RepeatedTokens:
         if symbols.ndim != 2:
             raise TaskError(f"symbols must have shape [batch, max_n], got {tuple(symbols.shape)}")
         b = symbols.shape[0]
-        n = torch.as_tensor(n, dtype=torch.long).expand(b).clone() if torch.as_tensor(n).ndim == 0 else torch.as_tensor(n, dtype=torch.long)
+        n = (
+            torch.as_tensor(n, dtype=torch.long).expand(b).clone()
+            if torch.as_tensor(n).ndim == 0
+            else torch.as_tensor(n, dtype=torch.long)
+        )
         if n.shape != (b,) or int(n.min()) < 1 or int(n.max()) > symbols.shape[1] or 2 * int(n.max()) > self.seq_len:
-            raise TaskError(f"each len(R) must lie in [1, min({symbols.shape[1]}, {self.seq_len // 2})], got {n.tolist()[:10]}")
+            raise TaskError(
+                f"each len(R) must lie in [1, min({symbols.shape[1]}, {self.seq_len // 2})], got {n.tolist()[:10]}"
+            )
         if symbols.numel() and (int(symbols.min()) < 0 or int(symbols.max()) >= self.n_symbols):
-            raise TaskError(f"symbols must lie in [0, {self.n_symbols - 1}], got min {int(symbols.min())} max {int(symbols.max())}")
+            raise TaskError(
+                f"symbols must lie in [0, {self.n_symbols - 1}], got min {int(symbols.min())} max {int(symbols.max())}"
+            )
         j = torch.arange(self.seq_len)
         body = symbols.gather(1, j[None, :] % n[:, None])  # R repeated cyclically
         tokens = torch.cat([torch.full((b, 1), self.bos, dtype=torch.long), body], dim=1)
         targets = torch.cat([tokens[:, 1:], torch.full((b, 1), IGNORE, dtype=torch.long)], dim=1)
         last = self.seq_len - 1
         return TaskData(
-            task=self.name, tokens=tokens, targets=targets, answer_pos=torch.full((b,), last, dtype=torch.long),
-            labels=tokens[:, -1].clone(), lengths=torch.full((b,), self.seq_len + 1, dtype=torch.long),
-            fields={"repeat_len": n}, vocab=self.vocab,
+            task=self.name,
+            tokens=tokens,
+            targets=targets,
+            answer_pos=torch.full((b,), last, dtype=torch.long),
+            labels=tokens[:, -1].clone(),
+            lengths=torch.full((b,), self.seq_len + 1, dtype=torch.long),
+            fields={"repeat_len": n},
+            vocab=self.vocab,
         )
 
     def repeat_mask(self, data: TaskData) -> Tensor:
@@ -138,7 +162,9 @@ class RepeatedTokens:
         pos = torch.arange(data.tokens.shape[1], device=data.device)
         return (pos[None, :] > data.fields["repeat_len"][:, None]) & (data.targets != IGNORE)
 
-    def metrics(self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData) -> dict[str, float]:
+    def metrics(
+        self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData
+    ) -> dict[str, float]:
         """``accuracy``/``loss`` on the repeat positions, ``first_accuracy``/``first_loss`` on the first
         occurrences, ``answer_accuracy`` at ``answer_pos``, ``all_loss`` over every target."""
         has = data.targets != IGNORE

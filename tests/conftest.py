@@ -30,8 +30,15 @@ def tiny_task():
     """A small noisy-majority task for training tests (512 train sentences of up to 20 digits)."""
     from tasks import get_task
 
-    return get_task("noisy-majority", train_size=512, val_size=128, test_size=128, train_lengths=[0, 20],
-                    val_lengths=[21, 30], test_lengths=[31, 40])
+    return get_task(
+        "noisy-majority",
+        train_size=512,
+        val_size=128,
+        test_size=128,
+        train_lengths=[0, 20],
+        val_lengths=[21, 30],
+        test_lengths=[31, 40],
+    )
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,15 @@ from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.evaluation import evaluate
 from interp.heads import head_mask
 
-SUBSETS = [[], ["L0H1"], ["L0H3"], ["L0H8", "L0H9"], ["L0H0", "L0H5"], ["L0H1", "L0H7", "L0H12"],
-           [f"L0H{h}" for h in range(16)]]
+SUBSETS = [
+    [],
+    ["L0H1"],
+    ["L0H3"],
+    ["L0H8", "L0H9"],
+    ["L0H0", "L0H5"],
+    ["L0H1", "L0H7", "L0H12"],
+    [f"L0H{h}" for h in range(16)],
+]
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +80,12 @@ def test_batched_paths_equal_slow_loop(nm_ckpt, small_test, ablation):
     model = nm_ckpt.model
     subsets = SUBSETS if ablation == "zero" else SUBSETS[1:4]
     kw = dict(ablation=ablation, reference=small_test)
-    cached = subset_answer_logits(model, small_test, [tuple((0, int(h[3:])) for h in s) for s in subsets], method="fast", **kw)
-    hooked = subset_answer_logits(model, small_test, [tuple((0, int(h[3:])) for h in s) for s in subsets], method="hooks", **kw)
+    cached = subset_answer_logits(
+        model, small_test, [tuple((0, int(h[3:])) for h in s) for s in subsets], method="fast", **kw
+    )
+    hooked = subset_answer_logits(
+        model, small_test, [tuple((0, int(h[3:])) for h in s) for s in subsets], method="hooks", **kw
+    )
     assert torch.allclose(cached, hooked, atol=1e-4)
     slow = learned_accuracy_loop(model, small_test, subsets, **kw)
     for method in ("fast", "hooks"):
@@ -86,8 +97,19 @@ def test_hook_path_on_two_layer_model_equals_per_subset_runs(nm_task):
     run_with_hooks per subset written here; the cached shortcut is refused."""
     from interp.model import ModelSpec, build_model
 
-    spec = ModelSpec(d_vocab=9, d_vocab_out=8, n_ctx=nm_task.n_ctx, n_layers=2, d_model=16, n_heads=4, d_head=4,
-                     positional="standard", output_matrix="learned", normalization="LN", init_seed=3)
+    spec = ModelSpec(
+        d_vocab=9,
+        d_vocab_out=8,
+        n_ctx=nm_task.n_ctx,
+        n_layers=2,
+        d_model=16,
+        n_heads=4,
+        d_head=4,
+        positional="standard",
+        output_matrix="learned",
+        normalization="LN",
+        init_seed=3,
+    )
     model = build_model(spec, device="cpu")
     data = nm_task.dataset("train").select(slice(0, 12))
     subsets = [(), ((0, 1),), ((0, 0), (1, 2)), ((1, 3),), tuple((l, h) for l in range(2) for h in range(4))]

@@ -1,6 +1,6 @@
-"""w01 / w02 (analyses.noisy_majority.attention_ratios): analytic values of the minimal transformer, measured == exact on the
-shipped model, exact == TransformerLens' FactoredMatrix QK circuit, measured == a plain average of the cached
-attention pattern, and refusals where the exact formula does not hold."""
+"""w01 / w02 (analyses.noisy_majority.attention_ratios): analytic values of the minimal transformer, measured ==
+exact on the shipped model, exact == TransformerLens' FactoredMatrix QK circuit, measured == a plain average of the
+cached attention pattern, and refusals where the exact formula does not hold."""
 
 from __future__ import annotations
 
@@ -82,7 +82,9 @@ def test_handbuilt_heads_ratios(small_task_data):
     w01, w02 = exact_attention_ratios(model)
     assert w01[0, 0].item() == 1.0 and math.isinf(w02[0, 0].item())
     assert math.isinf(w01[0, 1].item()) and math.isinf(w02[0, 1].item())
-    assert w01[0, 2].item() == pytest.approx(math.e, rel=1e-6) and w02[0, 2].item() == pytest.approx(math.exp(3), rel=1e-6)
+    assert w01[0, 2].item() == pytest.approx(math.e, rel=1e-6) and w02[0, 2].item() == pytest.approx(
+        math.exp(3), rel=1e-6
+    )
     res = measured_attention_ratios(model, small_task_data)
     assert res.w01[0, 0].item() == pytest.approx(1.0, abs=1e-6) and res.w02[0, 0].item() > 1e30
     assert res.w01[0, 2].item() == pytest.approx(math.e, rel=1e-5)

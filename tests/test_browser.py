@@ -107,11 +107,14 @@ def test_report_renders_offline_in_chromium(name, browser, shipped_report):
     page.goto(path.resolve().as_uri(), wait_until="load")
 
     if n_figures:
-        page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}", timeout=30_000)
+        page.wait_for_function(
+            f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}", timeout=30_000
+        )
     page.mouse.move(200, 200)
     page.mouse.move(700, 600)  # headless circuitsvis draws the head thumbnails after the mouse moves
     page.wait_for_function(
-        "[...document.querySelectorAll('.cv-view')].every(v => v.querySelectorAll('canvas').length > 0)", timeout=30_000)
+        "[...document.querySelectorAll('.cv-view')].every(v => v.querySelectorAll('canvas').length > 0)", timeout=30_000
+    )
 
     plots = page.query_selector_all(".js-plotly-plot")
     assert len(plots) == n_figures

@@ -81,7 +81,7 @@ def test_truncated_file(tmp_path, saved):
     for cut in (4, 100, len(data) - 50):
         bad = tmp_path / f"cut{cut}.safetensors"
         bad.write_bytes(data[:cut])
-        with pytest.raises(CheckpointError, match="truncated|not a valid"):
+        with pytest.raises(CheckpointError, match=r"truncated|not a valid"):
             load_checkpoint(bad)
 
 
@@ -98,7 +98,7 @@ def test_pickle_is_refused_without_unpickling(tmp_path, saved):
 def test_other_formats_are_refused(tmp_path):
     js = tmp_path / "x.json"
     js.write_text(json.dumps({"hello": "world"}))
-    with pytest.raises(CheckpointError, match="not a valid .safetensors"):
+    with pytest.raises(CheckpointError, match=r"not a valid \.safetensors"):
         load_checkpoint(js)
     empty = tmp_path / "empty.safetensors"
     empty.write_bytes(b"")
@@ -133,7 +133,7 @@ def test_metadata_that_does_not_match_the_weights(tmp_path, saved):
     del tensors["unembed.b_U"]
     missing = tmp_path / "missing.safetensors"
     _rewrite(path, missing, tensors=tensors)
-    with pytest.raises(CheckpointError, match="missing \\['unembed.b_U'\\]"):
+    with pytest.raises(CheckpointError, match=r"missing \['unembed\.b_U'\]"):
         load_checkpoint(missing)
     badjson = tmp_path / "badjson.safetensors"
     _rewrite(path, badjson, task="{not json")
@@ -152,7 +152,7 @@ def test_metadata_that_does_not_match_the_weights(tmp_path, saved):
 def test_huge_header_length_is_reported_as_corrupt(tmp_path):
     bad = tmp_path / "huge.safetensors"
     bad.write_bytes(struct.pack("<Q", 10**12) + b"{}")
-    with pytest.raises(CheckpointError, match="not a valid .safetensors"):
+    with pytest.raises(CheckpointError, match=r"not a valid \.safetensors"):
         load_checkpoint(bad)
 
 
@@ -161,7 +161,7 @@ def _tensor_span(path, name):
     """(start, end) byte offsets of tensor ``name``'s data in a safetensors file."""
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     a, b = header[name]["data_offsets"]
     return 8 + n + a, 8 + n + b
 
@@ -183,12 +183,15 @@ def test_flipped_bytes_in_the_weights_fail_the_checksum(tmp_path, saved, capsys)
     assert err.startswith("interp: error: ") and err.count("\n") == 1 and "checksum" in err
 
 
-@pytest.mark.parametrize("name, value, expected", [
-    ("pos_embed.W_pos", 0.5, "pos_embed.W_pos is fixed by the model spec \\(zero: no positional embedding\\)"),
-    ("blocks.0.attn.W_O", 0.0, "blocks.0.attn.W_O is fixed by the model spec \\(the identity"),
-    ("blocks.0.attn.b_Q", 1.0, "blocks.0.attn.b_Q is fixed by the model spec \\(zero: no bias\\)"),
-    ("embed.W_E", float("nan"), "tensor embed.W_E holds NaN or infinite values"),
-])
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("pos_embed.W_pos", 0.5, "pos_embed.W_pos is fixed by the model spec \\(zero: no positional embedding\\)"),
+        ("blocks.0.attn.W_O", 0.0, "blocks.0.attn.W_O is fixed by the model spec \\(the identity"),
+        ("blocks.0.attn.b_Q", 1.0, "blocks.0.attn.b_Q is fixed by the model spec \\(zero: no bias\\)"),
+        ("embed.W_E", float("nan"), "tensor embed.W_E holds NaN or infinite values"),
+    ],
+)
 def test_fixed_and_non_finite_weights_are_named(tmp_path, saved, name, value, expected):
     """Without a checksum (older files, or one rewritten along with the weights) the spec's fixed parameters and
     finiteness are still checked, each failure naming the tensor."""
@@ -252,9 +255,14 @@ def test_shipped_checkpoints_open_in_plain_transformer_lens(name, tmp_path):
     (tmp_path / "t.json").write_text(json.dumps(tokens.tolist()))
     script = tmp_path / "plain.py"
     script.write_text(PLAIN_TL)
-    proc = subprocess.run([sys.executable, str(script), str(ckpt.path), str(tmp_path / "t.json"), str(tmp_path / "l.pt")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    proc = subprocess.run(
+        [sys.executable, str(script), str(ckpt.path), str(tmp_path / "t.json"), str(tmp_path / "l.pt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "imported: []" in proc.stdout
     with torch.no_grad():

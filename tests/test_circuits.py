@@ -23,8 +23,20 @@ ATOL = 1e-4
 
 
 def make(n_layers=2, positional="standard", normalization=None, seed=0, **kw):
-    spec = dict(d_vocab=9, d_vocab_out=8, n_ctx=10, n_layers=n_layers, d_model=12, n_heads=3, d_head=4,
-                positional=positional, output_matrix="learned", attn_bias=True, normalization=normalization, init_seed=seed)
+    spec = dict(
+        d_vocab=9,
+        d_vocab_out=8,
+        n_ctx=10,
+        n_layers=n_layers,
+        d_model=12,
+        n_heads=3,
+        d_head=4,
+        positional=positional,
+        output_matrix="learned",
+        attn_bias=True,
+        normalization=normalization,
+        init_seed=seed,
+    )
     m = build_model(ModelSpec(**{**spec, **kw}), device="cpu")
     with torch.no_grad():  # nonzero biases, so the decomposition's bias term is exercised
         for name, p in m.named_parameters():
@@ -45,12 +57,18 @@ def test_circuits_equal_dense_products(model):
             qk = model.W_Q[l, h] @ model.W_K[l, h].T
             ov = model.W_V[l, h] @ model.W_O[l, h]
             torch.testing.assert_close(full_qk_circuit(model, (l, h)).dense(), W_E @ qk @ W_E.T, atol=ATOL, rtol=1e-4)
-            torch.testing.assert_close(full_ov_circuit(model, f"L{l}H{h}").dense(), W_E @ ov @ W_U, atol=ATOL, rtol=1e-4)
-            torch.testing.assert_close(positional_qk_circuit(model, (l, h)).dense(), W_pos @ qk @ W_pos.T, atol=ATOL, rtol=1e-4)
+            torch.testing.assert_close(
+                full_ov_circuit(model, f"L{l}H{h}").dense(), W_E @ ov @ W_U, atol=ATOL, rtol=1e-4
+            )
+            torch.testing.assert_close(
+                positional_qk_circuit(model, (l, h)).dense(), W_pos @ qk @ W_pos.T, atol=ATOL, rtol=1e-4
+            )
     torch.testing.assert_close(positional_qk_circuit(model, (0, 1), n_pos=4).dense().shape, torch.Size([4, 4]))
     ov0 = model.W_V[0, 2] @ model.W_O[0, 2]
     qk1 = model.W_Q[1, 1] @ model.W_K[1, 1].T
-    torch.testing.assert_close(k_composition_circuit(model, "L0H2", "L1H1").dense(), W_E @ qk1 @ ov0.T @ W_E.T, atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(
+        k_composition_circuit(model, "L0H2", "L1H1").dense(), W_E @ qk1 @ ov0.T @ W_E.T, atol=ATOL, rtol=1e-4
+    )
     torch.testing.assert_close(bigram_table(model).dense(), W_E @ W_U, atol=ATOL, rtol=1e-4)
 
 

@@ -10,24 +10,61 @@ import pytest
 from interp.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--set", "train_size=256", "--set", "val_size=64", "--set", "test_size=64",
-        "--set", "train_lengths=[0,20]", "--set", "val_lengths=[21,30]", "--set", "test_lengths=[31,40]"]
+TINY = [
+    "--set",
+    "train_size=256",
+    "--set",
+    "val_size=64",
+    "--set",
+    "test_size=64",
+    "--set",
+    "train_lengths=[0,20]",
+    "--set",
+    "val_lengths=[21,30]",
+    "--set",
+    "test_lengths=[31,40]",
+]
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "interp.app", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "interp.app", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_help_does_not_import_torch():
-    code = "import sys, interp.app.cli as c\ntry:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, 'transformer_lens' in sys.modules)"
+    code = (
+        "import sys, interp.app.cli as c\ntry:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'transformer_lens' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "train" in out.stdout and out.stdout.strip().endswith("False False")
 
 
 def test_train_then_eval_json_end_to_end(tmp_path, capsys):
     out = tmp_path / "m.safetensors"
-    rc = main(["train", "noisy-majority", *TINY, "--d-model", "8", "--n-heads", "4", "--d-head", "2",
-               "--epochs", "2", "--seed", "3", "--out", str(out), "--quiet", "--device", "cpu"])
+    rc = main(
+        [
+            "train",
+            "noisy-majority",
+            *TINY,
+            "--d-model",
+            "8",
+            "--n-heads",
+            "4",
+            "--d-head",
+            "2",
+            "--epochs",
+            "2",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+            "--quiet",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0 and out.is_file()
     assert f"wrote {out}" in capsys.readouterr().out
     proc = run_cli("eval", str(out), "--json")  # a real process: stdout must be exactly one JSON object
@@ -46,8 +83,33 @@ def test_train_then_eval_json_end_to_end(tmp_path, capsys):
 
 def test_train_options_reach_the_model_spec(tmp_path):
     out = tmp_path / "short.safetensors"
-    assert main(["train", "noisy-majority", *TINY, "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--n-layers", "2",
-                 "--positional", "shortformer", "--epochs", "1", "--out", str(out), "--quiet", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "noisy-majority",
+                *TINY,
+                "--d-model",
+                "8",
+                "--n-heads",
+                "4",
+                "--d-head",
+                "2",
+                "--n-layers",
+                "2",
+                "--positional",
+                "shortformer",
+                "--epochs",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     from tasks import load_checkpoint
 
     model = load_checkpoint(out).model
@@ -66,18 +128,35 @@ def test_list(capsys):
     assert "noisy-majority" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "sorting"], "unknown task 'sorting'"),
-    (["train", "noisy-majority", "--epochs", "-3"], "expected a positive integer"),
-    (["train", "noisy-majority", "--dropout", "1.5"], "expected a number in [0, 1)"),
-    (["train", "noisy-majority", "--set", "nonsense"], "--set expects KEY=VALUE"),
-    (["train", "noisy-majority", "--d-model", "30", "--n-heads", "16", "--d-head", "2", "--output-matrix", "identity"], "n_heads * d_head == d_model"),
-    (["train", "noisy-majority", "--device", "tpu"], "unknown device 'tpu'"),
-    (["train", "noisy-majority", "--out", "/nonexistent-dir/x.safetensors"], "does not exist"),
-    (["eval", "/no/such/file.safetensors"], "no checkpoint file"),
-    (["analyze", "/no/such/file.safetensors"], "no checkpoint file"),
-    (["frobnicate"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "sorting"], "unknown task 'sorting'"),
+        (["train", "noisy-majority", "--epochs", "-3"], "expected a positive integer"),
+        (["train", "noisy-majority", "--dropout", "1.5"], "expected a number in [0, 1)"),
+        (["train", "noisy-majority", "--set", "nonsense"], "--set expects KEY=VALUE"),
+        (
+            [
+                "train",
+                "noisy-majority",
+                "--d-model",
+                "30",
+                "--n-heads",
+                "16",
+                "--d-head",
+                "2",
+                "--output-matrix",
+                "identity",
+            ],
+            "n_heads * d_head == d_model",
+        ),
+        (["train", "noisy-majority", "--device", "tpu"], "unknown device 'tpu'"),
+        (["train", "noisy-majority", "--out", "/nonexistent-dir/x.safetensors"], "does not exist"),
+        (["eval", "/no/such/file.safetensors"], "no checkpoint file"),
+        (["analyze", "/no/such/file.safetensors"], "no checkpoint file"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_bad_input_gives_one_line_and_nonzero_exit(args, message, capsys):
     try:
         rc = main(args)

@@ -15,8 +15,20 @@ from interp.model import ModelSpec, build_model
 
 
 def random_model(n_layers=3, d_model=24, n_heads=3, d_head=5, seed=0):
-    return build_model(ModelSpec(d_vocab=11, n_ctx=8, n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_head,
-                                 positional="standard", output_matrix="learned", init_seed=seed), device="cpu")
+    return build_model(
+        ModelSpec(
+            d_vocab=11,
+            n_ctx=8,
+            n_layers=n_layers,
+            d_model=d_model,
+            n_heads=n_heads,
+            d_head=d_head,
+            positional="standard",
+            output_matrix="learned",
+            init_seed=seed,
+        ),
+        device="cpu",
+    )
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,9 @@ from interp.model import ModelSpec, build_model
 from interp.training import TrainConfig, batch_loss, dropout_hooks, resume_path, train
 from tasks import get_task, load_checkpoint
 
-TINY = dict(train_size=512, val_size=128, test_size=128, train_lengths=[0, 20], val_lengths=[21, 30], test_lengths=[31, 40])
+TINY = dict(
+    train_size=512, val_size=128, test_size=128, train_lengths=[0, 20], val_lengths=[21, 30], test_lengths=[31, 40]
+)
 HEADS = [(0, h) for h in range(4)]
 
 
@@ -37,7 +39,9 @@ def spec(task):
 
 
 def _cfg(**kw):
-    return TrainConfig(**{"epochs": 30, "batch_size": 64, "lr": 1e-2, "warmup_steps": 10, "seed": 0, "halving": "svc", **kw})
+    return TrainConfig(
+        **{"epochs": 30, "batch_size": 64, "lr": 1e-2, "warmup_steps": 10, "seed": 0, "halving": "svc", **kw}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +66,19 @@ def _z_at_answer(model, data):
 
 # -- the mask -------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n_layers", [1, 2])
 def test_masked_heads_output_exactly_zero_and_get_no_gradient(task, n_layers):
-    spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2, "n_layers": n_layers,
-                        "output_matrix": "learned"})
+    spec = ModelSpec(
+        **{
+            **task.default_spec(),
+            "d_model": 8,
+            "n_heads": 4,
+            "d_head": 2,
+            "n_layers": n_layers,
+            "output_matrix": "learned",
+        }
+    )
     torch.manual_seed(0)
     model = build_model(spec, device="cpu")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
@@ -106,6 +119,7 @@ def test_keep_best_takes_the_highest_scores_ties_to_the_lower_head():
 
 # -- a run ------------------------------------------------------------------------------------------------------------
 
+
 def test_a_4_head_d8_run_halves_twice_and_keeps_a_one_head_state(svc_run):
     out, prov = svc_run
     h = prov["halving"]
@@ -126,7 +140,9 @@ def test_a_4_head_d8_run_halves_twice_and_keeps_a_one_head_state(svc_run):
     assert prov["history"][prov["kept_epoch"] - 1]["val_accuracy"] == best == prov["accuracy"]["val"]
     assert h["score"] == prov["accuracy"]["test"]
     meta = load_checkpoint(out, device="cpu").training["halving"]
-    assert meta["mask"] == [[1.0 if f"L0H{i}" in h["active"] else 0.0 for i in range(4)]] and meta["steps"] == h["steps"]
+    assert (
+        meta["mask"] == [[1.0 if f"L0H{i}" in h["active"] else 0.0 for i in range(4)]] and meta["steps"] == h["steps"]
+    )
 
 
 def test_the_checkpoint_computes_the_masked_model_in_plain_transformer_lens(svc_run, task):
@@ -145,7 +161,10 @@ def test_the_checkpoint_computes_the_masked_model_in_plain_transformer_lens(svc_
     for name in ("W_Q", "W_K", "W_V"):
         assert torch.equal(w[f"blocks.0.attn.{name}"][masked], torch.zeros_like(w[f"blocks.0.attn.{name}"][masked]))
     z = _z_at_answer(plain, data)
-    assert torch.equal(z[:, masked], torch.zeros_like(z[:, masked])) and z[:, [i for i in range(4) if i not in masked]].abs().max() > 0
+    assert (
+        torch.equal(z[:, masked], torch.zeros_like(z[:, masked]))
+        and z[:, [i for i in range(4) if i not in masked]].abs().max() > 0
+    )
     # the one head left does the model's work: zeroing it leaves the direct path alone
     acc = (plain(data.tokens)[torch.arange(len(data)), data.answer_pos].argmax(-1) == data.labels).float().mean()
     assert float(acc) == prov["accuracy"]["test"]
@@ -172,8 +191,14 @@ def test_resume_mid_halving_equals_the_uninterrupted_run(tmp_path, svc_run, task
 
 
 def test_a_run_left_with_more_than_one_head_fails_and_scores_zero(tmp_path, task, spec):
-    prov = train(task, spec, _cfg(epochs=3, halving="random", halving_threshold=1.0), tmp_path / "f.safetensors",
-                 device="cpu", progress=False)
+    prov = train(
+        task,
+        spec,
+        _cfg(epochs=3, halving="random", halving_threshold=1.0),
+        tmp_path / "f.safetensors",
+        device="cpu",
+        progress=False,
+    )
     h = prov["halving"]
     assert not h["success"] and h["score"] == 0.0 and len(h["active"]) == 4 and h["steps"] == []
     assert prov["kept"] == "last" and prov["kept_epoch"] == 3
@@ -189,8 +214,9 @@ def test_patience_counts_only_once_one_head_is_left(tmp_path, task, spec, svc_ru
 
 def test_halving_across_two_layers(tmp_path, task):
     """A 2-layer model (trained through TransformerLens' forward and hooks): heads of both layers compete."""
-    spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 2, "d_head": 2, "n_layers": 2,
-                        "output_matrix": "learned"})
+    spec = ModelSpec(
+        **{**task.default_spec(), "d_model": 8, "n_heads": 2, "d_head": 2, "n_layers": 2, "output_matrix": "learned"}
+    )
     out = tmp_path / "l2.safetensors"
     prov = train_halving(task, spec, _cfg(epochs=6, halving_threshold=0.5), out, device="cpu", progress=False)
     h = prov["halving"]
@@ -199,7 +225,7 @@ def test_halving_across_two_layers(tmp_path, task):
     model = load_checkpoint(out, device="cpu").model
     data = task.dataset("val")
     _, cache = model.run_with_cache(data.tokens)
-    (kl, kh), = [(int(n[1]), int(n[3])) for n in h["active"]]
+    ((kl, kh),) = [(int(n[1]), int(n[3])) for n in h["active"]]
     for l in range(2):
         for hd in range(2):
             z = cache[f"blocks.{l}.attn.hook_z"][..., hd, :]
@@ -219,6 +245,7 @@ def test_mask_all_but_one_masks_a_minus_1_heads_from_the_start(tmp_path, task, s
 
 
 # -- the strategies -----------------------------------------------------------------------------------------------
+
 
 def _sklearn_separation(model, train, val, subset):
     """Separation accuracy by hand: TransformerLens' cache and scikit-learn's LinearSVC (train-centred features)."""
@@ -260,14 +287,20 @@ def test_each_strategy_keeps_the_heads_its_score_ranks_highest(strategy, trained
         expected = random_scores(4, 0, 1)
     else:
         value = strategy.removeprefix("shapley-")
-        if value == "svc":
-            v = lambda s: _sklearn_separation(trained, train_data, val, sorted(s))
-        else:
-            v = lambda s: float(learned_accuracy_loop(trained, val, [sorted(s)]).accuracy[0])
+
+        def v(s):
+            if value == "svc":
+                return _sklearn_separation(trained, train_data, val, sorted(s))
+            return float(learned_accuracy_loop(trained, val, [sorted(s)]).accuracy[0])
+
         memo = {}
-        vm = lambda s: memo.setdefault(s, v(s))
-        expected = (_shapley_by_orderings(HEADS, vm) if strategy.startswith("shapley")
-                    else [vm(frozenset([h])) for h in HEADS])
+
+        def vm(s):
+            return memo.setdefault(s, v(s))
+
+        expected = (
+            _shapley_by_orderings(HEADS, vm) if strategy.startswith("shapley") else [vm(frozenset([h])) for h in HEADS]
+        )
         ours = scorer(strategy)(trained, task, HEADS, train_data, val)
         # the same numbers up to one validation sequence per coalition (float paths differ: cached vs hooks)
         tol = 1.0 / n_val + 1e-9
@@ -285,10 +318,12 @@ def test_each_strategy_keeps_the_heads_its_score_ranks_highest(strategy, trained
 
 
 def test_shapley_scores_of_one_head_is_its_value_and_bad_input_is_refused(trained, splits):
-    train_data, val = splits
+    _train_data, val = splits
     one = shapley_scores(trained, val, ["L0H2"], "learned")
     direct = float(learned_accuracy_loop(trained, val, [[]]).accuracy[0])
-    assert one[0] == pytest.approx(float(learned_accuracy_loop(trained, val, [[(0, 2)]]).accuracy[0]) - direct, abs=1 / len(val))
+    assert one[0] == pytest.approx(
+        float(learned_accuracy_loop(trained, val, [[(0, 2)]]).accuracy[0]) - direct, abs=1 / len(val)
+    )
     with pytest.raises(InterpError, match="unknown head value"):
         shapley_scores(trained, val, ["L0H2"], "loss")
     with pytest.raises(InterpError, match="train data"):
@@ -311,6 +346,7 @@ def test_bad_halving_options_are_refused(tmp_path, task, spec):
 
 
 # -- Figure 10, the report, the CLI -------------------------------------------------------------------------------
+
 
 def test_figure_10_and_the_report_section(svc_run):
     out, prov = svc_run
@@ -342,10 +378,41 @@ def test_cli_trains_with_halving_and_resumes_with_its_options(tmp_path, capsys, 
     from interp.app.cli import main
 
     out = tmp_path / "c.safetensors"
-    args = ["train", "noisy-majority", "--set", "train_size=512", "--set", "val_size=128", "--set", "test_size=128",
-            "--set", "train_lengths=[0,20]", "--set", "val_lengths=[21,30]", "--set", "test_lengths=[31,40]",
-            "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--lr", "0.01", "--epochs", "14",
-            "--halving", "shapley-svc", "--halving-threshold", "0.9", "--out", str(out), "--quiet", "--device", "cpu"]
+    args = [
+        "train",
+        "noisy-majority",
+        "--set",
+        "train_size=512",
+        "--set",
+        "val_size=128",
+        "--set",
+        "test_size=128",
+        "--set",
+        "train_lengths=[0,20]",
+        "--set",
+        "val_lengths=[21,30]",
+        "--set",
+        "test_lengths=[31,40]",
+        "--d-model",
+        "8",
+        "--n-heads",
+        "4",
+        "--d-head",
+        "2",
+        "--lr",
+        "0.01",
+        "--epochs",
+        "14",
+        "--halving",
+        "shapley-svc",
+        "--halving-threshold",
+        "0.9",
+        "--out",
+        str(out),
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     assert "halving (shapley-svc)" in capsys.readouterr().out
     meta = load_checkpoint(out, device="cpu").training

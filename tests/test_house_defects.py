@@ -30,8 +30,9 @@ from interp.training import TrainConfig
 from tasks import get_task, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-PARAMS = dict(train_size=64, val_size=16, test_size=16, train_lengths=[0, 8], val_lengths=[9, 12],
-              test_lengths=[13, 16])
+PARAMS = dict(
+    train_size=64, val_size=16, test_size=16, train_lengths=[0, 8], val_lengths=[9, 12], test_lengths=[13, 16]
+)
 SET = [x for k, v in PARAMS.items() for x in ("--set", f"{k}={json.dumps(v)}")]
 
 
@@ -51,8 +52,9 @@ def _cfg(**kw):
 # -- A1 ---------------------------------------------------------------------------------------------------------------
 def test_a_second_sweep_with_other_base_options_trains_its_own_runs(tmp_path, task, capsys):
     first = run_sweep(task, _spec(task), _cfg(), [0, 1], {}, tmp_path, device="cpu", progress=False)
-    second = run_sweep(task, _spec(task, d_model=6, n_heads=3), _cfg(), [0, 1], {}, tmp_path, device="cpu",
-                       progress=False)
+    second = run_sweep(
+        task, _spec(task, d_model=6, n_heads=3), _cfg(), [0, 1], {}, tmp_path, device="cpu", progress=False
+    )
     assert {r["name"] for r in first}.isdisjoint(r["name"] for r in second)
     assert [r["d_model"] for r in second] == [6, 6] and len(load_results(tmp_path)) == 4
     third = run_sweep(task, _spec(task), _cfg(lr=3e-3), [0], {}, tmp_path, device="cpu", progress=False)
@@ -81,11 +83,13 @@ def test_a_nan_weight_is_refused_by_every_accuracy_path():
     model, test = ckpt.model, ckpt.task.dataset("test").select(slice(0, 64))
     with torch.no_grad():
         model.blocks[0].attn.W_Q[3, 0, 0] = float("nan")
-    calls = [lambda: learned_accuracy(model, test, [["L0H1"], []]),
-             lambda: coalition_values(model, test, heads=["L0H1", "L0H3"]),  # the fast linear path
-             lambda: coalition_values(model, test, heads=["L0H1", "L0H3"], method="hooks"),
-             lambda: coalition_values(model, test, heads=["L0H1", "L0H3"], value="logit-diff"),
-             lambda: evaluate(model, ckpt.task, test)]
+    calls = [
+        lambda: learned_accuracy(model, test, [["L0H1"], []]),
+        lambda: coalition_values(model, test, heads=["L0H1", "L0H3"]),  # the fast linear path
+        lambda: coalition_values(model, test, heads=["L0H1", "L0H3"], method="hooks"),
+        lambda: coalition_values(model, test, heads=["L0H1", "L0H3"], value="logit-diff"),
+        lambda: evaluate(model, ckpt.task, test),
+    ]
     for call in calls:
         with pytest.raises(InterpError, match=r"blocks\.0\.attn\.W_Q holds NaN"):
             call()
@@ -93,11 +97,27 @@ def test_a_nan_weight_is_refused_by_every_accuracy_path():
 
 # -- A3 ---------------------------------------------------------------------------------------------------------------
 def test_overriding_digits_carries_to_the_test_splits(capsys):
-    assert main(["eval", "integer-addition", "--set", "digits=6", "--splits", "test", "--set", "test_size=50",
-                 "--json", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "integer-addition",
+                "--set",
+                "digits=6",
+                "--splits",
+                "test",
+                "--set",
+                "test_size=50",
+                "--json",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["task_params"]["digits"] == [6, 6] and out["task_params"]["test_digits"] is None
-    task = get_task("integer-addition", **{**out["task_params"]})
+    task = get_task("integer-addition", **out["task_params"])
     assert task.split_digits("test") == (6, 6) == task.split_digits("cascades")
     data = task.dataset("test")
     assert int(data.fields["n_digits"].min()) == 6  # the test sums have 6 digits, not the 5 the model was trained on
@@ -144,7 +164,9 @@ def test_the_answer_loss_is_named_apart_from_evaluates_loss():
     full = coalition_values(ckpt.model, test, value="answer-loss")
     assert full.v_all == pytest.approx(float(answer_ce), abs=1e-5)
     both = evaluate(ckpt.model, ckpt.task, test)["loss"]  # the answer and [EOS] positions, averaged
-    eos_ce = torch.nn.functional.cross_entropy(logits[rows, test.answer_pos + 1].double(), torch.full_like(test.labels, 7))
+    eos_ce = torch.nn.functional.cross_entropy(
+        logits[rows, test.answer_pos + 1].double(), torch.full_like(test.labels, 7)
+    )
     assert both == pytest.approx(float(answer_ce + eos_ce) / 2, abs=1e-5)
     assert cv.value == "answer-loss"
 
@@ -158,11 +180,18 @@ def test_bad_or_duplicate_grid_values_are_refused_before_anything_is_written(tmp
     with pytest.raises(ConfigError, match="d_model: expected int"):
         parse_grid(["d_model=eight"])
     with pytest.raises(ConfigError, match="n_heads \\* d_head == d_model"):  # a grid point that cannot be built
-        run_sweep(task, _spec(task, output_matrix="identity"), _cfg(), [0], {"n_heads": [2, 3]}, tmp_path / "s",
-                  device="cpu", progress=False)
+        run_sweep(
+            task,
+            _spec(task, output_matrix="identity"),
+            _cfg(),
+            [0],
+            {"n_heads": [2, 3]},
+            tmp_path / "s",
+            device="cpu",
+            progress=False,
+        )
     with pytest.raises(ConfigError, match="dropout"):
-        run_sweep(task, _spec(task), _cfg(), [0], {"dropout": [0.1, 1.5]}, tmp_path / "t", device="cpu",
-                  progress=False)
+        run_sweep(task, _spec(task), _cfg(), [0], {"dropout": [0.1, 1.5]}, tmp_path / "t", device="cpu", progress=False)
     assert not (tmp_path / "s").exists() and not (tmp_path / "t").exists()
     rc = main(["sweep", "noisy-majority", *SET, "--grid", "lr=0.01,0.01", "--out", str(tmp_path / "u"), "--quiet"])
     assert rc == 1 and not (tmp_path / "u").exists()
@@ -197,10 +226,28 @@ def test_long_shapley_work_says_how_long_first(capsys):
 
 def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
     out = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "interp.app", "shapley", "repeated-tokens", "--value", "separation",
-                             "--out", str(out), "--device", "cpu", "--threads", "1"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "interp.app",
+            "shapley",
+            "repeated-tokens",
+            "--value",
+            "separation",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         started = time.time()
         while time.time() - started < 120 and proc.poll() is None and not list(tmp_path.glob(".s.json.*.tmp")):
@@ -235,8 +282,15 @@ def test_clear_messages_for_small_mistakes(capsys):
     assert lines[0].split()[0] == "split" and len(lines) == 2
 
 
-@pytest.mark.parametrize("command", [["report", "noisy-majority"], ["analyze", "noisy-majority"],
-                                     ["shapley", "noisy-majority"], ["train", "noisy-majority", "--epochs", "1"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", "noisy-majority"],
+        ["analyze", "noisy-majority"],
+        ["shapley", "noisy-majority"],
+        ["train", "noisy-majority", "--epochs", "1"],
+    ],
+)
 def test_an_output_path_that_cannot_be_written_is_one_clear_line(command, capsys):
     assert main([*command, "--out", "/proc/x"]) == 1
     err = capsys.readouterr().err.strip()

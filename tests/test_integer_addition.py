@@ -24,8 +24,8 @@ from tasks.integer_addition import BOS, EOS, EQ, PAD, PLUS, VOCAB, carry_structu
 
 def plain_cases(a: int, b: int, n: int):
     """Answer digits (units first), per-digit case and Quirke class by a slow loop over Python ints."""
-    ad = [(a // 10 ** i) % 10 for i in range(n)] + [0]
-    bd = [(b // 10 ** i) % 10 for i in range(n)] + [0]
+    ad = [(a // 10**i) % 10 for i in range(n)] + [0]
+    bd = [(b // 10**i) % 10 for i in range(n)] + [0]
     cases, carry, depth = [], 0, 0
     for i in range(n + 1):
         s = ad[i] + bd[i]
@@ -37,14 +37,35 @@ def plain_cases(a: int, b: int, n: int):
         else:
             depth = 0
         carry = 1 if s + carry >= 10 else 0
-    answer = [((a + b) // 10 ** i) % 10 for i in range(n + 1)]
+    answer = [((a + b) // 10**i) % 10 for i in range(n + 1)]
     has_carry = any(ad[i] + bd[i] >= 10 for i in range(n))
-    return answer, cases, (max(max(cases), 1) if has_carry else 0)
+    return answer, cases, (max(*cases, 1) if has_carry else 0)
 
 
 def test_hand_picked_99999_plus_00001():
     d = make_sums([99999], [1], [5])
-    assert VOCAB.decode(d.tokens[0]) == ["[BOS]", "9", "9", "9", "9", "9", "+", "0", "0", "0", "0", "1", "=", "0", "0", "0", "0", "0", "1", "[EOS]"]
+    assert VOCAB.decode(d.tokens[0]) == [
+        "[BOS]",
+        "9",
+        "9",
+        "9",
+        "9",
+        "9",
+        "+",
+        "0",
+        "0",
+        "0",
+        "0",
+        "1",
+        "=",
+        "0",
+        "0",
+        "0",
+        "0",
+        "0",
+        "1",
+        "[EOS]",
+    ]
     assert d.fields["answer"][0].tolist() == [0, 0, 0, 0, 0, 1]
     assert d.fields["pair_kind"][0].tolist() == [2, 1, 1, 1, 1]  # MC1 then four sum-9 pairs
     assert d.fields["digit_case"][0].tolist() == [0, 1, 2, 3, 4, 5]  # BA, UC1, US9-1 .. US9-4
@@ -69,10 +90,10 @@ def test_hand_picked_45_plus_55_both_orders():
 
 def test_carry_structure_matches_plain_loop():
     rng = random.Random(0)
-    sums = [(rng.randrange(10 ** n), rng.randrange(10 ** n), n) for n in (1, 2, 3, 5, 7) for _ in range(60)]
+    sums = [(rng.randrange(10**n), rng.randrange(10**n), n) for n in (1, 2, 3, 5, 7) for _ in range(60)]
     sums += [(99999, 1, 5), (45, 55, 2), (9, 1, 1), (5, 4, 1), (999, 999, 3), (4950, 5050, 4)]
     a, b, n = digits_of([s[0] for s in sums], [s[1] for s in sums], [s[2] for s in sums])
-    answer, kind, case, comp = carry_structure(a, b, n)
+    answer, _kind, case, comp = carry_structure(a, b, n)
     for i, (x, y, m) in enumerate(sums):
         want_answer, want_case, want_comp = plain_cases(x, y, m)
         assert answer[i, : m + 1].tolist() == want_answer
@@ -92,9 +113,9 @@ def test_dataset_every_case_occurs_and_enrichment():
     assert set(casc.fields["complexity"].tolist()) == {2, 3, 4, 5}
     # the answers are right
     for i in range(50):
-        a = sum(int(v) * 10 ** j for j, v in enumerate(train.fields["a"][i]))
-        b = sum(int(v) * 10 ** j for j, v in enumerate(train.fields["b"][i]))
-        c = sum(int(v) * 10 ** j for j, v in enumerate(train.fields["answer"][i]))
+        a = sum(int(v) * 10**j for j, v in enumerate(train.fields["a"][i]))
+        b = sum(int(v) * 10**j for j, v in enumerate(train.fields["b"][i]))
+        c = sum(int(v) * 10**j for j, v in enumerate(train.fields["answer"][i]))
         assert a + b == c
     # deterministic
     assert torch.equal(task.dataset("train").tokens, train.tokens)
@@ -112,7 +133,7 @@ def test_uniform_sums_follow_r13():
         got = (kind == code).float().mean().item()
         assert abs(got - p) < 4 * (p * (1 - p) / n_pairs) ** 0.5
     s0 = (d.fields["complexity"] == 0).float().mean().item()
-    assert abs(s0 - 0.55 ** 5) < 4 * (0.0503 * 0.9497 / 20000) ** 0.5
+    assert abs(s0 - 0.55**5) < 4 * (0.0503 * 0.9497 / 20000) ** 0.5
 
 
 def test_variable_lengths_and_padding():
@@ -184,8 +205,18 @@ def test_random_and_standard_positions():
 
 
 def _spec(task, positional, **kw):
-    return ModelSpec(**{**task.default_spec(), "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32,
-                        "positional": positional, "max_position_offset": 2, **kw})
+    return ModelSpec(
+        **{
+            **task.default_spec(),
+            "d_model": 16,
+            "n_heads": 2,
+            "d_head": 8,
+            "d_mlp": 32,
+            "positional": positional,
+            "max_position_offset": 2,
+            **kw,
+        }
+    )
 
 
 def test_hooked_positions_equal_plain_transformerlens():
@@ -363,12 +394,21 @@ def test_training_with_hooked_positions_is_reproducible(tmp_path, positional):
     seed gives the same weights, and the written checkpoint loads back with its hook."""
     from interp.training import TrainConfig, train
 
-    task = get_task("integer-addition", digits=[1, 2], reverse_operands=True, train_size=64, val_size=16,
-                    test_size=16, cascades_size=8)
+    task = get_task(
+        "integer-addition",
+        digits=[1, 2],
+        reverse_operands=True,
+        train_size=64,
+        val_size=16,
+        test_size=16,
+        cascades_size=8,
+    )
     spec = _spec(task, positional)
     cfg = TrainConfig(epochs=2, batch_size=32, seed=0, dropout=0.0)
-    paths = [train(task, spec, cfg, tmp_path / f"{i}.safetensors", progress=False) and tmp_path / f"{i}.safetensors"
-             for i in range(2)]
+    paths = [
+        train(task, spec, cfg, tmp_path / f"{i}.safetensors", progress=False) and tmp_path / f"{i}.safetensors"
+        for i in range(2)
+    ]
     a, b = (load_checkpoint(p, device="cpu") for p in paths)
     assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
     assert position_hook(a.model).scheme == positional
@@ -385,11 +425,13 @@ def test_comparison_table_and_wilson_interval():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     lo, hi = mod.wilson(0, 1000)
-    assert lo == 0.0 and hi == pytest.approx(1.96 ** 2 / (1000 + 1.96 ** 2), rel=1e-9)
+    assert lo == 0.0 and hi == pytest.approx(1.96**2 / (1000 + 1.96**2), rel=1e-9)
     lo, hi = mod.wilson(50_000, 100_000)
-    assert (hi - lo) / 2 == pytest.approx(1.96 * 0.5 / 100_000 ** 0.5, rel=1e-3)
-    runs = [{"scheme": "abacus", "seed": s, "by_length": {str(n): {"exact_match": acc, "n": 1000} for n in range(1, 7)}}
-            for s, acc in ((0, 0.5), (1, 0.7))]
+    assert (hi - lo) / 2 == pytest.approx(1.96 * 0.5 / 100_000**0.5, rel=1e-3)
+    runs = [
+        {"scheme": "abacus", "seed": s, "by_length": {str(n): {"exact_match": acc, "n": 1000} for n in range(1, 7)}}
+        for s, acc in ((0, 0.5), (1, 0.7))
+    ]
     rows = mod.table(runs)
     assert len(rows) == 6 and rows[3]["digits"] == 4 and not rows[3]["in_training"]
     assert rows[0]["mean"] == pytest.approx(0.6) and (rows[0]["min"], rows[0]["max"]) == (0.5, 0.7)

@@ -1,5 +1,5 @@
-"""Attention interventions (analyses.noisy_majority.interventions, Figure 8): the hand-set rows have the asked-for ratios, the
-cached path equals the hook on hook_pattern, head outputs equal the closed form from the value vectors, and
+"""Attention interventions (analyses.noisy_majority.interventions, Figure 8): the hand-set rows have the asked-for
+ratios, the cached path equals the hook on hook_pattern, head outputs equal the closed form from the value vectors, and
 with 2s ignored every head separates tie-free data."""
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def test_sweep_with_twos_ignored_separates(nm_ckpt):
     test = task.dataset("test").select(slice(0, 150))
     train = train.select(train.fields["n0"] != train.fields["n1"])
     test = test.select(test.fields["n0"] != test.fields["n1"])
-    sweep = attention_intervention_sweep(nm_ckpt.model, train, test, w01_values=(0.5, 1.0, 2.0), w02_values=(1.0, math.inf))
+    sweep = attention_intervention_sweep(
+        nm_ckpt.model, train, test, w01_values=(0.5, 1.0, 2.0), w02_values=(1.0, math.inf)
+    )
     assert sweep.w01_accuracy.shape == (3, 16) and sweep.w02_accuracy.shape == (2, 16)
     assert (sweep.w01_mean >= 0.97).all()
     assert sweep.w02_mean[1] >= 0.97  # w01 = 1, w02 = inf is the same setting as the middle one on the left

@@ -25,8 +25,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("interp", "tasks", "analyses")
 FACE = {"interp/__init__.py"}
-GENERIC = sorted(p for p in [*ROOT.glob("interp/**/*.py"), *ROOT.glob("analyses/*.py")]
-                 if "app" not in p.relative_to(ROOT).parts)
+GENERIC = sorted(
+    p for p in [*ROOT.glob("interp/**/*.py"), *ROOT.glob("analyses/*.py")] if "app" not in p.relative_to(ROOT).parts
+)
 
 
 def floor_of(module: str) -> int | None:
@@ -172,9 +173,13 @@ def test_exports_survive_importing_every_submodule():
 
 def test_no_attributes_of_ours_on_models():
     pattern = re.compile(r"\binterp_(task|checkpoint|spec)\b")
-    hits = [f"{_rel(p)}:{i}" for p in [*ROOT.rglob("*.py"), *ROOT.rglob("*.ipynb")]
-            if ".venv" not in p.parts and p.name != "test_layout.py"
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    hits = [
+        f"{_rel(p)}:{i}"
+        for p in [*ROOT.rglob("*.py"), *ROOT.rglob("*.ipynb")]
+        if ".venv" not in p.parts and p.name != "test_layout.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not hits
 
 
@@ -186,8 +191,11 @@ def _code_strings(tree: ast.AST) -> list[str]:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docs.add(id(first.value))
-    return [n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
 
 
 def test_generic_modules_name_no_task():
@@ -203,8 +211,9 @@ def test_generic_modules_name_no_task():
         assert not bad, f"{_rel(path)} names a task in code: {bad}"
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
-                assert not any(node.module.startswith(f"{pkg}.") for pkg in ("tasks", *(f"analyses.{n}" for n in names))), \
-                    f"{_rel(path)} imports a task module ({node.module})"
+                assert not any(
+                    node.module.startswith(f"{pkg}.") for pkg in ("tasks", *(f"analyses.{n}" for n in names))
+                ), f"{_rel(path)} imports a task module ({node.module})"
 
 
 def test_no_hasattr_or_getattr_default_on_tasks_and_suites():
@@ -229,12 +238,35 @@ def test_public_api():
     for name in analyses.__all__:
         assert getattr(analyses, name) is not None, name
         assert name in dir(analyses)
-    for name in ["learned_accuracy", "separation_accuracy", "head_scores", "composition_scores", "full_qk_circuit",
-                 "attention_ratios", "head_summary", "probe_tokens", "minimal_majority_transformer", "suite_for",
-                 "population_table"]:
+    for name in [
+        "learned_accuracy",
+        "separation_accuracy",
+        "head_scores",
+        "composition_scores",
+        "full_qk_circuit",
+        "attention_ratios",
+        "head_summary",
+        "probe_tokens",
+        "minimal_majority_transformer",
+        "suite_for",
+        "population_table",
+    ]:
         assert name in analyses.__all__, name
-    for name in ["load", "get_task", "train", "TrainConfig", "ModelSpec", "build_model", "evaluate", "Checkpoint",
-                 "attention_view", "Result", "load_checkpoint", "write_report", "Suite"]:
+    for name in [
+        "load",
+        "get_task",
+        "train",
+        "TrainConfig",
+        "ModelSpec",
+        "build_model",
+        "evaluate",
+        "Checkpoint",
+        "attention_view",
+        "Result",
+        "load_checkpoint",
+        "write_report",
+        "Suite",
+    ]:
         assert name in dir(interp) and getattr(interp, name) is not None, name
     with pytest.raises(AttributeError):
         interp.no_such_name

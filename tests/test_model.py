@@ -51,7 +51,9 @@ def test_learned_output_matrix_and_shape_checks(nm_task):
     model = build_model(spec, device="cpu")
     assert model.blocks[0].attn.W_O.requires_grad and model.W_O.shape == (1, 64, 2, 2)
     auto = ModelSpec(**{**nm_task.default_spec(), "d_model": 2, "n_heads": 64, "d_head": 2})  # unset: the rule
-    assert auto.output_matrix is None and auto.w_o == "learned" and ModelSpec(**nm_task.default_spec()).w_o == "identity"
+    assert (
+        auto.output_matrix is None and auto.w_o == "learned" and ModelSpec(**nm_task.default_spec()).w_o == "identity"
+    )
     with pytest.raises(ConfigError, match="n_heads \\* d_head == d_model"):
         ModelSpec(**{**nm_task.default_spec(), "d_model": 2, "n_heads": 64, "d_head": 2, "output_matrix": "identity"})
     with pytest.raises(ConfigError, match="positional"):
@@ -68,12 +70,15 @@ def test_building_does_not_disturb_the_global_rng(nm_task):
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.mark.parametrize("overrides", [
-    {},
-    {"attn_bias": True, "output_matrix": "learned"},
-    {"normalization": "LN", "positional": "standard", "attn_bias": True},
-    {"d_model": 2, "n_heads": 64, "d_head": 2, "output_matrix": "learned"},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"attn_bias": True, "output_matrix": "learned"},
+        {"normalization": "LN", "positional": "standard", "attn_bias": True},
+        {"d_model": 2, "n_heads": 64, "d_head": 2, "output_matrix": "learned"},
+    ],
+)
 def test_query_restricted_forward_equals_the_hooked_transformer(nm_task, overrides):
     model = build_model(ModelSpec(**{**nm_task.default_spec(), **overrides}), device="cpu")
     _randomise(model)

@@ -24,8 +24,15 @@ SHAPES = {
 
 def small_task(name):
     if name == "noisy-majority":
-        return get_task(name, train_size=300, val_size=30, test_size=120, train_lengths=[0, 30], val_lengths=[31, 35],
-                        test_lengths=[36, 45])
+        return get_task(
+            name,
+            train_size=300,
+            val_size=30,
+            test_size=120,
+            train_lengths=[0, 30],
+            val_lengths=[31, 35],
+            test_lengths=[36, 45],
+        )
     return get_task(name, train_size=64, val_size=16, test_size=64, seq_len=16, repeat_lengths=[3, 8])
 
 
@@ -56,7 +63,9 @@ def test_suite_and_report_on_every_shape(task_name, shape):
         caption_claims_exact = "measured ratios equal the exact values from the QK circuit" in page
         assert caption_claims_exact == (model.cfg.n_layers == 1)  # captions computed from the model
         if model.cfg.n_layers * model.cfg.n_heads == 1:
-            assert "so there are no pairs" in page and d["pairs"]["learned_accuracy"] == [[d["heads"][0]["learned_accuracy"]]]
+            assert "so there are no pairs" in page and d["pairs"]["learned_accuracy"] == [
+                [d["heads"][0]["learned_accuracy"]]
+            ]
 
 
 def test_the_issues_one_head_repro_through_the_cli(tmp_path, capsys):
@@ -65,9 +74,38 @@ def test_the_issues_one_head_repro_through_the_cli(tmp_path, capsys):
     from interp.app.cli import main
 
     out = tmp_path / "m.safetensors"
-    assert main(["train", "noisy-majority", "--d-model", "2", "--n-heads", "1", "--d-head", "2", "--epochs", "2",
-                 "--seed", "1", "--set", "train_size=300", "--set", "val_size=30", "--set", "test_size=60",
-                 "--set", "test_lengths=[151,160]", "--out", str(out), "--quiet", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "noisy-majority",
+                "--d-model",
+                "2",
+                "--n-heads",
+                "1",
+                "--d-head",
+                "2",
+                "--epochs",
+                "2",
+                "--seed",
+                "1",
+                "--set",
+                "train_size=300",
+                "--set",
+                "val_size=30",
+                "--set",
+                "test_size=60",
+                "--set",
+                "test_lengths=[151,160]",
+                "--out",
+                str(out),
+                "--quiet",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["analyze", str(out), "--json", "--out", str(tmp_path / "a.json")]) == 0
     printed = json.loads(capsys.readouterr().out)
@@ -85,9 +123,19 @@ def test_bring_your_own_plain_hooked_transformer():
     from analyses.repeated_tokens import probe_tokens
 
     task = small_task("noisy-majority")
-    cfg = HookedTransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_vocab=len(task.vocab),
-                                  d_vocab_out=task.vocab.n_out, n_ctx=task.n_ctx, attn_only=True,
-                                  normalization_type=None, seed=3, device="cpu")
+    cfg = HookedTransformerConfig(
+        n_layers=1,
+        d_model=8,
+        n_heads=2,
+        d_head=4,
+        d_vocab=len(task.vocab),
+        d_vocab_out=task.vocab.n_out,
+        n_ctx=task.n_ctx,
+        attn_only=True,
+        normalization_type=None,
+        seed=3,
+        device="cpu",
+    )
     model = HookedTransformer(cfg)
     train, test = task.dataset("train"), task.dataset("test")
     la = learned_accuracy(model, test, [["L0H0"], ["L0H1"], []], task=task)
@@ -95,8 +143,18 @@ def test_bring_your_own_plain_hooked_transformer():
     assert la.accuracy.shape == (3,) and sep.accuracy.shape == (2,)
     assert json.loads(suite_for(task).analyze(Checkpoint(model, task)).to_json())["heads"][1]["head"] == "L0H1"
     rt = small_task("repeated-tokens")
-    cfg2 = HookedTransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=len(rt.vocab),
-                                   d_vocab_out=rt.vocab.n_out, n_ctx=rt.n_ctx, attn_only=True, seed=4, device="cpu")
+    cfg2 = HookedTransformerConfig(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_head=8,
+        d_vocab=len(rt.vocab),
+        d_vocab_out=rt.vocab.n_out,
+        n_ctx=rt.n_ctx,
+        attn_only=True,
+        seed=4,
+        device="cpu",
+    )
     s = head_scores(HookedTransformer(cfg2), probe_tokens(rt, n_seqs=8))
     assert s.induction.shape == (2, 2)
 
@@ -172,9 +230,33 @@ def test_the_shapley_cli_on_a_one_head_checkpoint(tmp_path, capsys):
 def test_sweep_and_table_cli_on_one_head_models(tmp_path, capsys):
     from interp.app.cli import main
 
-    args = ["sweep", "noisy-majority", "--seeds", "0..1", "--d-model", "2", "--n-heads", "1", "--d-head", "2",
-            "--epochs", "1", "--set", "train_size=300", "--set", "val_size=30", "--set", "test_size=60",
-            "--set", "test_lengths=[151,160]", "--out", str(tmp_path / "sw"), "--quiet", "--threads", "1"]
+    args = [
+        "sweep",
+        "noisy-majority",
+        "--seeds",
+        "0..1",
+        "--d-model",
+        "2",
+        "--n-heads",
+        "1",
+        "--d-head",
+        "2",
+        "--epochs",
+        "1",
+        "--set",
+        "train_size=300",
+        "--set",
+        "val_size=30",
+        "--set",
+        "test_size=60",
+        "--set",
+        "test_lengths=[151,160]",
+        "--out",
+        str(tmp_path / "sw"),
+        "--quiet",
+        "--threads",
+        "1",
+    ]
     assert main(args) == 0
     capsys.readouterr()
     assert main(["table", str(tmp_path / "sw"), "--json"]) == 0

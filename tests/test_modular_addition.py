@@ -45,7 +45,7 @@ def test_default_split_sizes_and_every_pair_once():
     train, test = task.dataset("train"), task.dataset("test")
     assert (len(train), len(test)) == (3830, 8939)  # the paper's split at p = 113, fraction 0.3
     pairs = torch.cat([train.fields["a"] * 113 + train.fields["b"], test.fields["a"] * 113 + test.fields["b"]])
-    assert torch.equal(pairs.sort().values, torch.arange(113 ** 2))
+    assert torch.equal(pairs.sort().values, torch.arange(113**2))
     for d in (train, test):
         assert torch.equal(d.labels, (d.fields["a"] + d.fields["b"]) % 113)
         assert torch.equal(d.tokens[:, 2], torch.full((len(d),), 113))
@@ -62,8 +62,9 @@ def test_split_is_deterministic_and_seeded():
     assert torch.equal(alld.fields["a"] * 13 + alld.fields["b"], torch.arange(169))
 
 
-@pytest.mark.parametrize("params", [dict(p=1), dict(fraction=0), dict(fraction=1.0), dict(fraction=0.001, p=5),
-                                    dict(seed=-1)])
+@pytest.mark.parametrize(
+    "params", [dict(p=1), dict(fraction=0), dict(fraction=1.0), dict(fraction=0.001, p=5), dict(seed=-1)]
+)
 def test_bad_parameters(params):
     with pytest.raises(TaskError):
         get_task("modular-addition", **params)
@@ -149,8 +150,9 @@ def test_restricted_and_excluded_logits_on_known_logits():
     logits = cos_logits(p, keys)
     torch.testing.assert_close(restricted_logits(logits, p, keys), logits, atol=1e-9, rtol=0)
     torch.testing.assert_close(excluded_logits(logits, p, keys), torch.zeros_like(logits), atol=1e-9, rtol=0)
-    torch.testing.assert_close(restricted_logits(logits, p, [7]), logits.mean(0, keepdim=True).expand_as(logits),
-                               atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        restricted_logits(logits, p, [7]), logits.mean(0, keepdim=True).expand_as(logits), atol=1e-9, rtol=0
+    )
     d = key_directions(p, keys)
     torch.testing.assert_close(d @ d.T, torch.eye(4, dtype=torch.float64), atol=1e-12, rtol=0)
     with pytest.raises(InterpError, match="outside"):
@@ -182,7 +184,9 @@ def test_restricted_and_excluded_loss_on_a_hand_built_model():
         logits = model(task.dataset("all").tokens)[:, -1].double()
     a = torch.arange(17, dtype=torch.float64)
     w = 2 * math.pi * 3 / 17
-    expected = torch.cos(w * (a[:, None, None] - a[None, None, :])) + torch.cos(w * (a[None, :, None] - a[None, None, :]))
+    expected = torch.cos(w * (a[:, None, None] - a[None, None, :])) + torch.cos(
+        w * (a[None, :, None] - a[None, None, :])
+    )
     torch.testing.assert_close(logits, expected.reshape(289, 17), atol=1e-5, rtol=0)  # the model is what we say
     m = progress_measures(model, task, [3])
     assert m["restricted_loss"] == pytest.approx(math.log(17), abs=1e-6)  # float32 logits: their mean is ~1e-8 off 0
@@ -195,7 +199,8 @@ def test_restricted_and_excluded_loss_on_a_hand_built_model():
     with pytest.raises(InterpError, match="source"):
         key_frequencies_of(model, task, "nope")
     assert sum_squared_weights(model) == pytest.approx(
-        float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad)))
+        float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad))
+    )
 
 
 # -- neurons, W_L, attention, ablation ---------------------------------------------------------------------------
@@ -211,14 +216,15 @@ def test_neuron_frequencies_match_a_plain_loop():
     freq = [0 if n == "const" else int(n.split()[1]) for n in names]
     for n in range(6):
         c = basis @ acts[:, :, n] @ basis.T
-        total = (c ** 2).sum() - c[0, 0] ** 2
+        total = (c**2).sum() - c[0, 0] ** 2
         if total < 1e-20:  # a dead neuron: no variance to explain
             assert float(res.fraction[n]) == 0.0
             continue
         fr = []
         for k in range(1, p // 2 + 1):
-            e = sum(c[i, j] ** 2 for i in range(p) for j in range(p)
-                    if {freq[i], freq[j]} <= {0, k} and (i, j) != (0, 0))
+            e = sum(
+                c[i, j] ** 2 for i in range(p) for j in range(p) if {freq[i], freq[j]} <= {0, k} and (i, j) != (0, 0)
+            )
             fr.append(float(e / total))
         assert int(res.dominant[n]) == 1 + max(range(len(fr)), key=fr.__getitem__)
         assert float(res.fraction[n]) == pytest.approx(max(fr), abs=1e-9)
@@ -246,13 +252,21 @@ def test_attention_split_and_ablation_match_library_paths(n_heads):
         _, cache = model.run_with_cache(task.dataset("all").tokens)
     pat = cache["blocks.0.attn.hook_pattern"][:, :, -1]
     torch.testing.assert_close(att.to_a, pat[:, :, 0].double().mean(0), atol=1e-6, rtol=0)
-    torch.testing.assert_close(att.to_a + att.to_b + att.to_eq, torch.ones(n_heads, dtype=torch.float64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        att.to_a + att.to_b + att.to_eq, torch.ones(n_heads, dtype=torch.float64), atol=1e-6, rtol=0
+    )
     alld = task.dataset("all")
     assert ablated_accuracy(model, task) == pytest.approx(evaluate(model, task, alld)["accuracy"], abs=1e-7)
     # removing head h == keeping the others (learned accuracy, zero-ablation, hooks)
     accs = ablated_accuracies(model, task, [([(0, h)], ()) for h in range(n_heads)])
-    la = learned_accuracy(model, alld, [[(0, o) for o in range(n_heads) if o != h] for h in range(n_heads)],
-                          ablation="zero", method="hooks", task=task)
+    la = learned_accuracy(
+        model,
+        alld,
+        [[(0, o) for o in range(n_heads) if o != h] for h in range(n_heads)],
+        ablation="zero",
+        method="hooks",
+        task=task,
+    )
     torch.testing.assert_close(accs, la.accuracy.cpu().float(), atol=1e-7, rtol=0)
     # neurons: zeroing W_in's columns and b_in of those neurons gives the same model
     neurons = [0, 3, 5]
@@ -287,7 +301,10 @@ def test_short_run_memorises_with_snapshots_and_progress(memorised):
     task, out, prov, info = memorised
     assert prov["accuracy"]["train"] == 1.0
     assert sorted(p.name for p in out.with_name("ma.snapshots").iterdir()) == [
-        "epoch-000050.safetensors", "epoch-000100.safetensors", "epoch-000150.safetensors"]
+        "epoch-000050.safetensors",
+        "epoch-000100.safetensors",
+        "epoch-000150.safetensors",
+    ]
     hist = load_checkpoint(out, device="cpu").metadata["training"]["history"]
     assert len(hist) == 150 and "test_accuracy" in hist[49] and "train_accuracy" not in hist[50]
     assert hist[149]["train_accuracy"] == 1.0 and "sum_squared_weights" in hist[149]
@@ -296,8 +313,15 @@ def test_short_run_memorises_with_snapshots_and_progress(memorised):
 
 
 def test_phases_from_a_history():
-    hist = [{"epoch": e, "train_accuracy": min(1.0, e / 100), "test_accuracy": 0.0 if e < 300 else min(1.0, (e - 300) / 100),
-             "test_loss": 5 + e / 100 if e <= 120 else max(0.01, 6.2 - (e - 120) / 50)} for e in range(0, 600, 10)]
+    hist = [
+        {
+            "epoch": e,
+            "train_accuracy": min(1.0, e / 100),
+            "test_accuracy": 0.0 if e < 300 else min(1.0, (e - 300) / 100),
+            "test_loss": 5 + e / 100 if e <= 120 else max(0.01, 6.2 - (e - 120) / 50),
+        }
+        for e in range(0, 600, 10)
+    ]
     ph = find_phases(hist, [5])
     assert (ph.memorised, ph.circuit_formation, ph.cleanup, ph.grokked) == (100, 120, 350, 400)
     assert ph.figure() is not None and ph.to_dict()["memorisation"] == [0, 120]
@@ -328,11 +352,40 @@ def test_cli_train_with_snapshots(tmp_path, capsys):
     from tasks import load_checkpoint
 
     out = tmp_path / "m.safetensors"
-    assert main(["train", "modular-addition", "--set", "p=7", "--set", "fraction=0.5", "--epochs", "4", "--d-model", "16",
-                 "--n-heads", "2", "--d-head", "8", "--snapshots", "2", "--out", str(out), "--quiet", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "modular-addition",
+                "--set",
+                "p=7",
+                "--set",
+                "fraction=0.5",
+                "--epochs",
+                "4",
+                "--d-model",
+                "16",
+                "--n-heads",
+                "2",
+                "--d-head",
+                "8",
+                "--snapshots",
+                "2",
+                "--out",
+                str(out),
+                "--quiet",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     hist = load_checkpoint(out, device="cpu").metadata["training"]["history"]
     assert "restricted_loss" in hist[1] or "train_accuracy" in hist[1]
-    assert sorted(p.name for p in (tmp_path / "m.snapshots").iterdir()) == ["epoch-000002.safetensors", "epoch-000004.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "m.snapshots").iterdir()) == [
+        "epoch-000002.safetensors",
+        "epoch-000004.safetensors",
+    ]
 
 
 @pytest.mark.slow
@@ -362,10 +415,11 @@ def test_history_extras_and_bad_snapshot_option(tmp_path):
 
     def extras(model, epoch):
         seen.append((model.training, torch.is_grad_enabled()))
-        return {"epoch_squared": epoch ** 2}
+        return {"epoch_squared": epoch**2}
 
-    prov = train(task, small_spec(task), cfg, tmp_path / "h.safetensors", progress=False, device="cpu",
-                 history_extras=extras)
+    prov = train(
+        task, small_spec(task), cfg, tmp_path / "h.safetensors", progress=False, device="cpu", history_extras=extras
+    )
     assert [h["epoch_squared"] for h in prov["history"]] == [1, 4, 9] and seen == [(False, False)] * 3
     with pytest.raises(ConfigError, match="snapshot_every"):
         train(task, small_spec(task), cfg, tmp_path / "x.safetensors", progress=False, device="cpu", snapshot_every=0)

@@ -64,7 +64,9 @@ def test_configurable_sizes():
     assert task.params()["test_lengths"] == [5, 6]
 
 
-@pytest.mark.parametrize("params", [{"train_size": 0}, {"test_lengths": [5, 2]}, {"val_lengths": [1, 2, 3]}, {"seed": -1}, {"bogus": 1}])
+@pytest.mark.parametrize(
+    "params", [{"train_size": 0}, {"test_lengths": [5, 2]}, {"val_lengths": [1, 2, 3]}, {"seed": -1}, {"bogus": 1}]
+)
 def test_bad_task_parameters_are_refused(params):
     with pytest.raises(TaskError):
         get_task("noisy-majority", **params)

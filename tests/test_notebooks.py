@@ -29,9 +29,13 @@ def test_notebook_is_committed_without_outputs(path):
 
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
-    assert not dirty, (f"{path.name}: code cells {dirty} have outputs or execution counts; clear them before committing "
-                       "(the snippet in examples/README.md does it)")
+    dirty = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)
+    ]
+    assert not dirty, (
+        f"{path.name}: code cells {dirty} have outputs or execution counts; clear them before committing "
+        "(the snippet in examples/README.md does it)"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_id)
@@ -41,8 +45,9 @@ def test_notebook_executes(path):
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
-                            resources={"metadata": {"path": str(EXAMPLES)}})
+    client = NotebookClient(
+        nb, timeout=CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}}
+    )
     before = set(EXAMPLES.rglob("*"))
     try:
         client.execute()

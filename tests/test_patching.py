@@ -26,9 +26,21 @@ V, T, B = 7, 8, 3
 
 
 def make_model(n_layers, n_heads, attn_only=True, normalization=None, seed=0, positional="standard"):
-    cfg = HookedTransformerConfig(n_layers=n_layers, d_model=16, n_heads=n_heads, d_head=4, d_mlp=None if attn_only else 32,
-                                  d_vocab=V, n_ctx=T, attn_only=attn_only, normalization_type=normalization,
-                                  positional_embedding_type=positional, seed=seed, device="cpu", act_fn="relu")
+    cfg = HookedTransformerConfig(
+        n_layers=n_layers,
+        d_model=16,
+        n_heads=n_heads,
+        d_head=4,
+        d_mlp=None if attn_only else 32,
+        d_vocab=V,
+        n_ctx=T,
+        attn_only=attn_only,
+        normalization_type=normalization,
+        positional_embedding_type=positional,
+        seed=seed,
+        device="cpu",
+        act_fn="relu",
+    )
     model = HookedTransformer(cfg)
     with torch.no_grad():  # TransformerLens starts biases at 0; give them values so b_O etc. are exercised
         for name, p in model.named_parameters():
@@ -119,8 +131,10 @@ def test_loss_and_accuracy_metrics_equal_transformer_lens(metric, monkeypatch):
     model = make_model(2, 3, attn_only=False, normalization="LN")
     clean, corrupted = pair()
     vm = variant_metric(metric, clean, corrupted)
-    for where, fn, perm in (("z", tl_patching.get_act_patch_attn_head_out_by_pos, (0, 2, 1)),
-                            ("resid_pre", tl_patching.get_act_patch_resid_pre, None)):
+    for where, fn, perm in (
+        ("z", tl_patching.get_act_patch_attn_head_out_by_pos, (0, 2, 1)),
+        ("resid_pre", tl_patching.get_act_patch_resid_pre, None),
+    ):
         ours = activation_patching(model, clean, corrupted, metric, where=where)
         theirs = _tl(fn, model, clean, corrupted, vm.of_logits, "denoising").cpu()
         torch.testing.assert_close(ours.values, theirs.permute(*perm) if perm else theirs, atol=ATOL, rtol=RTOL)
@@ -168,7 +182,9 @@ def test_single_heads_add_up_in_a_linear_model():
     clean, corrupted = pair()
     heads = activation_patching(model, clean, corrupted, where="z", per="head")
     every = activation_patching(model, clean, corrupted, where="z", per="layer")
-    assert float((heads.values - heads.corrupted).sum()) == pytest.approx(float(every.values[0] - every.corrupted), abs=ATOL)
+    assert float((heads.values - heads.corrupted).sum()) == pytest.approx(
+        float(every.values[0] - every.corrupted), abs=ATOL
+    )
 
 
 def test_per_layer_equals_a_loop_of_run_with_hooks():
@@ -184,9 +200,15 @@ def test_per_layer_equals_a_loop_of_run_with_hooks():
             assert float(r.values[l]) == pytest.approx(float(vm.of_logits(logits.detach())), abs=ATOL)
 
 
-@pytest.mark.parametrize("spec", [dict(n_layers=2, n_heads=1), dict(n_layers=2, n_heads=3),
-                                  dict(n_layers=3, n_heads=2, attn_only=False, normalization="LN")],
-                         ids=["2L1H", "2L3H", "3L2H-mlp-ln"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(n_layers=2, n_heads=1),
+        dict(n_layers=2, n_heads=3),
+        dict(n_layers=3, n_heads=2, attn_only=False, normalization="LN"),
+    ],
+    ids=["2L1H", "2L3H", "3L2H-mlp-ln"],
+)
 @pytest.mark.parametrize("direction", ["denoising", "noising"])
 def test_path_patching_equals_a_slow_loop(spec, direction):
     model = make_model(**spec)
@@ -195,7 +217,9 @@ def test_path_patching_equals_a_slow_loop(spec, direction):
     senders = [(l, h) for l in range(L - 1) for h in range(H)]
     receivers = [(l, h) for l in range(1, L) for h in range(H)]
     vm = variant_metric("logit_diff", clean, corrupted)
-    ours = path_patching(model, clean, corrupted, "logit_diff", senders=senders, receivers=receivers, direction=direction)
+    ours = path_patching(
+        model, clean, corrupted, "logit_diff", senders=senders, receivers=receivers, direction=direction
+    )
     slow = path_patching_loop(model, clean, corrupted, vm.of_logits, senders, receivers, direction)
     torch.testing.assert_close(ours.values, slow, atol=ATOL, rtol=RTOL, equal_nan=True)
     assert not model.cfg.use_split_qkv_input  # restored

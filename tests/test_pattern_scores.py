@@ -80,8 +80,21 @@ def naive_scores(model, tokens):
 def test_scores_equal_naive_loop_on_random_model(dup_tokens):
     from interp.model import ModelSpec, build_model
 
-    m = build_model(ModelSpec(d_vocab=V + 1, d_vocab_out=V, n_ctx=25, n_layers=2, d_model=16, n_heads=3, d_head=4,
-                              positional="standard", output_matrix="learned", init_seed=5), device="cpu")
+    m = build_model(
+        ModelSpec(
+            d_vocab=V + 1,
+            d_vocab_out=V,
+            n_ctx=25,
+            n_layers=2,
+            d_model=16,
+            n_heads=3,
+            d_head=4,
+            positional="standard",
+            output_matrix="learned",
+            init_seed=5,
+        ),
+        device="cpu",
+    )
     toks = dup_tokens[:5]
     got = head_scores(m, toks, chunk=2)  # chunks of unequal size must weigh by their valid queries
     want = naive_scores(m, toks)
@@ -97,15 +110,18 @@ def test_scale_relation_to_transformer_lens_detector(circuit, dup_tokens):
     ours = head_scores(circuit, tok)
     masks = target_masks(tok)
     pats = attention_patterns(circuit, tok)[0]
-    for name, det_fn in (("induction", hd.get_induction_head_detection_pattern),
-                         ("duplicate", hd.get_duplicate_token_head_detection_pattern),
-                         ("prev_token", hd.get_previous_token_head_detection_pattern)):
+    for name, det_fn in (
+        ("induction", hd.get_induction_head_detection_pattern),
+        ("duplicate", hd.get_duplicate_token_head_detection_pattern),
+        ("prev_token", hd.get_previous_token_head_detection_pattern),
+    ):
         det = det_fn(tok.cpu())
         assert torch.equal(det, masks[name][0].cpu())  # the same detection pattern
         n_valid = int((masks[name][0].sum(-1) > 0).sum())
         for l in range(2):
-            tl = hd.compute_head_attention_similarity_score(pats[l, 0].clone(), det, exclude_bos=False,
-                                                            exclude_current_token=False, error_measure="mul")
+            tl = hd.compute_head_attention_similarity_score(
+                pats[l, 0].clone(), det, exclude_bos=False, exclude_current_token=False, error_measure="mul"
+            )
             assert tl == pytest.approx(float(getattr(ours, name)[l, 0]) * n_valid / tok.shape[1], abs=1e-5)
 
 
@@ -122,11 +138,25 @@ def test_k_composition_causal_test_on_handbuilt(circuit, unique_tokens):
 def test_batched_ablation_equals_one_run_per_head(dup_tokens):
     from interp.model import ModelSpec, build_model
 
-    m = build_model(ModelSpec(d_vocab=V + 1, d_vocab_out=V, n_ctx=25, n_layers=2, d_model=16, n_heads=3, d_head=4,
-                              positional="shortformer", output_matrix="learned", init_seed=2), device="cpu")
+    m = build_model(
+        ModelSpec(
+            d_vocab=V + 1,
+            d_vocab_out=V,
+            n_ctx=25,
+            n_layers=2,
+            d_model=16,
+            n_heads=3,
+            d_head=4,
+            positional="shortformer",
+            output_matrix="learned",
+            init_seed=2,
+        ),
+        device="cpu",
+    )
     toks = dup_tokens[:4]
     res = ablation_induction_test(m, toks)
     for h in range(3):
+
         def zero(z, hook, h=h):
             z = z.clone()
             z[:, :, h] = 0
@@ -166,8 +196,12 @@ def test_default_probe_for_a_foreign_model():
     from analyses.pattern_scores import repeated_random_tokens
     from interp.model import ModelSpec, build_model
 
-    m = build_model(ModelSpec(d_vocab=10, d_vocab_out=7, n_ctx=21, n_layers=1, d_model=8, n_heads=2, d_head=4,
-                              output_matrix="learned"), device="cpu")
+    m = build_model(
+        ModelSpec(
+            d_vocab=10, d_vocab_out=7, n_ctx=21, n_layers=1, d_model=8, n_heads=2, d_head=4, output_matrix="learned"
+        ),
+        device="cpu",
+    )
     toks = repeated_random_tokens(5, 10, 7, seed=0)
     assert toks.shape == (5, 20) and int(toks.max()) < 7
     assert torch.equal(toks[:, :10], toks[:, 10:])

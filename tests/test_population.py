@@ -55,9 +55,14 @@ def _population_equals_solo(tmp_path, task, spec, cfg, seeds, head_scorer=None):
 @pytest.mark.parametrize("seeds", [[5], [0, 1, 2], list(range(8))], ids=["K=1", "K=3", "K=8"])
 def test_each_batched_model_equals_its_seed_trained_alone(tmp_path, tiny_task, tiny_spec, tiny_cfg, seeds):
     pairs = _population_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg(epochs=4 if len(seeds) < 8 else 3), seeds)
-    for s, (pop, solo) in zip(seeds, pairs):
-        assert pop["population"] == {"size": len(seeds), "index": seeds.index(s), "forward": "positions",
-                                     "compiled": False, "resumed_at_epoch": 0}
+    for s, (pop, _solo) in zip(seeds, pairs):
+        assert pop["population"] == {
+            "size": len(seeds),
+            "index": seeds.index(s),
+            "forward": "positions",
+            "compiled": False,
+            "resumed_at_epoch": 0,
+        }
 
 
 def test_the_token_count_forward_equals_the_positional_one(tiny_task, tiny_spec):
@@ -80,12 +85,14 @@ def test_the_token_count_forward_equals_the_positional_one(tiny_task, tiny_spec)
     counted = token_counts(data, models[0].cfg.d_vocab)
     # tokens that never occur before a target ([PAD], [EOS]) are left out of the softmax: exact, they get no attention
     assert set(counted.present.tolist()) == set(data.tokens[:, 0].tolist()) | set(
-        data.tokens.gather(1, qpos).flatten().tolist()) | set(range(1, 5))
+        data.tokens.gather(1, qpos).flatten().tolist()
+    ) | set(range(1, 5))
     assert tiny_task.vocab.pad not in counted.present.tolist()
     scale = float(models[0].blocks[0].attn.attn_scale)
     with torch.no_grad():
-        by_counts = stacked_count_logits(P, counted.query_tok.expand(2, -1, -1),
-                                         counted.log_counts.expand(2, -1, -1, -1), counted.present, scale)
+        by_counts = stacked_count_logits(
+            P, counted.query_tok.expand(2, -1, -1), counted.log_counts.expand(2, -1, -1, -1), counted.present, scale
+        )
         by_pos = stacked_logits_at(P, data.tokens.expand(2, -1, -1), qpos.expand(2, -1, -1), scale)
         solo = torch.stack([logits_at(m, data.tokens, qpos) for m in models])
     torch.testing.assert_close(by_pos, solo, atol=1e-5, rtol=1e-5)
@@ -104,10 +111,18 @@ def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_c
     rounding (fused kernels sum in another order): the solo-equality tolerances."""
     seeds = [0, 3]
     specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=2, dropout_at="attention"), seeds)
-    eager = train_population(tiny_task, specs, cfgs, [tmp_path / f"e{s}.safetensors" for s in seeds],
-                             device="cpu", progress=False)
-    comp = train_population(tiny_task, specs, cfgs, [tmp_path / f"c{s}.safetensors" for s in seeds],
-                            device="cpu", progress=False, compile=True)
+    eager = train_population(
+        tiny_task, specs, cfgs, [tmp_path / f"e{s}.safetensors" for s in seeds], device="cpu", progress=False
+    )
+    comp = train_population(
+        tiny_task,
+        specs,
+        cfgs,
+        [tmp_path / f"c{s}.safetensors" for s in seeds],
+        device="cpu",
+        progress=False,
+        compile=True,
+    )
     for s, e, c in zip(seeds, eager, comp):
         assert c["population"]["compiled"] and not e["population"]["compiled"]
         _compare(tmp_path / f"c{s}.safetensors", tmp_path / f"e{s}.safetensors", c, e)
@@ -125,8 +140,12 @@ def test_learning_rates_patience_and_keep_last_per_model(tmp_path, tiny_task, ti
         _compare(out, solo_out, pop, train(tiny_task, spec, c, solo_out, device="cpu", progress=False))
     last = [tiny_cfg(epochs=3, keep="last")]
     p = train_population(tiny_task, [tiny_spec], last, [tmp_path / "l.safetensors"], device="cpu", progress=False)
-    _compare(tmp_path / "l.safetensors", tmp_path / "sl.safetensors", p[0],
-             train(tiny_task, tiny_spec, last[0], tmp_path / "sl.safetensors", device="cpu", progress=False))
+    _compare(
+        tmp_path / "l.safetensors",
+        tmp_path / "sl.safetensors",
+        p[0],
+        train(tiny_task, tiny_spec, last[0], tmp_path / "sl.safetensors", device="cpu", progress=False),
+    )
 
 
 def test_population_checkpoints_are_ordinary(tmp_path, tiny_task, tiny_spec, tiny_cfg):
@@ -139,13 +158,21 @@ def test_population_checkpoints_are_ordinary(tmp_path, tiny_task, tiny_spec, tin
     ckpt = load_checkpoint(outs[1], device="cpu")
     assert ckpt.training["population"]["size"] == 2 and ckpt.spec.init_seed == 1
     tokens = tiny_task.dataset("test").tokens[:3]
-    code = ("import json,sys,torch; from safetensors import safe_open; from safetensors.torch import load_file; "
-            "from transformer_lens import HookedTransformer, HookedTransformerConfig; p=sys.argv[1]; "
-            "cfg=json.loads(safe_open(p,'pt').metadata()['tl_config']); m=HookedTransformer(HookedTransformerConfig(**cfg)); "
-            "m.load_state_dict(load_file(p)); t=torch.tensor(json.loads(sys.argv[2])); "
-            "print(json.dumps(m(t).tolist()))")
-    res = subprocess.run([sys.executable, "-c", code, str(outs[1]), json.dumps(tokens.tolist())], capture_output=True,
-                         text=True, cwd=tmp_path, check=True)
+    code = (
+        "import json,sys,torch; from safetensors import safe_open; from safetensors.torch import load_file; "
+        "from transformer_lens import HookedTransformer, HookedTransformerConfig; p=sys.argv[1]; "
+        "cfg=json.loads(safe_open(p,'pt').metadata()['tl_config']); "
+        "m=HookedTransformer(HookedTransformerConfig(**cfg)); "
+        "m.load_state_dict(load_file(p)); t=torch.tensor(json.loads(sys.argv[2])); "
+        "print(json.dumps(m(t).tolist()))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(outs[1]), json.dumps(tokens.tolist())],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
     with torch.no_grad():
         torch.testing.assert_close(torch.tensor(json.loads(res.stdout)), ckpt.model(tokens), atol=1e-6, rtol=0)
 
@@ -154,17 +181,35 @@ def test_mixed_populations_are_refused(tmp_path, tiny_task, tiny_spec, tiny_cfg)
     from dataclasses import replace
 
     with pytest.raises(ConfigError, match="d_model"):
-        train_population(tiny_task, [tiny_spec, replace(tiny_spec, d_model=16, init_seed=1)], [tiny_cfg(), tiny_cfg()],
-                         [tmp_path / "a.safetensors", tmp_path / "b.safetensors"], device="cpu", progress=False)
+        train_population(
+            tiny_task,
+            [tiny_spec, replace(tiny_spec, d_model=16, init_seed=1)],
+            [tiny_cfg(), tiny_cfg()],
+            [tmp_path / "a.safetensors", tmp_path / "b.safetensors"],
+            device="cpu",
+            progress=False,
+        )
     with pytest.raises(ConfigError, match="batch_size"):
-        train_population(tiny_task, [tiny_spec, tiny_spec], [tiny_cfg(), tiny_cfg(batch_size=32)],
-                         [tmp_path / "a.safetensors", tmp_path / "b.safetensors"], device="cpu", progress=False)
+        train_population(
+            tiny_task,
+            [tiny_spec, tiny_spec],
+            [tiny_cfg(), tiny_cfg(batch_size=32)],
+            [tmp_path / "a.safetensors", tmp_path / "b.safetensors"],
+            device="cpu",
+            progress=False,
+        )
     with pytest.raises(ConfigError, match="one-layer"):
         two = replace(tiny_spec, n_layers=2)
         train_population(tiny_task, [two], [tiny_cfg()], [tmp_path / "a.safetensors"], device="cpu", progress=False)
     with pytest.raises(ConfigError, match="distinct"):
-        train_population(tiny_task, [tiny_spec, tiny_spec], [tiny_cfg(), tiny_cfg(seed=1)],
-                         [tmp_path / "a.safetensors"] * 2, device="cpu", progress=False)
+        train_population(
+            tiny_task,
+            [tiny_spec, tiny_spec],
+            [tiny_cfg(), tiny_cfg(seed=1)],
+            [tmp_path / "a.safetensors"] * 2,
+            device="cpu",
+            progress=False,
+        )
     assert not list(tmp_path.iterdir())  # nothing written
 
 
@@ -173,7 +218,9 @@ def test_evaluation_in_chunks_equals_one_chunk(tiny_task, tiny_spec):
     from interp.model import build_model
     from interp.population import PARAMS, _val_metrics, token_counts
 
-    models = [build_model(tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1, 2)]
+    models = [
+        build_model(tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1, 2)
+    ]
     P = {n: torch.stack([m.state_dict()[n] for m in models]) for n in PARAMS}
     data = tiny_task.dataset("val")
     scale = float(models[0].blocks[0].attn.attn_scale)
@@ -213,8 +260,14 @@ def test_halving_population_equals_halving_runs_alone(tmp_path, tiny_task, tiny_
 def test_halving_population_needs_a_scorer(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=1, halving="svc"), [0, 1])
     with pytest.raises(ConfigError, match="needs a head scorer"):
-        train_population(tiny_task, specs, cfgs, [tmp_path / "a.safetensors", tmp_path / "b.safetensors"],
-                         device="cpu", progress=False)
+        train_population(
+            tiny_task,
+            specs,
+            cfgs,
+            [tmp_path / "a.safetensors", tmp_path / "b.safetensors"],
+            device="cpu",
+            progress=False,
+        )
 
 
 _KILLED_POPULATION = """
@@ -258,8 +311,9 @@ def test_population_killed_with_sigkill_resumes_to_the_same_models(tmp_path, dro
     killed.mkdir()
     whole.mkdir()
     epochs = "12"
-    proc = subprocess.Popen([sys.executable, str(script), str(killed), epochs, dropout_at], env=env,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(killed), epochs, dropout_at], env=env, stderr=subprocess.PIPE
+    )
     resume, deadline, at = killed / "population.resume", time.time() + 300, 0
     while time.time() < deadline and at < 3:
         assert proc.poll() is None, proc.stderr.read().decode()[-800:]
@@ -289,23 +343,47 @@ def test_population_killed_with_sigkill_resumes_to_the_same_models(tmp_path, dro
 def test_population_resume_file_of_another_population_is_refused(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     from interp.errors import CheckpointError
 
-    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=3, save_every=1, dropout_at="attention"),
-                                  [0, 1])
+    specs, _cfgs = seed_population(
+        tiny_task, tiny_spec, tiny_cfg(epochs=3, save_every=1, dropout_at="attention"), [0, 1]
+    )
     resume = tmp_path / "p.resume"
-    specs2, cfgs2 = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=3, save_every=1, dropout_at="attention"),
-                                    [0, 1, 2])
+    specs2, cfgs2 = seed_population(
+        tiny_task, tiny_spec, tiny_cfg(epochs=3, save_every=1, dropout_at="attention"), [0, 1, 2]
+    )
     import interp.population as pop
 
     # a resume file written by one population and offered to another
-    pop._save_resume(resume, {"task": {"name": tiny_task.name, "params": tiny_task.params()},
-                              "specs": [s.to_dict() for s in specs], "configs": []}, {}, {})
+    pop._save_resume(
+        resume,
+        {
+            "task": {"name": tiny_task.name, "params": tiny_task.params()},
+            "specs": [s.to_dict() for s in specs],
+            "configs": [],
+        },
+        {},
+        {},
+    )
     with pytest.raises(CheckpointError, match="belongs to another population"):
-        train_population(tiny_task, specs2, cfgs2, [tmp_path / f"b{s}.safetensors" for s in range(3)], device="cpu",
-                         progress=False, resume_file=resume)
+        train_population(
+            tiny_task,
+            specs2,
+            cfgs2,
+            [tmp_path / f"b{s}.safetensors" for s in range(3)],
+            device="cpu",
+            progress=False,
+            resume_file=resume,
+        )
     resume.write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="corrupt"):
-        train_population(tiny_task, specs2, cfgs2, [tmp_path / f"b{s}.safetensors" for s in range(3)], device="cpu",
-                         progress=False, resume_file=resume)
+        train_population(
+            tiny_task,
+            specs2,
+            cfgs2,
+            [tmp_path / f"b{s}.safetensors" for s in range(3)],
+            device="cpu",
+            progress=False,
+            resume_file=resume,
+        )
 
 
 def test_first_best_keeps_the_first_epoch_at_the_best_validation_accuracy(tmp_path, tiny_task, tiny_spec, tiny_cfg):
@@ -317,8 +395,11 @@ def test_first_best_keeps_the_first_epoch_at_the_best_validation_accuracy(tmp_pa
         assert pop["kept"] == "first-best" and pop["kept_epoch"] == accs.index(max(accs)) + 1
 
 
-@pytest.mark.parametrize("shape", [dict(d_model=2, n_heads=1, d_head=2), dict(d_model=8, n_heads=64, d_head=2)],
-                         ids=["1 head", "64 heads, trained W_O"])
+@pytest.mark.parametrize(
+    "shape",
+    [dict(d_model=2, n_heads=1, d_head=2), dict(d_model=8, n_heads=64, d_head=2)],
+    ids=["1 head", "64 heads, trained W_O"],
+)
 def test_population_of_one_head_and_of_64_heads_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape):
     """The token-count forward and the halving mask on the shapes at both ends: one head (the thesis's d = 2, a = 1)
     and 64 heads whose W_O is trained (n_heads x d_head != d_model)."""

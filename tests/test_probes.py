@@ -58,7 +58,9 @@ def test_equals_plain_sklearn_on_run_with_cache_features(nm_ckpt, shipped_split)
         heads = [int(h[3:]) for h in subset]
         x_tr = z_tr[:, heads].flatten(1).numpy()
         x_te = z_te[:, heads].flatten(1).numpy()
-        clf = LinearSVC(penalty="l2", loss="squared_hinge", C=1000, dual=False, max_iter=10_000).fit(x_tr, train.labels.numpy())
+        clf = LinearSVC(penalty="l2", loss="squared_hinge", C=1000, dual=False, max_iter=10_000).fit(
+            x_tr, train.labels.numpy()
+        )
         acc = (clf.predict(x_te) == test.labels.numpy()).mean()
         auc = roc_auc_score(test.labels.numpy() == clf.classes_[1], clf.decision_function(x_te))
         assert abs(res.accuracy[i].item() - acc) <= 1 / len(test) + 1e-9

@@ -21,7 +21,10 @@ def test_protocol_and_params_round_trip(task):
     again = get_task(task.name, **task.params())
     assert again == task
     spec = task.default_spec()
-    assert spec["d_vocab"] == len(task.vocab) == task.n_symbols + 1 and spec["d_vocab_out"] == task.vocab.n_out == task.n_symbols
+    assert (
+        spec["d_vocab"] == len(task.vocab) == task.n_symbols + 1
+        and spec["d_vocab_out"] == task.vocab.n_out == task.n_symbols
+    )
     assert spec["n_ctx"] == task.seq_len + 1
     train = task.default_train()
     assert {"epochs", "batch_size", "lr", "weight_decay", "dropout"} <= set(train)
@@ -66,7 +69,9 @@ def test_metrics_separate_first_and_repeat(task):
     m = task.metrics(perfect, loss, data)
     assert m["accuracy"] == 1.0 and m["first_accuracy"] == 1.0 and m["answer_accuracy"] == 1.0
     assert m["loss"] == pytest.approx(0.25) and m["first_loss"] == pytest.approx(3.0)
-    assert m["all_loss"] == pytest.approx((0.25 * rep.sum() + 3.0 * first.sum()).item() / (rep.sum() + first.sum()).item())
+    assert m["all_loss"] == pytest.approx(
+        (0.25 * rep.sum() + 3.0 * first.sum()).item() / (rep.sum() + first.sum()).item()
+    )
     # an oracle for the repeats only: right exactly where the token is predictable in context
     oracle = torch.where(rep, data.targets, (data.targets + 1) % task.n_symbols)
     m = task.metrics(oracle, loss, data)

@@ -98,8 +98,11 @@ def test_report_builder_escapes_formats_and_inlines_scripts_once(tmp_path):
     r = Report(title="t <1>")
     r.section("First <b>", intro="intro & more")
     r.text("a <script>alert(1)</script> b\n\nsecond paragraph")
-    r.table([{"head": "L0H1", "score": 0.123456, "n": 3}, {"head": "<L0H2>", "score": torch.tensor(2.5), "extra": None}],
-            formats={"score": ".2f"}, caption="scores")
+    r.table(
+        [{"head": "L0H1", "score": 0.123456, "n": 3}, {"head": "<L0H2>", "score": torch.tensor(2.5), "extra": None}],
+        formats={"score": ".2f"},
+        caption="scores",
+    )
     r.section("Second")
     for _ in range(2):
         r.figure(go.Figure(go.Scatter(x=[1, 2], y=[3, 4])), caption="a figure")
@@ -111,8 +114,10 @@ def test_report_builder_escapes_formats_and_inlines_scripts_once(tmp_path):
     assert parsed.h2 == ["First <b>", "Second"]
     assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     rows = table_with_caption(parsed, "scores")
-    assert rows == [{"head": "L0H1", "score": "0.12", "n": "3", "extra": ""},
-                    {"head": "<L0H2>", "score": "2.50", "n": "", "extra": ""}]
+    assert rows == [
+        {"head": "L0H1", "score": "0.12", "n": "3", "extra": ""},
+        {"head": "<L0H2>", "score": "2.50", "n": "", "extra": ""},
+    ]
     from plotly.offline import get_plotlyjs
 
     assert page.count(get_plotlyjs()[:3000]) == 1  # plotly.js inlined once for two figures
@@ -245,7 +250,7 @@ def test_attention_views_show_every_head_and_the_models_patterns(shipped_page):
     from tasks import load_checkpoint
 
     name, text, _, _ = shipped_page
-    section = text[text.index("<h2>Attention patterns</h2>"):]
+    section = text[text.index("<h2>Attention patterns</h2>") :]
     views = [json.loads(props.replace("<\\/", "</")) for _, element, props in RENDER_RE.findall(section)]
     assert len(views) == 3
     ckpt = load_checkpoint(name, device="cpu")
@@ -280,7 +285,9 @@ def test_report_is_offline_by_inspection(shipped_page):
     assert text.count(get_plotlyjs()[:3000]) == 1
     assert text.count(circuitsvis_bundle()[:3000]) == 1
     # the libraries mention URLs inside their code (never loaded here); nothing else on the page does
-    assert "unpkg.com" not in text.replace(circuitsvis_bundle(), "") and "cdn.plot.ly" not in text.replace(get_plotlyjs(), "")
+    assert "unpkg.com" not in text.replace(circuitsvis_bundle(), "") and "cdn.plot.ly" not in text.replace(
+        get_plotlyjs(), ""
+    )
     assert all(s.strip() for s in page.scripts)  # every script is inline (none has a src)
 
 
@@ -306,12 +313,15 @@ def small_checkpoint(tmp_path_factory):
     return save_checkpoint(path, build_model(spec, device="cpu"), spec, task, {"seed": 0})
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("missing", "no checkpoint file"),
-    ("garbage", "not a valid .safetensors file"),
-    ("pickle", "looks like a pickle"),
-    ("truncated", "not a valid .safetensors file"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing", "no checkpoint file"),
+        ("garbage", "not a valid .safetensors file"),
+        ("pickle", "looks like a pickle"),
+        ("truncated", "not a valid .safetensors file"),
+    ],
+)
 def test_bad_checkpoint_is_one_line_and_leaves_no_file(case, expected, tmp_path, small_checkpoint, capsys):
     ckpt = tmp_path / f"{case}.safetensors"
     if case == "garbage":
@@ -328,15 +338,22 @@ def test_bad_checkpoint_is_one_line_and_leaves_no_file(case, expected, tmp_path,
     assert set(tmp_path.iterdir()) == before  # no report, no temp file
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("no-such-dir", "does not exist"),
-    ("is-a-dir", "is a directory"),
-    ("parent-is-a-file", "is not a directory"),
-    ("unwritable", "Permission denied"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("no-such-dir", "does not exist"),
+        ("is-a-dir", "is a directory"),
+        ("parent-is-a-file", "is not a directory"),
+        ("unwritable", "Permission denied"),
+    ],
+)
 def test_bad_output_path_is_one_line_and_leaves_no_file(case, expected, tmp_path, small_checkpoint, capsys):
-    out = {"no-such-dir": tmp_path / "missing" / "r.html", "is-a-dir": tmp_path,
-           "parent-is-a-file": tmp_path / "file.txt" / "r.html", "unwritable": Path("/sys/interp-report.html")}[case]
+    out = {
+        "no-such-dir": tmp_path / "missing" / "r.html",
+        "is-a-dir": tmp_path,
+        "parent-is-a-file": tmp_path / "file.txt" / "r.html",
+        "unwritable": Path("/sys/interp-report.html"),
+    }[case]
     (tmp_path / "file.txt").write_text("x")
     if case == "unwritable" and not Path("/sys").is_dir():
         pytest.skip("no /sys directory (not Linux): no unwritable directory to test with, even as root")
@@ -389,8 +406,13 @@ def test_model_card_and_views_of_an_untrained_checkpoint(small_checkpoint):
 def test_cli_subprocess_reports_a_missing_checkpoint_in_one_line(tmp_path):
     """The real command (one subprocess): exit status 1, one line on stderr, nothing written."""
     out = tmp_path / "r.html"
-    proc = subprocess.run([sys.executable, "-m", "interp.app", "report", str(tmp_path / "nope.safetensors"), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "interp.app", "report", str(tmp_path / "nope.safetensors"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("interp: error: no checkpoint file") and proc.stderr.strip().count("\n") == 0
     assert proc.stdout == "" and list(tmp_path.iterdir()) == []

@@ -23,11 +23,14 @@ from interp.training import TrainConfig, resume_path, train
 from tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
 class Stop(Exception):
     pass
 
 
 # -- 2. the kept "best" model: ties on validation accuracy go to the lower validation loss; --keep last -------------
+
 
 def test_best_epoch_breaks_accuracy_ties_by_validation_loss(tmp_path, tiny_cfg, tiny_task):
     """The issue's case in small: validation accuracy sits at the majority class (0.594 of 32 sequences) for
@@ -53,8 +56,9 @@ def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec, tiny_cf
     def remember(epoch, record):
         stops[epoch] = record
 
-    prov = train(tiny_task, tiny_spec, tiny_cfg(epochs=5, keep="last"), out, device="cpu", progress=False,
-                 on_epoch_end=remember)
+    prov = train(
+        tiny_task, tiny_spec, tiny_cfg(epochs=5, keep="last"), out, device="cpu", progress=False, on_epoch_end=remember
+    )
     assert prov["kept"] == "last" and prov["kept_epoch"] == 5
     ckpt = load_checkpoint(out, device="cpu")
     assert ckpt.training["kept_epoch"] == 5 and ckpt.training["config"]["keep"] == "last"
@@ -63,6 +67,7 @@ def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec, tiny_cf
 
 
 # -- 4. a task's analysis on another task's model fails at once ----------------------------------------------------
+
 
 def test_noisy_majority_analyses_refuse_the_induction_checkpoint_at_once():
     from analyses.noisy_majority.head_summary import head_summary
@@ -82,11 +87,17 @@ def test_noisy_majority_analyses_refuse_the_induction_checkpoint_at_once():
         with pytest.raises(TaskError) as e:
             call()
         # refused by a check before any computation (not after minutes of probe fits): the raising frame is a check
-        assert e.traceback[-1].name in {"check_data", "check_model_task", "check_model_data", "require_task_data",
-                                        "check_vocab"}, e.traceback[-1].name
+        assert e.traceback[-1].name in {
+            "check_data",
+            "check_model_task",
+            "check_model_data",
+            "require_task_data",
+            "check_vocab",
+        }, e.traceback[-1].name
 
 
 # -- 6. verdicts: wording with a tolerance, the grade says what it is based on, untrained models are flagged ---------
+
 
 def test_w02_wording_does_not_flip_at_exactly_one():
     from analyses.noisy_majority.head_summary import attention_words, verdict
@@ -105,7 +116,7 @@ def test_an_untrained_model_is_flagged_not_graded_good(tiny_task, tiny_spec):
     model = build_model(tiny_spec, device="cpu")
     train_data, test_data = tiny_task.dataset("train"), tiny_task.dataset("test")
     s = head_summary(model, train_data, test_data, pairs=False)
-    acc = s.to_dict()["model_accuracy"] if "model_accuracy" in s.to_dict() else None
+    acc = s.to_dict().get("model_accuracy", None)
     if s.warning is None:
         pytest.fail(f"no warning on an untrained model (accuracy {acc})")
     assert "chance" in s.warning or "untrained" in s.warning
@@ -113,6 +124,7 @@ def test_an_untrained_model_is_flagged_not_graded_good(tiny_task, tiny_spec):
 
 
 # -- 7. the minimal transformer is perfect; what remains below 1 is the thesis's own definition, and it is flagged ---
+
 
 def test_minimal_transformer_separation_is_explained():
     from analyses.noisy_majority.handbuilt import minimal_majority_transformer
@@ -150,6 +162,7 @@ def test_centering_makes_the_probe_translation_invariant():
 
 # -- 9. empty data: one clear error --------------------------------------------------------------------------------
 
+
 def test_empty_data_gives_one_clear_error(nm_ckpt):
     from analyses.answer_cache import cache_answer
     from analyses.learned_accuracies import learned_accuracy
@@ -183,6 +196,7 @@ def test_float_tokens_in_logit_decomposition_are_refused(nm_ckpt):
 
 # -- 10, 11. resume files are never deleted silently; --resume reads its options; --out checked before training ------
 
+
 def _cli(*args):
     from interp.app.cli import main
 
@@ -192,13 +206,33 @@ def _cli(*args):
 @pytest.fixture(scope="module")
 def tiny_args(tiny_task):
     """`interp train` arguments for tiny_task and tiny_spec."""
-    sets = [a for k in ("train_size", "val_size", "test_size", "train_lengths", "val_lengths", "test_lengths")
-            for a in ("--set", f"{k}={json.dumps(tiny_task.params()[k]).replace(' ', '')}")]
-    return ["noisy-majority", *sets, "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--batch-size", "64",
-            "--lr", "0.01", "--quiet", "--threads", "1"]
+    sets = [
+        a
+        for k in ("train_size", "val_size", "test_size", "train_lengths", "val_lengths", "test_lengths")
+        for a in ("--set", f"{k}={json.dumps(tiny_task.params()[k]).replace(' ', '')}")
+    ]
+    return [
+        "noisy-majority",
+        *sets,
+        "--d-model",
+        "8",
+        "--n-heads",
+        "4",
+        "--d-head",
+        "2",
+        "--batch-size",
+        "64",
+        "--lr",
+        "0.01",
+        "--quiet",
+        "--threads",
+        "1",
+    ]
 
 
-def test_resume_file_protection_and_resume_without_retyping(tmp_path, capsys, tiny_task, tiny_spec, tiny_cfg, tiny_args):
+def test_resume_file_protection_and_resume_without_retyping(
+    tmp_path, capsys, tiny_task, tiny_spec, tiny_cfg, tiny_args
+):
     out = tmp_path / "run.safetensors"
 
     def stop(epoch, record):
@@ -206,8 +240,15 @@ def test_resume_file_protection_and_resume_without_retyping(tmp_path, capsys, ti
             raise Stop
 
     with pytest.raises(Stop):
-        train(tiny_task, tiny_spec, tiny_cfg(epochs=4, save_every=1, lr=0.01, batch_size=64, warmup_steps=None),
-              out, device="cpu", progress=False, on_epoch_end=stop)
+        train(
+            tiny_task,
+            tiny_spec,
+            tiny_cfg(epochs=4, save_every=1, lr=0.01, batch_size=64, warmup_steps=None),
+            out,
+            device="cpu",
+            progress=False,
+            on_epoch_end=stop,
+        )
     rfile = resume_path(out)
     assert rfile.exists()
     before = rfile.read_bytes()
@@ -230,8 +271,15 @@ def test_resume_file_protection_and_resume_without_retyping(tmp_path, capsys, ti
 def test_restart_deletes_the_resume_file_and_starts_over(tmp_path, capsys, tiny_task, tiny_spec, tiny_cfg, tiny_args):
     out = tmp_path / "run.safetensors"
     with pytest.raises(Stop):
-        train(tiny_task, tiny_spec, tiny_cfg(epochs=3, save_every=1), out, device="cpu", progress=False,
-              on_epoch_end=lambda e, r: (_ for _ in ()).throw(Stop()))
+        train(
+            tiny_task,
+            tiny_spec,
+            tiny_cfg(epochs=3, save_every=1),
+            out,
+            device="cpu",
+            progress=False,
+            on_epoch_end=lambda e, r: (_ for _ in ()).throw(Stop()),
+        )
     assert resume_path(out).exists()
     assert _cli("train", *tiny_args, "--epochs", "1", "--out", str(out), "--restart") == 0
     assert not resume_path(out).exists() and out.exists()
@@ -247,6 +295,7 @@ def test_train_out_is_checked_before_training(tmp_path, capsys, case, tiny_args)
 
 
 # -- 12. heads: what the docstrings promise and nothing else ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("bad", [(0, 1.7), (True, False), (0.0, 1), "L0H", "0.3.1", (0, 1, 2), None, (0, 16), (1, 0)])
 def test_bad_heads_are_refused(bad):
@@ -274,6 +323,7 @@ def test_good_heads_and_learned_accuracy_lookup(nm_ckpt):
 
 # -- 13. no temp files left behind --------------------------------------------------------------------------------
 
+
 def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
     from interp.files import AtomicFile, remove_stale_temps
 
@@ -295,8 +345,24 @@ def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
 def test_sigterm_during_report_leaves_no_temp_file(tmp_path):
     out = tmp_path / "r.html"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "interp.app", "report", "noisy-majority", "--out", str(out), "--quiet",
-                             "--threads", "1"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "interp.app",
+            "report",
+            "noisy-majority",
+            "--out",
+            str(out),
+            "--quiet",
+            "--threads",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list(tmp_path.glob(".r.html.*.tmp")):  # wait until the temp file exists
         if proc.poll() is not None:
@@ -311,13 +377,36 @@ def test_sigterm_during_report_leaves_no_temp_file(tmp_path):
 
 # -- 14. length generalisation: eval --set on NoPE models; positional models refuse clearly ------------------------
 
+
 def test_eval_on_longer_inputs_than_n_ctx(tmp_path, capsys, tiny_task):
-    assert _cli("eval", "noisy-majority", "--set", "test_lengths=[201,260]", "--set", "test_size=40", "--json",
-                "--threads", "1") == 0
+    assert (
+        _cli(
+            "eval",
+            "noisy-majority",
+            "--set",
+            "test_lengths=[201,260]",
+            "--set",
+            "test_size=40",
+            "--json",
+            "--threads",
+            "1",
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
-    assert res["task_params"]["test_lengths"] == [201, 260] and res["accuracy"]["test"] > 0.9  # NoPE: nothing depends on position
-    spec = ModelSpec(**{**get_task("noisy-majority").default_spec(), "d_model": 8, "n_heads": 2, "d_head": 2,
-                        "positional": "standard", "output_matrix": "learned"})
+    assert (
+        res["task_params"]["test_lengths"] == [201, 260] and res["accuracy"]["test"] > 0.9
+    )  # NoPE: nothing depends on position
+    spec = ModelSpec(
+        **{
+            **get_task("noisy-majority").default_spec(),
+            "d_model": 8,
+            "n_heads": 2,
+            "d_head": 2,
+            "positional": "standard",
+            "output_matrix": "learned",
+        }
+    )
     from interp.checkpoint import save_checkpoint
 
     task = tiny_task
@@ -328,6 +417,7 @@ def test_eval_on_longer_inputs_than_n_ctx(tmp_path, capsys, tiny_task):
 
 
 # -- 16, 17. direct logit attribution at the answer; positional QK of a NoPE model ----------------------------------
+
 
 def test_logit_difference_at_the_answer_sums_to_the_models(nm_ckpt):
     from analyses.circuits import logit_decomposition
@@ -344,8 +434,9 @@ def test_logit_difference_at_the_answer_sums_to_the_models(nm_ckpt):
     pos = target_positions(data)[:, 0] if target_positions(data).ndim == 2 else target_positions(data)
     at = logits[torch.arange(len(data)), pos]
     bias = float(dec.bias[good] - dec.bias[bad])  # the unembedding bias is the one term that is not a part
-    torch.testing.assert_close(diff.sum().double() + bias, (at[:, good] - at[:, bad]).double().mean(),
-                               atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(
+        diff.sum().double() + bias, (at[:, good] - at[:, bad]).double().mean(), atol=1e-4, rtol=1e-5
+    )
     assert diff.shape == (17,) and dec.part_names[0] == "direct"
 
 
@@ -357,6 +448,7 @@ def test_positional_qk_of_a_nope_model_is_refused(nm_ckpt):
 
 
 # -- 18. --threads is honoured and recorded --------------------------------------------------------------------------
+
 
 def test_threads_are_recorded_in_the_checkpoint(tmp_path, tiny_args):
     from tasks import read_metadata
@@ -371,6 +463,7 @@ def test_threads_are_recorded_in_the_checkpoint(tmp_path, tiny_args):
 
 
 # -- 19. report details ------------------------------------------------------------------------------------------------
+
 
 def test_report_figures_titles_triangles_labels_and_example_choice():
     from analyses.circuits import positional_qk_circuit

@@ -21,8 +21,15 @@ from tasks import get_task, load_checkpoint
 
 @pytest.fixture(scope="module")
 def nm():
-    task = get_task("noisy-majority", train_size=200, val_size=20, test_size=80, train_lengths=[0, 20],
-                    val_lengths=[21, 25], test_lengths=[26, 30])
+    task = get_task(
+        "noisy-majority",
+        train_size=200,
+        val_size=20,
+        test_size=80,
+        train_lengths=[0, 20],
+        val_lengths=[21, 25],
+        test_lengths=[26, 30],
+    )
     spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
     return Checkpoint(build_model(spec, device="cpu"), task, spec=spec)
 
@@ -145,15 +152,42 @@ def _population_results(ck):
     from analyses.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
     from interp.sweep_directory import results_frame
 
-    rows = [{"name": f"r{i}", "d_model": d, "n_heads": h, "lr": lr, "strategy": "normal", "seed": i,
-             "metrics": {"test": {"accuracy": acc}}}
-            for i, (d, h, lr, acc) in enumerate([(8, 4, 1e-3, 1.0), (8, 4, 3e-3, 0.9), (2, 1, 1e-3, 0.6),
-                                                 (2, 1, 3e-3, float("nan"))])]
+    rows = [
+        {
+            "name": f"r{i}",
+            "d_model": d,
+            "n_heads": h,
+            "lr": lr,
+            "strategy": "normal",
+            "seed": i,
+            "metrics": {"test": {"accuracy": acc}},
+        }
+        for i, (d, h, lr, acc) in enumerate(
+            [(8, 4, 1e-3, 1.0), (8, 4, 3e-3, 0.9), (2, 1, 1e-3, 0.6), (2, 1, 3e-3, float("nan"))]
+        )
+    ]
     frame = results_frame(rows)
-    census = Census([{"name": "r0", "d_model": 8, "n_heads": 4, "strategy": "normal", "seed": 0, "test_accuracy": 0.5,
-                      **run_heads(ck, 200, 80)}], 200, 80)
-    return {"Survival": accuracy_survival(frame), "GridAccuracy": grid_accuracy(frame),
-            "LearningRateAccuracy": lr_accuracy(frame), "Census": census}
+    census = Census(
+        [
+            {
+                "name": "r0",
+                "d_model": 8,
+                "n_heads": 4,
+                "strategy": "normal",
+                "seed": 0,
+                "test_accuracy": 0.5,
+                **run_heads(ck, 200, 80),
+            }
+        ],
+        200,
+        80,
+    )
+    return {
+        "Survival": accuracy_survival(frame),
+        "GridAccuracy": grid_accuracy(frame),
+        "LearningRateAccuracy": lr_accuracy(frame),
+        "Census": census,
+    }
 
 
 @pytest.fixture(scope="module")

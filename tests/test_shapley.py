@@ -25,8 +25,17 @@ from interp.model import ModelSpec, build_model
 
 
 def tiny(task, n_heads=4, n_layers=1, seed=0, d_model=8, d_head=2):
-    spec = ModelSpec(**{**task.default_spec(), "n_heads": n_heads, "n_layers": n_layers, "d_model": d_model,
-                        "d_head": d_head, "output_matrix": "learned", "init_seed": seed})
+    spec = ModelSpec(
+        **{
+            **task.default_spec(),
+            "n_heads": n_heads,
+            "n_layers": n_layers,
+            "d_model": d_model,
+            "d_head": d_head,
+            "output_matrix": "learned",
+            "init_seed": seed,
+        }
+    )
     return build_model(spec, device="cpu")
 
 
@@ -314,8 +323,9 @@ def test_svc_weights_match_sklearn(nm_ckpt):
     for mask in (0b0011, 0b1010, 0b1111):
         W, _ = svc_weights(x, tr.labels, torch.tensor([mask]))
         cols = [i * 2 + j for i in range(4) if mask >> i & 1 for j in range(2)]
-        clf = LinearSVC(C=1000.0, dual=False, tol=1e-8, max_iter=100000).fit(x.reshape(len(x), -1)[:, cols].numpy(),
-                                                                                 tr.labels.numpy())
+        clf = LinearSVC(C=1000.0, dual=False, tol=1e-8, max_iter=100000).fit(
+            x.reshape(len(x), -1)[:, cols].numpy(), tr.labels.numpy()
+        )
         w = W[0].numpy()
         assert w[0] == pytest.approx(clf.intercept_[0], rel=1e-3, abs=1e-3)
         np.testing.assert_allclose(w[1:][cols], clf.coef_[0], rtol=1e-3, atol=1e-3)
@@ -329,8 +339,21 @@ def test_cli_json(tmp_path, capsys):
     from interp.app.cli import main
 
     out = tmp_path / "shapley.json"
-    rc = main(["shapley", "noisy-majority", "--value", "learned-accuracy", "--json", "--out", str(out),
-               "--device", "cpu", "--threads", "1"])
+    rc = main(
+        [
+            "shapley",
+            "noisy-majority",
+            "--value",
+            "learned-accuracy",
+            "--json",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert d == json.loads(out.read_text())
@@ -343,8 +366,23 @@ def test_cli_json(tmp_path, capsys):
 def test_cli_sampled_and_errors(capsys):
     from interp.app.cli import main
 
-    rc = main(["shapley", "noisy-majority", "--value", "logit-diff", "--samples", "20", "--heads", "L0H8", "L0H1",
-               "L0H3", "--device", "cpu", "--quiet"])
+    rc = main(
+        [
+            "shapley",
+            "noisy-majority",
+            "--value",
+            "logit-diff",
+            "--samples",
+            "20",
+            "--heads",
+            "L0H8",
+            "L0H1",
+            "L0H3",
+            "--device",
+            "cpu",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "sampled, 20 permutations" in text and "L0H8" in text
@@ -362,7 +400,7 @@ def test_report_section(nm_ckpt):
     from interp.report_page import Report
 
     report = Report("t")
-    s, train, test, tr, te = checkpoint_summary(nm_ckpt, train_size=500, test_size=300)
+    s, _train, test, _tr, te = checkpoint_summary(nm_ckpt, train_size=500, test_size=300)
     _shapley_section(nm_ckpt, report, s, test, te)
     html = report.html()
     assert "Heads: Shapley values" in html and "exact, from all 65,536 coalitions" in html

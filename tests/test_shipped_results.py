@@ -14,8 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE1 = ROOT / "examples" / "results" / "table1"
-CELLS = {(32, 16, s) for s in ("normal", "svc", "shapley-svc", "mask-all-but-one")} | \
-        {(8, 4, s) for s in ("normal", "svc", "shapley-svc", "mask-all-but-one")} | {(2, 1, "normal")}
+CELLS = (
+    {(32, 16, s) for s in ("normal", "svc", "shapley-svc", "mask-all-but-one")}
+    | {(8, 4, s) for s in ("normal", "svc", "shapley-svc", "mask-all-but-one")}
+    | {(2, 1, "normal")}
+)
 
 
 def _rows():
@@ -33,25 +36,42 @@ def test_shipped_table1_has_every_cell_with_the_same_number_of_runs():
 
 
 def test_interp_table_prints_table1_from_the_shipped_results():
-    out = subprocess.run([sys.executable, "-m", "interp.app", "table", str(TABLE1), "--json"], cwd=ROOT,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-m", "interp.app", "table", str(TABLE1), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-800:]
     table = json.loads(out.stdout)
     assert {(t["d_model"], t["n_heads"], t["strategy"]) for t in table} == CELLS
     rows = _rows()
     for t in table:  # recount: a halving run left with more than one head scores 0 (Fraknói 2024, Table 1)
-        cell = [r for r in rows if (r["d_model"], r["n_heads"], r["strategy"]) == (t["d_model"], t["n_heads"],
-                                                                                    t["strategy"])]
-        accs = [0.0 if r["strategy"] != "normal" and r["final_active_heads"] != 1 else r["accuracy"]["test"]
-                for r in cell]
+        cell = [
+            r
+            for r in rows
+            if (r["d_model"], r["n_heads"], r["strategy"]) == (t["d_model"], t["n_heads"], t["strategy"])
+        ]
+        accs = [
+            0.0 if r["strategy"] != "normal" and r["final_active_heads"] != 1 else r["accuracy"]["test"] for r in cell
+        ]
         hits = sum(a >= 1.0 for a in accs)
         assert t["runs"] == len(cell) and t["share_test_at_1"] == pytest.approx(hits / len(cell))
         n, p, z = len(cell), hits / len(cell), 1.959963984540054  # Wilson 95%, written out
-        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        centre, half = (
+            (p + z * z / (2 * n)) / (1 + z * z / n),
+            z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n),
+        )
         assert t["share_test_at_1_low"] == pytest.approx(0.0 if hits == 0 else centre - half, abs=1e-12)
         assert t["share_test_at_1_high"] == pytest.approx(1.0 if hits == n else centre + half, abs=1e-12)
-    text = subprocess.run([sys.executable, "-m", "interp.app", "table", str(TABLE1)], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    text = subprocess.run(
+        [sys.executable, "-m", "interp.app", "table", str(TABLE1)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert text.returncode == 0 and "shapley-svc" in text.stdout and "[" in text.stdout
 
 

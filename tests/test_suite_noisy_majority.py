@@ -20,8 +20,13 @@ def _strict(name):
 
 @pytest.fixture(scope="module")
 def summary(nm_ckpt):
-    out = subprocess.run([sys.executable, "-m", "interp.app", "analyze", "noisy-majority", "--json", "--device", "cpu"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "interp.app", "analyze", "noisy-majority", "--json", "--device", "cpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout, parse_constant=_strict)
 
@@ -80,8 +85,15 @@ def test_report_sections(nm_ckpt):
     report = Report()
     suite_for("noisy-majority").add_report_sections(ckpt, report, progress=False)
     titles = [s.title for s in report.sections]
-    assert titles == ["Heads: learned and separation accuracy", "Heads: Shapley values", "Head pairs",
-                      "Attention ratios", "Head outputs", "Attention interventions", "Activation patching"]
+    assert titles == [
+        "Heads: learned and separation accuracy",
+        "Heads: Shapley values",
+        "Head pairs",
+        "Attention ratios",
+        "Head outputs",
+        "Attention interventions",
+        "Activation patching",
+    ]
     assert report.n_figures == 9
     page = report.html()
     assert "Figure 8" in page and "L0H15" in page and "400 train and 150 test" in page

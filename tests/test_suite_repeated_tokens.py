@@ -118,7 +118,9 @@ def test_path_specific_ablation_names_what_it_removed(ckpt):
     The value path cannot change a layer-1 pattern at all; the key path must collapse induction far more than the
     query path."""
     toks = probe_tokens(ckpt.task)  # the one default probe (seed PROBE_SEED)
-    tests = {p: ablation_induction_test(ckpt.model, toks, sources=["L0H1"], path=p) for p in ("all", "query", "key", "value")}
+    tests = {
+        p: ablation_induction_test(ckpt.model, toks, sources=["L0H1"], path=p) for p in ("all", "query", "key", "value")
+    }
     base = tests["all"].base
     for p, t in tests.items():
         assert torch.allclose(t.base, base) and t.path == p and p in t.to_dict()["path"]
@@ -150,7 +152,9 @@ def test_key_path_equals_a_hand_written_hook(ckpt):
 
     model.set_use_split_qkv_input(True)
     try:
-        pats = attention_patterns(model, toks, fwd_hooks=[("blocks.0.attn.hook_z", keep), ("blocks.1.hook_k_input", sub)])
+        pats = attention_patterns(
+            model, toks, fwd_hooks=[("blocks.0.attn.hook_z", keep), ("blocks.1.hook_k_input", sub)]
+        )
     finally:
         model.set_use_split_qkv_input(False)
     want = scores_from_patterns(pats, {"induction": target_masks(toks)["induction"]})["induction"]

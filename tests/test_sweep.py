@@ -27,7 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_parsing():
     assert parse_seeds("0..3") == [0, 1, 2, 3] and parse_seeds("5,1,5") == [1, 5]
     assert parse_grid(["d_model=8,32", "lr=1e-3,3e-3", "dropout_at=attention"]) == {
-        "d_model": [8, 32], "lr": [0.001, 0.003], "dropout_at": ["attention"]}
+        "d_model": [8, 32],
+        "lr": [0.001, 0.003],
+        "dropout_at": ["attention"],
+    }
     for bad in ("a..b", "", "-1"):
         with pytest.raises(ConfigError, match="seeds"):
             parse_seeds(bad)
@@ -47,16 +50,27 @@ def test_wilson_interval_known_values():
 
 def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     cfg = tiny_cfg(epochs=2)
-    rows = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path, group=2, device="cpu",
-                     progress=False)
+    rows = run_sweep(
+        tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path, group=2, device="cpu", progress=False
+    )
     names = [r["name"] for r in rows]  # task, grid values, seed, then the hash of the whole configuration
-    assert [n.rsplit("-", 1)[0] for n in names] == ["noisy-majority-lr0.01-seed0", "noisy-majority-lr0.01-seed1",
-                                                    "noisy-majority-lr0.003-seed0", "noisy-majority-lr0.003-seed1"]
+    assert [n.rsplit("-", 1)[0] for n in names] == [
+        "noisy-majority-lr0.01-seed0",
+        "noisy-majority-lr0.01-seed1",
+        "noisy-majority-lr0.003-seed0",
+        "noisy-majority-lr0.003-seed1",
+    ]
     assert names[0][-8:] == names[1][-8:] != names[2][-8:] == names[3][-8:]  # one configuration, one hash
     assert read_results(tmp_path) == rows
     assert all(r["population"]["size"] == 2 for r in rows)  # lr varies within a batch: 4 runs in 2 groups of 2
-    solo = train(tiny_task, tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": 1}),
-                 tiny_cfg(epochs=2, lr=3e-3, seed=1), tmp_path / "solo.safetensors", device="cpu", progress=False)
+    solo = train(
+        tiny_task,
+        tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": 1}),
+        tiny_cfg(epochs=2, lr=3e-3, seed=1),
+        tmp_path / "solo.safetensors",
+        device="cpu",
+        progress=False,
+    )
     got = load_file(tmp_path / rows[3]["checkpoint"])
     want = load_file(tmp_path / "solo.safetensors")
     for k in got:
@@ -67,8 +81,9 @@ def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_sp
     stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()}
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
     (tmp_path / rows[0]["checkpoint"]).unlink()
-    again = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path, group=2, device="cpu",
-                      progress=False)
+    again = run_sweep(
+        tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path, group=2, device="cpu", progress=False
+    )
     assert [r["name"] for r in again] == [r["name"] for r in rows]
     assert [r["accuracy"] for r in again] == [r["accuracy"] for r in rows]
     for p, t in stamp.items():
@@ -80,9 +95,32 @@ def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_sp
 
 def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task, capsys):
     # 8 runs of 4 epochs, killed as soon as the first row is written: the other 7 cannot finish within one poll
-    args = [sys.executable, "-m", "interp.app", "sweep", "noisy-majority", "--seeds", "0..7", "--group", "1",
-            "--d-model", "8", "--n-heads", "4", "--d-head", "2", "--epochs", "4", "--batch-size", "64", "--lr", "0.01",
-            "--threads", "1", "--quiet"]
+    args = [
+        sys.executable,
+        "-m",
+        "interp.app",
+        "sweep",
+        "noisy-majority",
+        "--seeds",
+        "0..7",
+        "--group",
+        "1",
+        "--d-model",
+        "8",
+        "--n-heads",
+        "4",
+        "--d-head",
+        "2",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "64",
+        "--lr",
+        "0.01",
+        "--threads",
+        "1",
+        "--quiet",
+    ]
     for k in ("train_size", "val_size", "test_size", "train_lengths", "val_lengths", "test_lengths"):
         args += ["--set", f"{k}={json.dumps(tiny_task.params()[k]).replace(' ', '')}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -103,8 +141,17 @@ def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task
 
     whole = tmp_path / "whole"  # the same sweep, uninterrupted, in this process
     spec = ModelSpec(**{**tiny_task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2})
-    run_sweep(tiny_task, spec, TrainConfig(epochs=4, batch_size=64, lr=0.01), list(range(8)), {}, whole, group=1,
-              device="cpu", progress=False)
+    run_sweep(
+        tiny_task,
+        spec,
+        TrainConfig(epochs=4, batch_size=64, lr=0.01),
+        list(range(8)),
+        {},
+        whole,
+        group=1,
+        device="cpu",
+        progress=False,
+    )
     a, b = read_results(killed), read_results(whole)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("checkpoint", "wall_seconds")} for r in rows]  # noqa: E731
     assert strip(a) == strip(b)
@@ -118,13 +165,34 @@ def test_ray_backend_on_a_real_local_cluster_equals_local(tmp_path, tiny_task, t
     """Groups as Ray tasks on a real local Ray instance (2 CPUs): the same rows and weights as the local backend."""
     ray = pytest.importorskip("ray")
     cfg = tiny_cfg(epochs=2)
-    local = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path / "local", group=1,
-                      device="cpu", progress=False, threads=1)
+    local = run_sweep(
+        tiny_task,
+        tiny_spec,
+        cfg,
+        [0, 1],
+        {"lr": [1e-2, 3e-3]},
+        tmp_path / "local",
+        group=1,
+        device="cpu",
+        progress=False,
+        threads=1,
+    )
     before = torch.get_num_threads()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        remote = run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {"lr": [1e-2, 3e-3]}, tmp_path / "ray", group=1,
-                           device="cpu", progress=False, backend="ray", threads=1)
+        remote = run_sweep(
+            tiny_task,
+            tiny_spec,
+            cfg,
+            [0, 1],
+            {"lr": [1e-2, 3e-3]},
+            tmp_path / "ray",
+            group=1,
+            device="cpu",
+            progress=False,
+            backend="ray",
+            threads=1,
+        )
     finally:
         ray.shutdown()
         torch.set_num_threads(before)
@@ -142,8 +210,18 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
     from analyses.halving import scorer
 
     cfg = tiny_cfg(epochs=3, halving="random", halving_threshold=0.01)
-    rows = run_sweep(tiny_task, tiny_spec, cfg, [0], {"halving": ["random", "learned"]}, tmp_path, group=4,
-                     device="cpu", progress=False, scorer_for=scorer)
+    rows = run_sweep(
+        tiny_task,
+        tiny_spec,
+        cfg,
+        [0],
+        {"halving": ["random", "learned"]},
+        tmp_path,
+        group=4,
+        device="cpu",
+        progress=False,
+        scorer_for=scorer,
+    )
     assert [r["halving"] for r in rows] == ["random", "learned"]
     assert all(r["halving_result"]["success"] for r in rows)  # 4 heads -> 2 -> 1 in three epochs
     assert [r["strategy"] for r in rows] == ["random", "learned"] and [r["final_active_heads"] for r in rows] == [1, 1]
@@ -156,8 +234,14 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
 
     page = build_sweep_report(tmp_path, progress=False).html()  # Figure 11: the strategies of one shape together
     assert "the halving strategies on [0.98, 1]" in page and "random" in page and "learned" in page
-    failed = [{**rows[0], "halving_result": {**rows[0]["halving_result"], "success": False},
-               "accuracy": {"test": 1.0}, "metrics": {"test": {"accuracy": 1.0}}}]
+    failed = [
+        {
+            **rows[0],
+            "halving_result": {**rows[0]["halving_result"], "success": False},
+            "accuracy": {"test": 1.0},
+            "metrics": {"test": {"accuracy": 1.0}},
+        }
+    ]
     assert population_table(failed)[0]["mean_test_accuracy"] == 0.0  # the seed: a run left with > 1 head scores 0
     from interp.population import seed_population, train_population
 

@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from tests.test_browser import box, browser, pixel_std  # noqa: F401  (the headless-Chromium fixture and helpers)
 
 from analyses.populations import population_table
 from interp.app.cli import build_parser, main
 from interp.app.sweeps import run_sweep
 from interp.sweep_directory import config_columns_all, load_results, sweep_status
 from tasks import load_checkpoint, read_metadata
+from tests.test_browser import box, browser, pixel_std  # noqa: F401  (browser: the Chromium fixture, by name)
 
-PARAMS = dict(train_size=256, val_size=64, test_size=96, train_lengths=[0, 20], val_lengths=[21, 30],
-              test_lengths=[31, 40])
+PARAMS = dict(
+    train_size=256, val_size=64, test_size=96, train_lengths=[0, 20], val_lengths=[21, 30], test_lengths=[31, 40]
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,20 @@ def sweep(tmp_path_factory):
 def test_load_results_rows_and_csv(sweep):
     frame = load_results(sweep)
     assert len(frame) == 4
-    for col in (*config_columns_all(), "seed", "best_epoch", "kept_epoch", "train_accuracy", "val_accuracy", "test_accuracy",
-                "test_eos_accuracy", "final_active_heads", "wall_seconds", "population_size", "population_forward"):
+    for col in (
+        *config_columns_all(),
+        "seed",
+        "best_epoch",
+        "kept_epoch",
+        "train_accuracy",
+        "val_accuracy",
+        "test_accuracy",
+        "test_eos_accuracy",
+        "final_active_heads",
+        "wall_seconds",
+        "population_size",
+        "population_forward",
+    ):
         assert col in frame.columns, col
     assert set(frame["strategy"]) == {"normal"} and list(frame["n_heads"]) == [1, 1, 2, 2]
     assert list(frame["final_active_heads"]) == [1, 1, 2, 2]
@@ -56,18 +69,31 @@ def test_load_results_rows_and_csv(sweep):
         assert row["best_epoch"] == meta["training"]["best_epoch"]
     csv = pd.read_csv(sweep / "results.csv")
     assert list(csv.columns) == list(frame.columns)
-    pd.testing.assert_frame_equal(csv[["name", "lr", "test_accuracy", "test_eos_accuracy", "final_active_heads"]],
-                                  frame[["name", "lr", "test_accuracy", "test_eos_accuracy", "final_active_heads"]],
-                                  check_dtype=False)
+    pd.testing.assert_frame_equal(
+        csv[["name", "lr", "test_accuracy", "test_eos_accuracy", "final_active_heads"]],
+        frame[["name", "lr", "test_accuracy", "test_eos_accuracy", "final_active_heads"]],
+        check_dtype=False,
+    )
 
 
 def test_rows_of_older_sweeps_still_load(sweep, tmp_path):
     """The schema before this issue: grid keys only, nested accuracy; the configuration comes from the checkpoint."""
     new = [json.loads(line) for line in (sweep / "results.jsonl").read_text().splitlines()]
-    old = [{"name": r["name"], "n_heads": r["n_heads"], "lr": r["lr"], "seed": r["seed"],
+    old = [
+        {
+            "name": r["name"],
+            "n_heads": r["n_heads"],
+            "lr": r["lr"],
+            "seed": r["seed"],
             "checkpoint": str(sweep / r["checkpoint"]),  # older sweeps wrote absolute paths
-            "accuracy": r["accuracy"], "kept_epoch": r["kept_epoch"], "epochs_run": r["epochs_run"],
-            "population": r["population"], "halving_result": None} for r in new]
+            "accuracy": r["accuracy"],
+            "kept_epoch": r["kept_epoch"],
+            "epochs_run": r["epochs_run"],
+            "population": r["population"],
+            "halving_result": None,
+        }
+        for r in new
+    ]
     old.append({**old[0], "name": "lost", "checkpoint": str(tmp_path / "gone.safetensors")})  # checkpoint deleted
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
     frame = load_results(tmp_path)
@@ -81,10 +107,20 @@ def test_rows_of_older_sweeps_still_load(sweep, tmp_path):
 def _hand_rows(accs, **config):
     rows = []
     for i, (acc, success) in enumerate(accs):
-        rows.append({"name": f"r{i}", "d_model": 8, "n_heads": 4, "lr": 1e-3, "seed": i, "checkpoint": "",
-                     "accuracy": {"test": acc}, "metrics": {"test": {"accuracy": acc}},
-                     "halving_result": None if success is None else {"success": success, "active": ["L0H0"]},
-                     **config})
+        rows.append(
+            {
+                "name": f"r{i}",
+                "d_model": 8,
+                "n_heads": 4,
+                "lr": 1e-3,
+                "seed": i,
+                "checkpoint": "",
+                "accuracy": {"test": acc},
+                "metrics": {"test": {"accuracy": acc}},
+                "halving_result": None if success is None else {"success": success, "active": ["L0H0"]},
+                **config,
+            }
+        )
     return rows
 
 
@@ -132,7 +168,11 @@ def test_status_resume_and_option_aliases(sweep, tmp_path, capsys):
     lost.unlink()
     status = sweep_status(d)
     assert [(s["n_heads"], s["lr"], s["done"], s["todo"]) for s in status] == [
-        (1, 0.01, 1, 0), (1, 0.003, 1, 0), (2, 0.01, 0, 1), (2, 0.003, 1, 0)]
+        (1, 0.01, 1, 0),
+        (1, 0.003, 1, 0),
+        (2, 0.01, 0, 1),
+        (2, 0.003, 1, 0),
+    ]
     capsys.readouterr()
     assert main(["sweep", str(d), "--status"]) == 0
     assert "3 of 4 runs done, 1 to do" in capsys.readouterr().out
@@ -163,7 +203,7 @@ def test_population_figures_against_hand_and_pandas(sweep):
     assert s.curve("a") == ([0.5, 0.98, 1.0], [1.0, 0.75, 0.5]) and s.share_at_least("a", 0.99) == 0.5
     frame = load_results(sweep)
     surv = accuracy_survival(frame)
-    assert sorted(sum(surv.groups.values(), [])) == sorted(frame["test_accuracy"])
+    assert sorted(v for g in surv.groups.values() for v in g) == sorted(frame["test_accuracy"])
     assert len(surv.groups) == 4  # n_heads x lr
     grid = grid_accuracy(frame)
     assert grid.d_models == [4] and grid.n_heads == [1, 2]
@@ -202,8 +242,9 @@ def test_census_equals_each_models_head_summary_and_resumes(sweep):
                 assert got[k] == pytest.approx(w[k], rel=1e-4) or (math.isinf(got[k]) and got[k] == w[k]), k
     good = {(e["n_heads"],): e for e in c.good_heads()}
     assert good[(1,)]["runs"] == 2 and good[(2,)]["runs"] == 2
-    assert sum(e[f"good_{k}"] * k for e in c.good_heads() for k in range(3) if f"good_{k}" in e) == \
-        sum(h["grade"] == "good" for h in c.heads())
+    assert sum(e[f"good_{k}"] * k for e in c.good_heads() for k in range(3) if f"good_{k}" in e) == sum(
+        h["grade"] == "good" for h in c.heads()
+    )
     # resumable: a cached run is not computed again (a marked entry survives), a missing one is
     cached = read_census(sweep)
     names = list(cached)
@@ -223,8 +264,13 @@ def test_sweep_report_renders_offline_in_chromium(sweep, tmp_path, browser):
     out = tmp_path / "sweep.html"
     assert main(["report", str(sweep), "--out", str(out), "--quiet", "--threads", "1"]) == 0
     text = out.read_text(encoding="utf-8")
-    for heading in ("Table 1", "Test accuracy, 1 - CDF", "Accuracy over d_model and n_heads",
-                    "Accuracy over learning rates", "Heads across the population"):
+    for heading in (
+        "Table 1",
+        "Test accuracy, 1 - CDF",
+        "Accuracy over d_model and n_heads",
+        "Accuracy over learning rates",
+        "Heads across the population",
+    ):
         assert heading in text, heading
     n_figures = text.count('class="plotly-graph-div"')
     assert n_figures == 6  # 1 - CDF twice, Figure 2, Figure 3, Figure 7, per-head 1 - CDF
@@ -243,8 +289,9 @@ def test_sweep_report_renders_offline_in_chromium(sweep, tmp_path, browser):
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.goto(out.resolve().as_uri(), wait_until="load")
-        page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                               timeout=30_000)
+        page.wait_for_function(
+            f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}", timeout=30_000
+        )
         plots = page.query_selector_all(".js-plotly-plot")
         assert len(plots) == n_figures
         for el in plots:
@@ -290,8 +337,11 @@ def test_a_results_table_without_checkpoints_still_reports(sweep, tmp_path):
     d.mkdir()
     shutil.copy(sweep / "sweep.json", d / "sweep.json")
     rows = [json.loads(line) for line in (sweep / "results.jsonl").read_text().splitlines()]
-    (d / "results.jsonl").write_text("".join(  # the paths of the machine that ran it
-        json.dumps({**r, "checkpoint": f"/elsewhere/runs/{r['name']}.safetensors"}) + "\n" for r in rows))
+    (d / "results.jsonl").write_text(
+        "".join(  # the paths of the machine that ran it
+            json.dumps({**r, "checkpoint": f"/elsewhere/runs/{r['name']}.safetensors"}) + "\n" for r in rows
+        )
+    )
     entries = list(read_census(sweep).values())
     (d / CENSUS).write_text("".join(json.dumps(e) + "\n" for e in entries[:3]))  # the last run's entry lost
     assert len(load_results(d)) == 4 and population_table(load_results(d))
@@ -312,8 +362,16 @@ def test_two_layer_runs_sweep_table_and_report(tmp_path, tiny_task, tiny_spec, t
     from interp.app.report import write_sweep_report
     from interp.app.sweeps import run_sweep
 
-    rows = run_sweep(tiny_task, replace(tiny_spec, n_layers=2), tiny_cfg(epochs=1), [0, 1], {}, tmp_path,
-                     device="cpu", progress=False)
+    rows = run_sweep(
+        tiny_task,
+        replace(tiny_spec, n_layers=2),
+        tiny_cfg(epochs=1),
+        [0, 1],
+        {},
+        tmp_path,
+        device="cpu",
+        progress=False,
+    )
     assert all(r["population"] is None and r["n_layers"] == 2 for r in rows)
     table = population_table(load_results(tmp_path))
     assert len(table) == 1 and table[0]["runs"] == 2

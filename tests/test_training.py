@@ -32,7 +32,9 @@ def test_training_is_deterministic_for_a_seed(tmp_path, tiny_task, tiny_spec, ti
     wa, wb = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa) and a["history"] == b["history"]
     assert not torch.are_deterministic_algorithms_enabled()
-    c = train(tiny_task, tiny_spec, tiny_cfg(epochs=2, seed=1), tmp_path / "c.safetensors", device="cpu", progress=False)
+    c = train(
+        tiny_task, tiny_spec, tiny_cfg(epochs=2, seed=1), tmp_path / "c.safetensors", device="cpu", progress=False
+    )
     assert c["history"] != a["history"]
 
 
@@ -45,7 +47,14 @@ def test_multithreaded_training_of_the_seed_model_is_deterministic(tmp_path, tin
     torch.set_num_threads(2)
     try:
         for name in ("a", "b"):
-            train(task, spec, tiny_cfg(epochs=6, batch_size=128, lr=1e-3), tmp_path / f"{name}.safetensors", device="cpu", progress=False)
+            train(
+                task,
+                spec,
+                tiny_cfg(epochs=6, batch_size=128, lr=1e-3),
+                tmp_path / f"{name}.safetensors",
+                device="cpu",
+                progress=False,
+            )
     finally:
         torch.set_num_threads(threads)
     wa, wb = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
@@ -80,7 +89,9 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, tiny_task, ti
 
 def test_resume_refuses_missing_or_foreign_state(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     with pytest.raises(CheckpointError, match="no resume file"):
-        train(tiny_task, tiny_spec, tiny_cfg(), tmp_path / "none.safetensors", device="cpu", progress=False, resume=True)
+        train(
+            tiny_task, tiny_spec, tiny_cfg(), tmp_path / "none.safetensors", device="cpu", progress=False, resume=True
+        )
 
     out = tmp_path / "run.safetensors"
 

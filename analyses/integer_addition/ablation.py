@@ -42,9 +42,17 @@ class DigitAblation(Result):
     n: int
 
     def to_dict(self) -> dict:
-        return jsonable({"n": self.n, "cases": self.cases, "base": {"digit_accuracy": self.base_digit, "case_accuracy": self.base_case},
-                         "components": [{"component": c, "digit_accuracy": d, "case_accuracy": k}
-                                        for c, d, k in zip(self.components, self.digit_accuracy, self.case_accuracy)]})
+        return jsonable(
+            {
+                "n": self.n,
+                "cases": self.cases,
+                "base": {"digit_accuracy": self.base_digit, "case_accuracy": self.base_case},
+                "components": [
+                    {"component": c, "digit_accuracy": d, "case_accuracy": k}
+                    for c, d, k in zip(self.components, self.digit_accuracy, self.case_accuracy)
+                ],
+            }
+        )
 
     def drops(self) -> Tensor:
         """``[component, digit]`` accuracy lost by ablating each component."""
@@ -53,24 +61,48 @@ class DigitAblation(Result):
     def figure(self):
         from interp.visualize import heatmap
 
-        return heatmap(self.drops(), [f"digit {i}" for i in range(self.drops().shape[1])], self.components,
-                       title="accuracy drop per answer digit (0 = units) when a component is mean-ablated",
-                       colorscale="Reds", zmid=None, zmin=0, zmax=1, text_fmt=".2f")
+        return heatmap(
+            self.drops(),
+            [f"digit {i}" for i in range(self.drops().shape[1])],
+            self.components,
+            title="accuracy drop per answer digit (0 = units) when a component is mean-ablated",
+            colorscale="Reds",
+            zmid=None,
+            zmin=0,
+            zmax=1,
+            text_fmt=".2f",
+        )
 
     def case_figure(self):
         from interp.visualize import heatmap
 
         drop = self.base_case[None] - self.case_accuracy
-        return heatmap(drop, self.cases, self.components, title="accuracy drop per carry case when a component is mean-ablated",
-                       colorscale="Reds", zmid=None, zmin=0, zmax=1, text_fmt=".2f")
+        return heatmap(
+            drop,
+            self.cases,
+            self.components,
+            title="accuracy drop per carry case when a component is mean-ablated",
+            colorscale="Reds",
+            zmid=None,
+            zmin=0,
+            zmax=1,
+            text_fmt=".2f",
+        )
 
     def text(self, top: int = 6) -> str:
         drops = self.drops()
         order = drops.max(1).values.argsort(descending=True)[:top].tolist()
-        lines = [f"mean-ablation on {self.n} sums; intact digit accuracy " + " ".join(f"{v:.3f}" for v in self.base_digit.tolist())]
+        lines = [
+            f"mean-ablation on {self.n} sums; intact digit accuracy "
+            + " ".join(f"{v:.3f}" for v in self.base_digit.tolist())
+        ]
         for i in order:
-            lines.append(f"  {self.components[i]:<10} digit accuracy " + " ".join(f"{v:.3f}" for v in self.digit_accuracy[i].tolist())
-                         + "  | by case " + ", ".join(f"{c} {v:.2f}" for c, v in zip(self.cases, self.case_accuracy[i].tolist())))
+            lines.append(
+                f"  {self.components[i]:<10} digit accuracy "
+                + " ".join(f"{v:.3f}" for v in self.digit_accuracy[i].tolist())
+                + "  | by case "
+                + ", ".join(f"{c} {v:.2f}" for c, v in zip(self.cases, self.case_accuracy[i].tolist()))
+            )
         return "\n".join(lines)
 
 
@@ -89,13 +121,17 @@ def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: 
     check_nonempty(data)
     n = data.fields["n_digits"]
     if int(n.min()) != int(n.max()):
-        raise TaskError("component_ablation needs sums of one operand length (means are taken per position); "
-                        f"got lengths {sorted(set(n.tolist()))}")
+        raise TaskError(
+            "component_ablation needs sums of one operand length (means are taken per position); "
+            f"got lengths {sorted(set(n.tolist()))}"
+        )
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     device = next(model.parameters()).device
     data = data.to(device)
-    names = [f"blocks.{l}.attn.hook_z" for l in range(L)] + ([] if cfg.attn_only else [f"blocks.{l}.mlp.hook_post" for l in range(L)])
+    names = [f"blocks.{l}.attn.hook_z" for l in range(L)] + (
+        [] if cfg.attn_only else [f"blocks.{l}.mlp.hook_post" for l in range(L)]
+    )
     with torch.inference_mode():
         _, cache = model.run_with_cache(data.tokens, names_filter=lambda name: name in names)
     means = {k: cache[k].mean(0) for k in names}  # [pos, head, d_head] / [pos, d_mlp]
@@ -108,6 +144,7 @@ def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: 
         def hook(z, hook):
             m = mask[layer][None, None, :, None]
             return z * (1 - m) + means[hook.name][None] * m
+
         return hook
 
     def neuron_hook(lo, hi):
@@ -115,18 +152,30 @@ def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: 
             post = post.clone()
             post[..., lo:hi] = means[hook.name][None, :, lo:hi]
             return post
+
         return hook
 
     components, digit_rows, case_rows = [], [], []
     for i, (l, h) in enumerate((l, h) for l in range(L) for h in range(H)):
         d, c = _scores(model, data, [(f"blocks.{l}.attn.hook_z", z_hook(l, masks[i]))], case, codes)
-        components.append(head_label(l, h)); digit_rows.append(d); case_rows.append(c)
+        components.append(head_label(l, h))
+        digit_rows.append(d)
+        case_rows.append(c)
     if not cfg.attn_only:
         bounds = torch.linspace(0, cfg.d_mlp, neuron_groups + 1).round().long().tolist()
         for l in range(L):
             for g in range(neuron_groups):
                 lo, hi = bounds[g], bounds[g + 1]
                 d, c = _scores(model, data, [(f"blocks.{l}.mlp.hook_post", neuron_hook(lo, hi))], case, codes)
-                components.append(f"L{l}MLP[{lo}:{hi}]"); digit_rows.append(d); case_rows.append(c)
-    return DigitAblation(components, torch.stack(digit_rows), torch.stack(case_rows), [case_name(c) for c in codes],
-                         base_digit, base_case, len(data))
+                components.append(f"L{l}MLP[{lo}:{hi}]")
+                digit_rows.append(d)
+                case_rows.append(c)
+    return DigitAblation(
+        components,
+        torch.stack(digit_rows),
+        torch.stack(case_rows),
+        [case_name(c) for c in codes],
+        base_digit,
+        base_case,
+        len(data),
+    )

@@ -51,26 +51,45 @@ class CaseAccuracy(Result):
     n: int
 
     def to_dict(self) -> dict:
-        return jsonable({"exact_match": self.exact_match, "n": self.n, "by_digit_case": self.by_digit_case,
-                         "by_complexity": self.by_complexity, "by_digit": self.by_digit})
+        return jsonable(
+            {
+                "exact_match": self.exact_match,
+                "n": self.n,
+                "by_digit_case": self.by_digit_case,
+                "by_complexity": self.by_complexity,
+                "by_digit": self.by_digit,
+            }
+        )
 
     def figure(self):
         from plotly.subplots import make_subplots
 
-        fig = make_subplots(rows=1, cols=3, subplot_titles=("answer digit by carry case", "exact match by class",
-                                                            "answer digit by place value"))
+        fig = make_subplots(
+            rows=1,
+            cols=3,
+            subplot_titles=("answer digit by carry case", "exact match by class", "answer digit by place value"),
+        )
         for col, d in enumerate((self.by_digit_case, self.by_complexity, self.by_digit), start=1):
             keys = list(d)
-            fig.add_bar(x=keys, y=[d[k]["accuracy"] for k in keys], text=[f"n={d[k]['n']}" for k in keys],
-                        showlegend=False, row=1, col=col)
+            fig.add_bar(
+                x=keys,
+                y=[d[k]["accuracy"] for k in keys],
+                text=[f"n={d[k]['n']}" for k in keys],
+                showlegend=False,
+                row=1,
+                col=col,
+            )
         fig.update_yaxes(range=[0, 1.02])
         fig.update_layout(height=360, width=1000, template="plotly_white")
         return fig
 
     def text(self) -> str:
         lines = [f"exact match {self.exact_match:.4f} on {self.n} sums"]
-        for title, d in (("answer digit by carry case", self.by_digit_case), ("exact match by Quirke class", self.by_complexity),
-                         ("answer digit by place value (0 = units)", self.by_digit)):
+        for title, d in (
+            ("answer digit by carry case", self.by_digit_case),
+            ("exact match by Quirke class", self.by_complexity),
+            ("answer digit by place value (0 = units)", self.by_digit),
+        ):
             lines.append(f"{title}: " + ", ".join(f"{k} {v['accuracy']:.4f} (n={v['n']})" for k, v in d.items()))
         return "\n".join(lines)
 
@@ -101,23 +120,49 @@ class LengthAccuracy(Result):
     trained: tuple  # the training digit range
 
     def to_dict(self) -> dict:
-        return jsonable({"n_per_length": self.n, "train_digits": list(self.trained),
-                         "by_length": {str(L): {"exact_match": e, "digit_accuracy": d, "in_training": self.trained[0] <= L <= self.trained[1]}
-                                       for L, e, d in zip(self.lengths, self.exact_match, self.digit_accuracy)}})
+        return jsonable(
+            {
+                "n_per_length": self.n,
+                "train_digits": list(self.trained),
+                "by_length": {
+                    str(L): {
+                        "exact_match": e,
+                        "digit_accuracy": d,
+                        "in_training": self.trained[0] <= L <= self.trained[1],
+                    }
+                    for L, e, d in zip(self.lengths, self.exact_match, self.digit_accuracy)
+                },
+            }
+        )
 
     def figure(self):
         import plotly.graph_objects as go
 
         fig = go.Figure(go.Scatter(x=self.lengths, y=self.exact_match, mode="lines+markers", name="exact match"))
-        fig.add_vrect(x0=self.trained[0] - 0.5, x1=self.trained[1] + 0.5, fillcolor="green", opacity=0.08, line_width=0,
-                      annotation_text="training lengths")
-        fig.update_layout(xaxis_title="operand digits", yaxis_title="exact match", yaxis_range=[0, 1.02],
-                          template="plotly_white", height=360, width=560)
+        fig.add_vrect(
+            x0=self.trained[0] - 0.5,
+            x1=self.trained[1] + 0.5,
+            fillcolor="green",
+            opacity=0.08,
+            line_width=0,
+            annotation_text="training lengths",
+        )
+        fig.update_layout(
+            xaxis_title="operand digits",
+            yaxis_title="exact match",
+            yaxis_range=[0, 1.02],
+            template="plotly_white",
+            height=360,
+            width=560,
+        )
         return fig
 
     def text(self) -> str:
         cells = [f"{L}:{'n/a' if e is None else format(e, '.4f')}" for L, e in zip(self.lengths, self.exact_match)]
-        return f"exact match by operand digits (trained on {self.trained[0]}..{self.trained[1]}; {self.n} sums each): " + " ".join(cells)
+        return (
+            f"exact match by operand digits (trained on {self.trained[0]}..{self.trained[1]}; {self.n} sums each): "
+            + " ".join(cells)
+        )
 
 
 def accuracy_by_length(model: HookedTransformer, task: Task, lengths, n: int = 1000, seed: int = 0) -> LengthAccuracy:
@@ -136,7 +181,9 @@ def accuracy_by_length(model: HookedTransformer, task: Task, lengths, n: int = 1
             exact.append(None)
             digits.append(None)
             continue
-        t = get_task(task.name, **{**params, "test_digits": [L, L], "test_size": n, "max_digits": max(L, params["max_digits"])})
+        t = get_task(
+            task.name, **{**params, "test_digits": [L, L], "test_size": n, "max_digits": max(L, params["max_digits"])}
+        )
         data = t.dataset("test", seed)
         ok = correct_digits(model, data)
         exact.append(ok.all(1).float().mean().item())

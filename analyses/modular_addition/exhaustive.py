@@ -35,8 +35,16 @@ class AttentionSplit(Result):
     a_share_std: Tensor  # [head] std over pairs of attention(a) / (attention(a) + attention(b))
 
     def rows(self) -> list[dict]:
-        return [{"head": head_label(0, h), "to_a": float(self.to_a[h]), "to_b": float(self.to_b[h]),
-                 "to_=": float(self.to_eq[h]), "a_share_std": float(self.a_share_std[h])} for h in range(len(self.to_a))]
+        return [
+            {
+                "head": head_label(0, h),
+                "to_a": float(self.to_a[h]),
+                "to_b": float(self.to_b[h]),
+                "to_=": float(self.to_eq[h]),
+                "a_share_std": float(self.a_share_std[h]),
+            }
+            for h in range(len(self.to_a))
+        ]
 
     def to_dict(self) -> dict:
         return jsonable({"heads": self.rows()})
@@ -45,10 +53,17 @@ class AttentionSplit(Result):
         import plotly.graph_objects as go
 
         heads = [r["head"] for r in self.rows()]
-        fig = go.Figure([go.Bar(name=n, x=heads, y=v.tolist()) for n, v in
-                         (("a", self.to_a), ("b", self.to_b), ("=", self.to_eq))])
-        fig.update_layout(barmode="stack", title="Attention from '=' (mean over all pairs)", yaxis_title="attention",
-                          template="plotly_white", height=320, width=560)
+        fig = go.Figure(
+            [go.Bar(name=n, x=heads, y=v.tolist()) for n, v in (("a", self.to_a), ("b", self.to_b), ("=", self.to_eq))]
+        )
+        fig.update_layout(
+            barmode="stack",
+            title="Attention from '=' (mean over all pairs)",
+            yaxis_title="attention",
+            template="plotly_white",
+            height=320,
+            width=560,
+        )
         return fig
 
 
@@ -57,8 +72,9 @@ def attention_split(model: HookedTransformer, task: Task) -> AttentionSplit:
     check_model_task(model, task)
     pat = attention_patterns(model, all_pairs(task, model.W_E.device))[:, 0, :, -1, :].double()  # [pair, head, key]
     share = pat[..., 0] / (pat[..., 0] + pat[..., 1]).clamp_min(1e-12)
-    return AttentionSplit(pat[..., 0].mean(0).cpu(), pat[..., 1].mean(0).cpu(), pat[..., 2].mean(0).cpu(),
-                          share.std(0).cpu())
+    return AttentionSplit(
+        pat[..., 0].mean(0).cpu(), pat[..., 1].mean(0).cpu(), pat[..., 2].mean(0).cpu(), share.std(0).cpu()
+    )
 
 
 def ablated_accuracy(model: HookedTransformer, task: Task, heads=(), neurons=(), ablation: str = "zero") -> float:
@@ -78,6 +94,7 @@ def ablated_accuracies(model: HookedTransformer, task: Task, ablations, ablation
     labels = task.dataset("all").labels.to(device)
     ref = {}
     if ablation == "mean":
+
         def keep(x, hook):
             ref[hook.name] = x[:, -1].mean(0)
 
@@ -88,25 +105,28 @@ def ablated_accuracies(model: HookedTransformer, task: Task, ablations, ablation
     out = []
     for heads, neurons in ablations:
         hm = head_mask([list(heads)], cfg.n_layers, cfg.n_heads, device)[0]  # [layer, head]
-        neurons = [int(n) for n in neurons]
-        if neurons and (cfg.attn_only or min(neurons) < 0 or max(neurons) >= cfg.d_mlp):
-            raise InterpError(f"neurons must be indices in [0, {(cfg.d_mlp or 0) - 1}] of an MLP model, got {neurons}")
+        picked = [int(n) for n in neurons]
+        if picked and (cfg.attn_only or min(picked) < 0 or max(picked) >= cfg.d_mlp):
+            raise InterpError(f"neurons must be indices in [0, {(cfg.d_mlp or 0) - 1}] of an MLP model, got {picked}")
         hooks = []
         for l in range(cfg.n_layers):
             if hm[l].any():
+
                 def z_hook(z, hook, m=hm[l]):
                     r = ref.get(hook.name)
                     keep = (1 - m)[None, None, :, None]
                     return z * keep + (0 if r is None else r[None, None] * (1 - keep))
+
                 hooks.append((f"blocks.{l}.attn.hook_z", z_hook))
-        if neurons:
-            idx = torch.tensor(neurons, device=device)
+        if picked:
+            idx = torch.tensor(picked, device=device)
 
             def n_hook(x, hook, idx=idx):
                 x = x.clone()
                 r = ref.get(hook.name)
                 x[..., idx] = 0 if r is None else r[idx]
                 return x
+
             hooks.append(("blocks.0.mlp.hook_post", n_hook))
         with torch.inference_mode():
             logits = model.run_with_hooks(tokens, fwd_hooks=hooks)[:, -1]
@@ -127,15 +147,25 @@ class AblationTable(Result):
         return jsonable({"ablations": self.rows_})
 
 
-def ablation_table(model: HookedTransformer, task: Task, neuron_frequencies=None, ablation: str = "mean") -> AblationTable:
+def ablation_table(
+    model: HookedTransformer, task: Task, neuron_frequencies=None, ablation: str = "mean"
+) -> AblationTable:
     """Every head alone, all heads, and (given :class:`NeuronFrequencies`) each key frequency's neurons, ablated."""
     n_heads = model.cfg.n_heads
     items = [("none", (), ())] + [(head_label(0, h), [(0, h)], ()) for h in range(n_heads)]
     items.append(("all heads", [(0, h) for h in range(n_heads)], ()))
     if neuron_frequencies is not None:
         for k in neuron_frequencies.key_frequencies:
-            idx = torch.nonzero((neuron_frequencies.dominant == k) & (neuron_frequencies.fraction >= neuron_frequencies.threshold)).flatten().tolist()
+            idx = (
+                torch.nonzero(
+                    (neuron_frequencies.dominant == k) & (neuron_frequencies.fraction >= neuron_frequencies.threshold)
+                )
+                .flatten()
+                .tolist()
+            )
             if idx:
                 items.append((f"neurons of frequency {k} ({len(idx)})", (), idx))
     acc = ablated_accuracies(model, task, [(h, n) for _, h, n in items], ablation)
-    return AblationTable([{"ablated": name, "accuracy": float(a), "ablation": ablation} for (name, _, _), a in zip(items, acc)])
+    return AblationTable(
+        [{"ablated": name, "accuracy": float(a), "ablation": ablation} for (name, _, _), a in zip(items, acc)]
+    )

@@ -62,7 +62,9 @@ def frequency_energy(coeffs: Float[Tensor, "component ..."], p: int) -> Float[Te
     return torch.zeros(n_frequencies(p) + 1, dtype=sq.dtype, device=sq.device).index_add_(0, freq, sq)
 
 
-def find_key_frequencies(energy: Float[Tensor, " freq"], max_keys: int | None = None, min_ratio: float = 4.0) -> list[int]:
+def find_key_frequencies(
+    energy: Float[Tensor, " freq"], max_keys: int | None = None, min_ratio: float = 4.0
+) -> list[int]:
     """Key frequencies from energies per frequency 1 .. K (``energy[0]``, the constant, is ignored): the top ``k``
     where the largest drop between consecutive sorted energies (as a ratio) falls, if that drop is at least
     ``min_ratio``; else [] (no frequency stands out). ``max_keys`` (default K // 3) bounds ``k``."""
@@ -98,8 +100,15 @@ class FrequencyNorms(Result):
         return float(self.energy[self.key_frequencies].sum()) / total if total > 0 and self.key_frequencies else 0.0
 
     def to_dict(self) -> dict:
-        return jsonable({"what": self.what, "p": self.p, "key_frequencies": self.key_frequencies,
-                         "fraction_in_key_frequencies": self.fraction_in_keys(), "norm_per_frequency": self.norms})
+        return jsonable(
+            {
+                "what": self.what,
+                "p": self.p,
+                "key_frequencies": self.key_frequencies,
+                "fraction_in_key_frequencies": self.fraction_in_keys(),
+                "norm_per_frequency": self.norms,
+            }
+        )
 
     def figure(self):
         import plotly.graph_objects as go
@@ -107,10 +116,15 @@ class FrequencyNorms(Result):
         freqs = list(range(len(self.energy)))
         colors = ["#d62728" if f in self.key_frequencies else "#7f8ea3" for f in freqs]
         fig = go.Figure(go.Bar(x=freqs, y=self.norms.tolist(), marker_color=colors))
-        fig.update_layout(title=f"Norm of {self.what} per Fourier frequency (key frequencies in red: "
-                                f"{', '.join(map(str, self.key_frequencies)) or 'none'})",
-                          xaxis_title="frequency k (0 = constant)", yaxis_title="norm", template="plotly_white",
-                          height=340, width=820)
+        fig.update_layout(
+            title=f"Norm of {self.what} per Fourier frequency (key frequencies in red: "
+            f"{', '.join(map(str, self.key_frequencies)) or 'none'})",
+            xaxis_title="frequency k (0 = constant)",
+            yaxis_title="norm",
+            template="plotly_white",
+            height=340,
+            width=820,
+        )
         return fig
 
 
@@ -199,8 +213,9 @@ def mlp_activations(model: HookedTransformer, task: Task) -> Float[Tensor, "a b 
         store["post"] = act[:, -1].detach()
 
     with torch.inference_mode():
-        model.run_with_hooks(all_pairs(task, model.W_E.device), fwd_hooks=[("blocks.0.mlp.hook_post", keep)],
-                             return_type=None)
+        model.run_with_hooks(
+            all_pairs(task, model.W_E.device), fwd_hooks=[("blocks.0.mlp.hook_post", keep)], return_type=None
+        )
     return store["post"].double().reshape(p, p, -1)
 
 
@@ -223,24 +238,48 @@ class NeuronFrequencies(Result):
         return {int(v): int(c) for v, c in zip(vals, counts)}
 
     def to_dict(self) -> dict:
-        return jsonable({"p": self.p, "threshold": self.threshold, "clusters": self.clusters(),
-                         "fraction_explained_by_dominant": {"mean": float(self.fraction.mean()),
-                                                            "median": float(self.fraction.median())},
-                         "neurons_in_key_frequencies": int(sum(self.clusters().get(k, 0) for k in self.key_frequencies)),
-                         "dominant": self.dominant, "fraction": self.fraction})
+        return jsonable(
+            {
+                "p": self.p,
+                "threshold": self.threshold,
+                "clusters": self.clusters(),
+                "fraction_explained_by_dominant": {
+                    "mean": float(self.fraction.mean()),
+                    "median": float(self.fraction.median()),
+                },
+                "neurons_in_key_frequencies": int(sum(self.clusters().get(k, 0) for k in self.key_frequencies)),
+                "dominant": self.dominant,
+                "fraction": self.fraction,
+            }
+        )
 
     def figure(self):
         import plotly.graph_objects as go
 
-        fig = go.Figure(go.Scatter(x=self.dominant.tolist(), y=self.fraction.tolist(), mode="markers",
-                                   marker=dict(size=5, opacity=0.6), text=[f"neuron {i}" for i in range(len(self.dominant))]))
-        fig.update_layout(title="MLP neurons: dominant frequency and the variance fraction it explains",
-                          xaxis_title="dominant frequency", yaxis_title="fraction of variance", yaxis_range=[0, 1.02],
-                          template="plotly_white", height=360, width=820)
+        fig = go.Figure(
+            go.Scatter(
+                x=self.dominant.tolist(),
+                y=self.fraction.tolist(),
+                mode="markers",
+                marker=dict(size=5, opacity=0.6),
+                text=[f"neuron {i}" for i in range(len(self.dominant))],
+            )
+        )
+        fig.update_layout(
+            title="MLP neurons: dominant frequency and the variance fraction it explains",
+            xaxis_title="dominant frequency",
+            yaxis_title="fraction of variance",
+            yaxis_range=[0, 1.02],
+            template="plotly_white",
+            height=360,
+            width=820,
+        )
         return fig
 
 
-def neuron_frequencies(model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None, threshold: float = 0.5) -> NeuronFrequencies:
+def neuron_frequencies(
+    model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None, threshold: float = 0.5
+) -> NeuronFrequencies:
     """Dominant frequency and explained variance fraction of every MLP neuron (over all ``p**2`` pairs)."""
     p = task.p
     acts = mlp_activations(model, task)
@@ -280,17 +319,27 @@ class NeuronLogitMap(Result):
     def to_dict(self) -> dict:
         e = self.energy()
         total = float(e.sum())
-        return jsonable({"p": self.p, "norm_per_frequency": e.sqrt(),
-                         "fraction_in_key_frequencies": float(e[self.key_frequencies].sum()) / total if total else 0.0})
+        return jsonable(
+            {
+                "p": self.p,
+                "norm_per_frequency": e.sqrt(),
+                "fraction_in_key_frequencies": float(e[self.key_frequencies].sum()) / total if total else 0.0,
+            }
+        )
 
     def figure(self):
         import plotly.graph_objects as go
 
         order = torch.argsort(self.coeffs.abs().argmax(1))  # group neurons by their strongest component
         fig = go.Figure(go.Heatmap(z=self.coeffs[order].abs().tolist(), x=self.names, colorscale="Blues"))
-        fig.update_layout(title="|W_L| = |W_out W_U| in the Fourier basis of the output (neurons sorted)",
-                          xaxis_title="output component", yaxis_title="neuron (sorted)", template="plotly_white",
-                          height=420, width=900)
+        fig.update_layout(
+            title="|W_L| = |W_out W_U| in the Fourier basis of the output (neurons sorted)",
+            xaxis_title="output component",
+            yaxis_title="neuron (sorted)",
+            template="plotly_white",
+            height=420,
+            width=900,
+        )
         return fig
 
 

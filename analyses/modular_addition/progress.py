@@ -64,7 +64,9 @@ def sum_squared_weights(model: HookedTransformer) -> float:
     return float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad))
 
 
-def progress_measures(model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None) -> dict[str, float]:
+def progress_measures(
+    model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None
+) -> dict[str, float]:
     """Train / test loss and accuracy, restricted and excluded loss, sum of squared weights and the share of the
     embedding's norm in the key frequencies (default: the model's own, from :func:`embedding_norms`)."""
     p = task.p
@@ -73,8 +75,12 @@ def progress_measures(model: HookedTransformer, task: Task, key_frequencies: lis
     logits = answer_logits(model, task)
     labels = task.dataset("all").labels
     train, test = task.split_index("train").to(logits.device), task.split_index("test").to(logits.device)
-    out = {"train_loss_all": _loss(logits[train], labels[train]), "train_accuracy": _accuracy(logits[train], labels[train]),
-           "test_loss": _loss(logits[test], labels[test]), "test_accuracy": _accuracy(logits[test], labels[test])}
+    out = {
+        "train_loss_all": _loss(logits[train], labels[train]),
+        "train_accuracy": _accuracy(logits[train], labels[train]),
+        "test_loss": _loss(logits[test], labels[test]),
+        "test_accuracy": _accuracy(logits[test], labels[test]),
+    }
     if keys:
         out["restricted_loss"] = _loss(restricted_logits(logits, p, keys), labels)
         exc = excluded_logits(logits, p, keys)[train]
@@ -85,7 +91,9 @@ def progress_measures(model: HookedTransformer, task: Task, key_frequencies: lis
     return out
 
 
-def progress_from_snapshots(snapshot_dir, task: Task, key_frequencies: list[int], device: str | None = None) -> list[dict]:
+def progress_from_snapshots(
+    snapshot_dir, task: Task, key_frequencies: list[int], device: str | None = None
+) -> list[dict]:
     """:func:`progress_measures` of every snapshot ``epoch-*.safetensors`` in ``snapshot_dir`` (sorted by epoch), with
     fixed ``key_frequencies`` (the final model's): one record per snapshot with its ``epoch``."""
     from tasks import load_checkpoint
@@ -100,8 +108,16 @@ def progress_from_snapshots(snapshot_dir, task: Task, key_frequencies: list[int]
     return rows
 
 
-MEASURE_KEYS = ("restricted_loss", "excluded_loss", "sum_squared_weights", "train_accuracy", "test_accuracy",
-                "test_loss", "train_loss_all", "embedding_key_fraction")
+MEASURE_KEYS = (
+    "restricted_loss",
+    "excluded_loss",
+    "sum_squared_weights",
+    "train_accuracy",
+    "test_accuracy",
+    "test_loss",
+    "train_loss_all",
+    "embedding_key_fraction",
+)
 
 
 def merge_progress(history: list[dict], rows: list[dict]) -> list[dict]:
@@ -149,17 +165,30 @@ class Phases(Result):
     memorised: int | None = None
 
     def to_dict(self) -> dict:
-        return jsonable({"memorisation": [0, self.circuit_formation], "circuit_formation": [self.circuit_formation, self.cleanup],
-                         "cleanup": [self.cleanup, self.grokked], "grokked_epoch": self.grokked, "memorised_epoch": self.memorised,
-                         "key_frequencies": self.key_frequencies, "n_records": len(self.epochs)})
+        return jsonable(
+            {
+                "memorisation": [0, self.circuit_formation],
+                "circuit_formation": [self.circuit_formation, self.cleanup],
+                "cleanup": [self.cleanup, self.grokked],
+                "grokked_epoch": self.grokked,
+                "memorised_epoch": self.memorised,
+                "key_frequencies": self.key_frequencies,
+                "n_records": len(self.epochs),
+            }
+        )
 
     def figure(self):
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
         fig = make_subplots(specs=[[{"secondary_y": True}]])
-        styles = {"train_loss": "#1f77b4", "test_loss": "#d62728", "val_loss": "#d62728",
-                  "restricted_loss": "#2ca02c", "excluded_loss": "#9467bd"}
+        styles = {
+            "train_loss": "#1f77b4",
+            "test_loss": "#d62728",
+            "val_loss": "#d62728",
+            "restricted_loss": "#2ca02c",
+            "excluded_loss": "#9467bd",
+        }
         for name, color in styles.items():
             ys = self.curves.get(name)
             if ys is None or all(v is None for v in ys):
@@ -167,13 +196,29 @@ class Phases(Result):
             if name == "val_loss" and self.curves.get("test_loss") is not None:
                 continue
             pts = [(e, v) for e, v in zip(self.epochs, ys) if v is not None and v > 0]
-            fig.add_trace(go.Scatter(x=[e for e, _ in pts], y=[v for _, v in pts], name=name.replace("val_loss", "test_loss"),
-                                     mode="lines", line=dict(color=color)), secondary_y=False)
+            fig.add_trace(
+                go.Scatter(
+                    x=[e for e, _ in pts],
+                    y=[v for _, v in pts],
+                    name=name.replace("val_loss", "test_loss"),
+                    mode="lines",
+                    line=dict(color=color),
+                ),
+                secondary_y=False,
+            )
         ssw = self.curves.get("sum_squared_weights")
         if ssw is not None:
             pts = [(e, v) for e, v in zip(self.epochs, ssw) if v is not None]
-            fig.add_trace(go.Scatter(x=[e for e, _ in pts], y=[v for _, v in pts], name="sum of squared weights",
-                                     mode="lines", line=dict(color="#7f7f7f", dash="dot")), secondary_y=True)
+            fig.add_trace(
+                go.Scatter(
+                    x=[e for e, _ in pts],
+                    y=[v for _, v in pts],
+                    name="sum of squared weights",
+                    mode="lines",
+                    line=dict(color="#7f7f7f", dash="dot"),
+                ),
+                secondary_y=True,
+            )
         last = self.epochs[-1] if self.epochs else 1
         bounds = [0, self.circuit_formation, self.cleanup, self.grokked]
         names = ["memorisation", "circuit formation", "cleanup"]
@@ -182,13 +227,24 @@ class Phases(Result):
             lo, hi = bounds[i], bounds[i + 1]
             if lo is None:
                 break
-            fig.add_vrect(x0=max(lo, 1), x1=hi if hi is not None else last, fillcolor=colors[i], line_width=0,
-                          annotation_text=name, annotation_position="top left")
+            fig.add_vrect(
+                x0=max(lo, 1),
+                x1=hi if hi is not None else last,
+                fillcolor=colors[i],
+                line_width=0,
+                annotation_text=name,
+                annotation_position="top left",
+            )
         fig.update_yaxes(type="log", title_text="loss (log)", secondary_y=False)
         fig.update_yaxes(title_text="sum of squared weights", secondary_y=True)
-        fig.update_layout(title="Grokking: losses, progress measures and the three phases"
-                                + (f" (key frequencies {', '.join(map(str, self.key_frequencies))})" if self.key_frequencies else ""),
-                          xaxis_title="epoch", template="plotly_white", height=460, width=900)
+        fig.update_layout(
+            title="Grokking: losses, progress measures and the three phases"
+            + (f" (key frequencies {', '.join(map(str, self.key_frequencies))})" if self.key_frequencies else ""),
+            xaxis_title="epoch",
+            template="plotly_white",
+            height=460,
+            width=900,
+        )
         return fig
 
 

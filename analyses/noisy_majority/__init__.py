@@ -12,5 +12,7 @@ def require_task_data(data) -> None:
     """Refuse, at once, data (or an answer cache) of another task: these analyses read noisy-majority tokens."""
     name = getattr(data, "task", None)
     if name != NoisyMajority.name:
-        raise TaskError(f"this is a noisy-majority analysis, but the data is of task {name!r}; "
-                        "use noisy-majority data and a noisy-majority model")
+        raise TaskError(
+            f"this is a noisy-majority analysis, but the data is of task {name!r}; "
+            "use noisy-majority data and a noisy-majority model"
+        )

@@ -19,6 +19,7 @@ where it does not hold (more than one layer, or a positional embedding).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,8 +47,10 @@ def task_token_ids(vocab, tokens=DIGITS + (QUERY,)) -> list[int]:
     """Ids of the tokens the ratios need, or a TaskError naming the vocabulary."""
     missing = [t for t in tokens if t not in vocab.index]
     if missing:
-        raise TaskError(f"attention ratios need the tokens {list(tokens)} (noisy majority); this vocabulary "
-                        f"{list(vocab.tokens)} lacks {missing}")
+        raise TaskError(
+            f"attention ratios need the tokens {list(tokens)} (noisy majority); this vocabulary "
+            f"{list(vocab.tokens)} lacks {missing}"
+        )
     return [vocab.index[t] for t in tokens]
 
 
@@ -69,25 +72,42 @@ class AttentionRatios(Result):
         return [head_label(l, h) for l, h in all_heads(L, H)]
 
     def to_dict(self) -> dict:
-        d = {"heads": self.heads, "w01": self.w01.flatten(), "w02": self.w02.flatten(), "exact": self.exact_w01 is not None}
+        d = {
+            "heads": self.heads,
+            "w01": self.w01.flatten(),
+            "w02": self.w02.flatten(),
+            "exact": self.exact_w01 is not None,
+        }
         if self.exact_w01 is not None:
-            d.update(exact_w01=self.exact_w01.flatten(), exact_w02=self.exact_w02.flatten(),
-                     max_relative_difference=self.max_relative_difference())
+            d.update(
+                exact_w01=self.exact_w01.flatten(),
+                exact_w02=self.exact_w02.flatten(),
+                max_relative_difference=self.max_relative_difference(),
+            )
         return jsonable(d)
 
     def max_relative_difference(self) -> float | None:
         """Largest ``|measured / exact - 1|`` over heads and both ratios (None without exact values)."""
         if self.exact_w01 is None:
             return None
-        rel = torch.cat([(self.w01.double() / self.exact_w01.double() - 1).abs().flatten(),
-                         (self.w02.double() / self.exact_w02.double() - 1).abs().flatten()])
+        rel = torch.cat(
+            [
+                (self.w01.double() / self.exact_w01.double() - 1).abs().flatten(),
+                (self.w02.double() / self.exact_w02.double() - 1).abs().flatten(),
+            ]
+        )
         rel = rel[torch.isfinite(rel)]
         return float(rel.max()) if len(rel) else None
 
     def figure(self, separation: Float[Tensor, "layer head"] | Float[Tensor, " heads"] | None = None, title: str = ""):
         """The thesis's Figure 7: ``w01`` against ``w02`` per head on log axes, coloured by separation accuracy."""
-        return ratio_figure(self.w01.flatten(), self.w02.flatten(), self.heads,
-                            None if separation is None else torch.as_tensor(separation).flatten(), title)
+        return ratio_figure(
+            self.w01.flatten(),
+            self.w02.flatten(),
+            self.heads,
+            None if separation is None else torch.as_tensor(separation).flatten(),
+            title,
+        )
 
 
 def ratio_figure(w01, w02, names, color=None, title: str = ""):
@@ -97,12 +117,21 @@ def ratio_figure(w01, w02, names, color=None, title: str = ""):
     w02 = torch.as_tensor(w02).double().cpu()
     # log axes cannot show 0 or inf: clip to a finite range and say so in the hover text
     clip = lambda w: w.clamp(1e-12, 1e12).nan_to_num(1.0)  # noqa: E731
-    hover = [f"{n}<br>w01 = {a:.3g}<br>w02 = {b:.3g}" + (f"<br>separation = {float(c):.3f}" if color is not None else "")
-             for n, a, b, c in zip(names, w01.tolist(), w02.tolist(), color.tolist() if color is not None else [None] * len(names))]
+    hover = [
+        f"{n}<br>w01 = {a:.3g}<br>w02 = {b:.3g}" + (f"<br>separation = {float(c):.3f}" if color is not None else "")
+        for n, a, b, c in zip(
+            names, w01.tolist(), w02.tolist(), color.tolist() if color is not None else [None] * len(names)
+        )
+    ]
     marker = dict(size=12, line=dict(width=1, color="black"))
     if color is not None:
-        marker.update(color=torch.as_tensor(color).float().tolist(), colorscale="Viridis", cmin=0.5, cmax=1.0,
-                      colorbar=dict(title="separation<br>accuracy"))
+        marker.update(
+            color=torch.as_tensor(color).float().tolist(),
+            colorscale="Viridis",
+            cmin=0.5,
+            cmax=1.0,
+            colorbar=dict(title="separation<br>accuracy"),
+        )
     # many heads crowd each other's labels: beyond 8, name only the best (by ``color``) and leave the rest to hover
     labelled = set(range(len(names)))
     if len(names) > 8:
@@ -110,13 +139,30 @@ def ratio_figure(w01, w02, names, color=None, title: str = ""):
         labelled = set(list(rank)[:8])
     text = [n if i in labelled else "" for i, n in enumerate(names)]
     positions = ["top center", "bottom center", "middle right", "middle left"]
-    fig = go.Figure(go.Scatter(x=clip(w01).tolist(), y=clip(w02).tolist(), mode="markers+text", text=text,
-                               textposition=[positions[i % 4] for i in range(len(names))], hovertext=hover,
-                               hoverinfo="text", marker=marker))
-    fig.update_layout(title=title or ("Attention ratios of the '=' query per head (Figure 7)"
-                                      + ("<br><sup>labels: the 8 best heads; hover for the rest</sup>" if len(names) > 8 else "")),
-                      xaxis_title="w01 = A(=→0) / A(=→1)", yaxis_title="w02 = A(=→0) / A(=→2)",
-                      template="plotly_white", width=640, height=520)
+    fig = go.Figure(
+        go.Scatter(
+            x=clip(w01).tolist(),
+            y=clip(w02).tolist(),
+            mode="markers+text",
+            text=text,
+            textposition=[positions[i % 4] for i in range(len(names))],
+            hovertext=hover,
+            hoverinfo="text",
+            marker=marker,
+        )
+    )
+    fig.update_layout(
+        title=title
+        or (
+            "Attention ratios of the '=' query per head (Figure 7)"
+            + ("<br><sup>labels: the 8 best heads; hover for the rest</sup>" if len(names) > 8 else "")
+        ),
+        xaxis_title="w01 = A(=→0) / A(=→1)",
+        yaxis_title="w02 = A(=→0) / A(=→2)",
+        template="plotly_white",
+        width=640,
+        height=520,
+    )
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return fig
@@ -161,13 +207,17 @@ def query_key_scores(model: HookedTransformer, vocab=None) -> Float[Tensor, "hea
     embedding (refused otherwise): ``(x_= W_Q + b_Q) . (x_t W_K + b_K) / attn_scale``, ``x = ln1(W_E)``."""
     cfg = model.cfg
     if cfg.n_layers != 1:
-        raise ConfigError(f"exact attention ratios need a one-layer model (the scores of later layers depend on "
-                          f"earlier heads); this model has {cfg.n_layers} layers: use measured_attention_ratios")
+        raise ConfigError(
+            f"exact attention ratios need a one-layer model (the scores of later layers depend on "
+            f"earlier heads); this model has {cfg.n_layers} layers: use measured_attention_ratios"
+        )
     pos_type = cfg.positional_embedding_type
     has_pos = pos_type not in ("standard", "shortformer") or bool(model.pos_embed.W_pos.detach().abs().max() > 0)
     if has_pos:
-        raise ConfigError(f"exact attention ratios need a model without positional embedding (scores would depend "
-                          f"on positions); this model has a {pos_type!r} positional embedding: use measured_attention_ratios")
+        raise ConfigError(
+            f"exact attention ratios need a model without positional embedding (scores would depend "
+            f"on positions); this model has a {pos_type!r} positional embedding: use measured_attention_ratios"
+        )
     vocab = vocab or VOCAB
     eq = task_token_ids(vocab)[3]
     attn = model.blocks[0].attn
@@ -178,7 +228,9 @@ def query_key_scores(model: HookedTransformer, vocab=None) -> Float[Tensor, "hea
         return torch.einsum("he,hve->hv", q, k) / attn.attn_scale
 
 
-def exact_attention_ratios(model: HookedTransformer, vocab=None) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
+def exact_attention_ratios(
+    model: HookedTransformer, vocab=None
+) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
     """``(w01, w02)`` per head from the QK circuit of a one-layer model without positional embedding."""
     vocab = vocab or VOCAB
     z, o, t = task_token_ids(vocab)[:3]
@@ -189,8 +241,6 @@ def exact_attention_ratios(model: HookedTransformer, vocab=None) -> tuple[Float[
 def attention_ratios(model: HookedTransformer, data) -> AttentionRatios:
     """Measured ratios, plus the exact ones when the model is one-layer without positional embedding."""
     res = measured_attention_ratios(model, data)
-    try:
+    with contextlib.suppress(ConfigError):
         res.exact_w01, res.exact_w02 = exact_attention_ratios(model)
-    except ConfigError:
-        pass
     return res

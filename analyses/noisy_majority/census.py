@@ -43,8 +43,13 @@ def run_heads(ckpt, train_size: int | None = TRAIN_SIZE, test_size: int | None =
     active = set(halving["active"]) if halving else None
     keep = ("head", "learned_accuracy", "separation_accuracy", "roc_auc", "w01", "w02", "grade")
     heads = [{**{k: r[k] for k in keep}, "active": active is None or r["head"] in active} for r in summary.rows]
-    return {"model_accuracy": summary.model_accuracy, "n_train": summary.n_train, "n_test": summary.n_test,
-            "exact_ratios": summary.exact_ratios, "heads": heads}
+    return {
+        "model_accuracy": summary.model_accuracy,
+        "n_train": summary.n_train,
+        "n_test": summary.n_test,
+        "exact_ratios": summary.exact_ratios,
+        "heads": heads,
+    }
 
 
 def read_census(directory) -> dict[str, dict[str, Any]]:
@@ -57,7 +62,9 @@ def read_census(directory) -> dict[str, dict[str, Any]]:
             try:
                 e = json.loads(line)
             except json.JSONDecodeError:
-                raise ConfigError(f"{path}:{i} is not a JSON row (the file is written atomically: was it edited?)") from None
+                raise ConfigError(
+                    f"{path}:{i} is not a JSON row (the file is written atomically: was it edited?)"
+                ) from None
             entries[e["name"]] = e
     return entries
 
@@ -68,8 +75,15 @@ def _write_census(directory: Path, entries: list[dict[str, Any]]) -> None:
     atomic_write_text(directory / CENSUS, "".join(json.dumps(e) + "\n" for e in entries), "the sweep's head census")
 
 
-def census(directory, *, train_size: int | None = TRAIN_SIZE, test_size: int | None = TEST_SIZE,
-           device: str | None = "cpu", progress: bool = True, missing: str = "error") -> Census:
+def census(
+    directory,
+    *,
+    train_size: int | None = TRAIN_SIZE,
+    test_size: int | None = TEST_SIZE,
+    device: str | None = "cpu",
+    progress: bool = True,
+    missing: str = "error",
+) -> Census:
     """The census of every finished run of the sweep in ``directory`` (see the module doc), computing only the runs
     not yet cached in ``directory/census.jsonl`` with these sizes. A run whose checkpoint is gone (e.g. a results
     table shipped without its checkpoints) uses its cached entry; without one, ``missing="error"`` raises and
@@ -101,11 +115,18 @@ def census(directory, *, train_size: int | None = TRAIN_SIZE, test_size: int | N
             todo.append((row["name"], path))
     for name, path in tqdm(todo, desc="head census", unit="run", disable=not progress or not todo):
         ckpt = load_checkpoint(path, device=device)
-        cached[name] = {"name": name, **sizes, "checksum": ckpt.metadata.get("checksum"),
-                        **run_heads(ckpt, train_size, test_size)}
+        cached[name] = {
+            "name": name,
+            **sizes,
+            "checksum": ckpt.metadata.get("checksum"),
+            **run_heads(ckpt, train_size, test_size),
+        }
         _write_census(directory, list(cached.values()))
-    runs = [{**{k: _plain(row.get(k)) for k in ("name", *RUN_COLUMNS)}, **cached[row["name"]]}
-            for _, row in frame.iterrows() if row["name"] not in skipped]
+    runs = [
+        {**{k: _plain(row.get(k)) for k in ("name", *RUN_COLUMNS)}, **cached[row["name"]]}
+        for _, row in frame.iterrows()
+        if row["name"] not in skipped
+    ]
     return Census(runs, train_size, test_size, skipped)
 
 
@@ -134,8 +155,16 @@ class Census(Result):
         table: dict[tuple, dict[str, Any]] = {}
         for r in self.runs:
             key = (r["d_model"], r["n_heads"], r["strategy"])
-            entry = table.setdefault(key, {"d_model": key[0], "n_heads": key[1], "strategy": key[2], "runs": 0,
-                                           **{f"good_{k}": 0 for k in range(len(r["heads"]) + 1)}})
+            entry = table.setdefault(
+                key,
+                {
+                    "d_model": key[0],
+                    "n_heads": key[1],
+                    "strategy": key[2],
+                    "runs": 0,
+                    **{f"good_{k}": 0 for k in range(len(r["heads"]) + 1)},
+                },
+            )
             k = sum(h["grade"] == "good" for h in r["heads"])
             entry["runs"] += 1
             entry[f"good_{k}"] = entry.get(f"good_{k}", 0) + 1
@@ -149,8 +178,12 @@ class Census(Result):
         for r in sorted(self.runs, key=lambda r: r["n_heads"]):
             label = f"{r['n_heads']}-head models"
             groups.setdefault(label, []).extend(h["separation_accuracy"] for h in r["heads"])
-        return Survival(groups, title="1 - CDF of per-head separation accuracy (Fraknói 2024, Figure 9, right)",
-                        xlabel="separation accuracy of a head", unit="heads")
+        return Survival(
+            groups,
+            title="1 - CDF of per-head separation accuracy (Fraknói 2024, Figure 9, right)",
+            xlabel="separation accuracy of a head",
+            unit="heads",
+        )
 
     def figure(self):
         """Figure 7 over the population: w01 against w02 of every head of every run, coloured by separation."""
@@ -159,28 +192,43 @@ class Census(Result):
         from .attention_ratios import ratio_figure
 
         hs = self.heads()
-        fig = ratio_figure([h["w01"] for h in hs], [h["w02"] for h in hs], [f"{h['name']} {h['head']}" for h in hs],
-                            torch.tensor([h["separation_accuracy"] for h in hs]),
-                            title=f"Figure 7 over the population: every head of {len(self.runs)} runs")
+        fig = ratio_figure(
+            [h["w01"] for h in hs],
+            [h["w02"] for h in hs],
+            [f"{h['name']} {h['head']}" for h in hs],
+            torch.tensor([h["separation_accuracy"] for h in hs]),
+            title=f"Figure 7 over the population: every head of {len(self.runs)} runs",
+        )
         return fig.update_traces(mode="markers")  # run names crowd each other: they are in the hover text
 
     def table_html(self) -> str:
         from interp.visualize import render_table
 
-        return render_table(self.good_heads(), caption=f"Runs with k good heads (separation accuracy >= {GOOD}), "
-                                                       "per configuration")
+        return render_table(
+            self.good_heads(), caption=f"Runs with k good heads (separation accuracy >= {GOOD}), per configuration"
+        )
 
     def text(self) -> str:
         lines = [f"head census of {len(self.runs)} runs ({self.train_size} train / {self.test_size} test sequences)"]
         for e in self.good_heads():
             counts = ", ".join(f"{k[5:]}: {v}" for k, v in e.items() if k.startswith("good_") and v)
-            lines.append(f"d_model={e['d_model']} n_heads={e['n_heads']} {e['strategy']}: {e['runs']} runs; "
-                         f"runs with k good heads: {counts}")
+            lines.append(
+                f"d_model={e['d_model']} n_heads={e['n_heads']} {e['strategy']}: {e['runs']} runs; "
+                f"runs with k good heads: {counts}"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return jsonable({"train_size": self.train_size, "test_size": self.test_size, "good_threshold": GOOD,
-                         "good_heads": self.good_heads(), "runs": self.runs, "skipped": self.skipped})
+        return jsonable(
+            {
+                "train_size": self.train_size,
+                "test_size": self.test_size,
+                "good_threshold": GOOD,
+                "good_heads": self.good_heads(),
+                "runs": self.runs,
+                "skipped": self.skipped,
+            }
+        )
 
 
 __all__ = ["Census", "census", "read_census", "run_heads"]

@@ -28,7 +28,7 @@ def flip_answer(data: TaskData, seed: int = 0) -> TaskData:
     n_digits = (data.answer_pos - 1).cpu()
     out = []
     for b in range(len(data)):
-        d = tokens[b, 1:1 + int(n_digits[b])] - ZERO
+        d = tokens[b, 1 : 1 + int(n_digits[b])] - ZERO
         n0, n1 = int((d == 0).sum()), int((d == 1).sum())
         if n0 >= n1:  # answer 4: make n1 > n0
             frm, to, k = 0, 1, (n0 - n1) // 2 + 1
@@ -52,10 +52,12 @@ def flip_answer(data: TaskData, seed: int = 0) -> TaskData:
     return flipped.to(data.device)
 
 
-def corrupted_pair(task: Task, n_seqs: int = 32, n_digits: int = 40, seed: int = 0, device=None) -> tuple[TaskData, TaskData]:
-    """``(clean, corrupted)`` noisy-majority data for ``task``: ``n_seqs`` sequences of ``n_digits`` digits with ``|n0 - n1| <= 1`` (near a tie, so
-    one swap flips the answer; half of them answer 4), and the same with the answer flipped by :func:`flip_answer`.
-    All have the same length, so positions line up across examples."""
+def corrupted_pair(
+    task: Task, n_seqs: int = 32, n_digits: int = 40, seed: int = 0, device=None
+) -> tuple[TaskData, TaskData]:
+    """``(clean, corrupted)`` noisy-majority data for ``task``: ``n_seqs`` sequences of ``n_digits`` digits with
+    ``|n0 - n1| <= 1`` (near a tie, so one swap flips the answer; half of them answer 4), and the same with the
+    answer flipped by :func:`flip_answer`. All have the same length, so positions line up across examples."""
     if task.name != "noisy-majority":
         raise TaskError(f"corrupted_pair builds noisy-majority data; got a task {task.name!r}")
     if n_seqs < 1 or n_digits < 1:

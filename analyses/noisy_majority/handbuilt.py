@@ -44,8 +44,12 @@ DEFAULT_VALUES = {"0": (1.0, 0.0), "1": (0.0, 1.0), "2": (-1.0, -1.0)}
 IGNORED = -1e4  # a score this low gets attention exp(-1e4) = 0 in float32
 
 
-def attention_preference_model(scores: Sequence[Mapping[str, float]], values: Sequence[Mapping[str, Sequence[float]]] | None = None,
-                               task: Task | None = None, device: str | None = None):
+def attention_preference_model(
+    scores: Sequence[Mapping[str, float]],
+    values: Sequence[Mapping[str, Sequence[float]]] | None = None,
+    task: Task | None = None,
+    device: str | None = None,
+):
     """One head per entry of ``scores`` (token string -> score of the ``=`` query; unnamed tokens get
     :data:`IGNORED`); ``values`` per head (token -> 2-vector; default :data:`DEFAULT_VALUES`, others 0)."""
     task = task or NoisyMajority()
@@ -56,8 +60,17 @@ def attention_preference_model(scores: Sequence[Mapping[str, float]], values: Se
     if len(values) != len(scores):
         raise ConfigError(f"{len(scores)} heads have scores but {len(values)} have values")
     V = len(vocab)
-    spec = ModelSpec(d_vocab=V, d_vocab_out=vocab.n_out, n_ctx=task.n_ctx, n_layers=1, d_model=V, n_heads=len(scores),
-                     d_head=2, positional="none", output_matrix="learned")
+    spec = ModelSpec(
+        d_vocab=V,
+        d_vocab_out=vocab.n_out,
+        n_ctx=task.n_ctx,
+        n_layers=1,
+        d_model=V,
+        n_heads=len(scores),
+        d_head=2,
+        positional="none",
+        output_matrix="learned",
+    )
     model = build_model(spec, device=device)
     eq = vocab.index["="]
     with torch.no_grad():
@@ -77,7 +90,9 @@ def attention_preference_model(scores: Sequence[Mapping[str, float]], values: Se
     return model
 
 
-def minimal_majority_transformer(task: Task | None = None, N: float = 30.0, max_digits: int | None = None, device: str | None = None):
+def minimal_majority_transformer(
+    task: Task | None = None, N: float = 30.0, max_digits: int | None = None, device: str | None = None
+):
     """Fraknói 2024, §5.3's one-head, one-dimensional transformer for noisy majority, as a HookedTransformer.
 
     It predicts every sequence with ``n0 + n1 > 0`` correctly (up to ``max_digits`` digits, default the
@@ -85,8 +100,17 @@ def minimal_majority_transformer(task: Task | None = None, N: float = 30.0, max_
     task = task or NoisyMajority()
     v = task.vocab.index
     max_digits = max_digits or task.max_digits
-    spec = ModelSpec(d_vocab=len(task.vocab), d_vocab_out=task.vocab.n_out, n_ctx=max_digits + 4, n_layers=1,
-                     d_model=1, n_heads=1, d_head=1, positional="none", output_matrix="identity")
+    spec = ModelSpec(
+        d_vocab=len(task.vocab),
+        d_vocab_out=task.vocab.n_out,
+        n_ctx=max_digits + 4,
+        n_layers=1,
+        d_model=1,
+        n_heads=1,
+        d_head=1,
+        positional="none",
+        output_matrix="identity",
+    )
     model = build_model(spec, device=device)
     e = math.e
     a = N + e / (1 + e)

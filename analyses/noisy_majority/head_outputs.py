@@ -58,28 +58,57 @@ class HeadOutputs(Result):
         import plotly.graph_objects as go
 
         if self.outputs.shape[1] != 2:
-            raise InterpError(f"the Figure 6 scatter needs d_head = 2; head {self.head} has d_head = {self.outputs.shape[1]}")
+            raise InterpError(
+                f"the Figure 6 scatter needs d_head = 2; head {self.head} has d_head = {self.outputs.shape[1]}"
+            )
         out, lab = self.outputs[:max_points].float().cpu(), self.labels[:max_points].cpu()
         colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
         fig = go.Figure()
         for i, cls in enumerate(sorted(set(lab.tolist()))):
             sel = lab == cls
-            fig.add_trace(go.Scatter(x=out[sel, 0].tolist(), y=out[sel, 1].tolist(), mode="markers",
-                                     marker=dict(size=5, opacity=0.6, color=colors[i % len(colors)]),
-                                     name=f"answer {self.label_names.get(cls, cls)}"))
+            fig.add_trace(
+                go.Scatter(
+                    x=out[sel, 0].tolist(),
+                    y=out[sel, 1].tolist(),
+                    mode="markers",
+                    marker=dict(size=5, opacity=0.6, color=colors[i % len(colors)]),
+                    name=f"answer {self.label_names.get(cls, cls)}",
+                )
+            )
         if self.values is not None:
             v = self.values.float().cpu()
-            fig.add_trace(go.Scatter(x=v[:, 0].tolist(), y=v[:, 1].tolist(), mode="markers+text",
-                                     text=[f"v_{t}" for t in self.value_tokens], textposition="top right",
-                                     marker=dict(size=13, symbol="x", color="black"), name="value vectors"))
-        fig.update_layout(title=f"Head {self.head}: outputs at '=' and value vectors (Figure 6)",
-                          xaxis_title="z[0]", yaxis_title="z[1]", template="plotly_white", width=560, height=480)
+            fig.add_trace(
+                go.Scatter(
+                    x=v[:, 0].tolist(),
+                    y=v[:, 1].tolist(),
+                    mode="markers+text",
+                    text=[f"v_{t}" for t in self.value_tokens],
+                    textposition="top right",
+                    marker=dict(size=13, symbol="x", color="black"),
+                    name="value vectors",
+                )
+            )
+        fig.update_layout(
+            title=f"Head {self.head}: outputs at '=' and value vectors (Figure 6)",
+            xaxis_title="z[0]",
+            yaxis_title="z[1]",
+            template="plotly_white",
+            width=560,
+            height=480,
+        )
         return fig
 
     def to_dict(self) -> dict:
-        return jsonable({"head": self.head, "outputs": self.outputs, "labels": self.labels, "values": self.values,
-                         "value_tokens": self.value_tokens,
-                         "label_names": {str(k): v for k, v in self.label_names.items()}})
+        return jsonable(
+            {
+                "head": self.head,
+                "outputs": self.outputs,
+                "labels": self.labels,
+                "values": self.values,
+                "value_tokens": self.value_tokens,
+                "label_names": {str(k): v for k, v in self.label_names.items()},
+            }
+        )
 
 
 def head_outputs(model: HookedTransformer, data, head) -> HeadOutputs:
@@ -93,5 +122,5 @@ def head_outputs(model: HookedTransformer, data, head) -> HeadOutputs:
         values = value_vectors(model, (layer, h), vocab=vocab)
     except ConfigError:
         values = None
-    names = {i: t for i, t in enumerate(vocab.tokens)}
+    names = dict(enumerate(vocab.tokens))
     return HeadOutputs(head_label(layer, h), cache.z[:, layer, h], cache.labels, values, DIGITS, names)

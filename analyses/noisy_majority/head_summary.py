@@ -79,8 +79,9 @@ def attention_words(w01: float, w02: float) -> list[str]:
 def verdict(separation: float, w01: float, w02: float) -> str:
     """The grade, the separation accuracy it is based on, and the attention in words, e.g.
     ``good separator (separation accuracy 0.990): favours 0s over 1s, 2s ignored``."""
-    return (f"{grade(separation)} separator (separation accuracy {separation:.3f}): "
-            + ", ".join(attention_words(w01, w02)))
+    return f"{grade(separation)} separator (separation accuracy {separation:.3f}): " + ", ".join(
+        attention_words(w01, w02)
+    )
 
 
 @dataclass
@@ -101,8 +102,17 @@ class PairMatrix(Result):
         order = self.sorted_order() if sort else list(range(len(self.heads)))
         m = self.values[order][:, order]
         names = [self.heads[i] for i in order]
-        return heatmap(m, names, names, title=self.title + (" (heads sorted by the diagonal)" if sort else ""),
-                       colorscale="Viridis", zmid=None, zmin=0.5, zmax=1.0, text_fmt=".2f")
+        return heatmap(
+            m,
+            names,
+            names,
+            title=self.title + (" (heads sorted by the diagonal)" if sort else ""),
+            colorscale="Viridis",
+            zmid=None,
+            zmin=0.5,
+            zmax=1.0,
+            text_fmt=".2f",
+        )
 
     def to_dict(self) -> dict:
         return jsonable({"title": self.title, "heads": self.heads, "values": self.values})
@@ -139,9 +149,15 @@ class HeadSummary(Result):
     exact_ratios: bool = False  # w01/w02 also computed exactly from the QK circuit (1 layer, no positions)
     ratio_difference: float | None = None  # largest relative difference measured vs exact
     checkpoint: str = ""
-    thresholds: dict = field(default_factory=lambda: {"good": GOOD, "partial": PARTIAL, "band": BAND,
-                                                      "w02_ignored": W02_IGNORED,
-                                                      "grade_based_on": "separation accuracy"})
+    thresholds: dict = field(
+        default_factory=lambda: {
+            "good": GOOD,
+            "partial": PARTIAL,
+            "band": BAND,
+            "w02_ignored": W02_IGNORED,
+            "grade_based_on": "separation accuracy",
+        }
+    )
 
     COLUMNS = ("head", "learned_accuracy", "separation_accuracy", "roc_auc", "w01", "w02", "verdict")
 
@@ -149,27 +165,38 @@ class HeadSummary(Result):
     def warning(self) -> str | None:
         """Set when the model itself is at chance: the grades then describe probes, not what the model uses."""
         if self.model_accuracy <= self.chance + AT_CHANCE:
-            return (f"the model's accuracy {self.model_accuracy:.3f} is at chance ({self.chance:.3f}): the grades say "
-                    "what a linear probe reads from each head's output, not what this model uses")
+            return (
+                f"the model's accuracy {self.model_accuracy:.3f} is at chance ({self.chance:.3f}): the grades say "
+                "what a linear probe reads from each head's output, not what this model uses"
+            )
         return None
 
     def ratio_note(self) -> str:
         """Where w01/w02 come from, computed from this model (the caption of Figure 7)."""
         if self.exact_ratios:
-            return ("Measured on the test split. This model has one layer and no positional embedding, so every 0 (1, 2) "
-                    "gets the same attention and the measured ratios equal the exact values from the QK circuit (largest "
-                    f"relative difference {self.ratio_difference:.1e}).")
-        return ("Measured on the test split (geometric mean over sequences of the per-token ratio). This model has more "
-                "than one layer or a positional embedding, so the ratios vary between sequences and have no exact "
-                "value from the QK circuit alone.")
+            return (
+                "Measured on the test split. This model has one layer and no positional embedding, so every 0 (1, 2) "
+                "gets the same attention and the measured ratios equal the exact values from the QK circuit (largest "
+                f"relative difference {self.ratio_difference:.1e})."
+            )
+        return (
+            "Measured on the test split (geometric mean over sequences of the per-token ratio). This model has more "
+            "than one layer or a positional embedding, so the ratios vary between sequences and have no exact "
+            "value from the QK circuit alone."
+        )
 
     def table(self) -> str:
         """A plain-text table."""
-        head = f"{'head':<6} {'learned':>8} {'separ.':>8} {'AUC':>7} {'w01':>10} {'w02':>10}  verdict (grade by separation accuracy)"
+        head = (
+            f"{'head':<6} {'learned':>8} {'separ.':>8} {'AUC':>7} {'w01':>10} {'w02':>10}  "
+            "verdict (grade by separation accuracy)"
+        )
         lines = [head, "-" * len(head)]
         for r in self.rows:
-            lines.append(f"{r['head']:<6} {r['learned_accuracy']:>8.3f} {r['separation_accuracy']:>8.3f} {r['roc_auc']:>7.3f} "
-                         f"{r['w01']:>10.3g} {r['w02']:>10.3g}  {r['verdict']}")
+            lines.append(
+                f"{r['head']:<6} {r['learned_accuracy']:>8.3f} {r['separation_accuracy']:>8.3f} {r['roc_auc']:>7.3f} "
+                f"{r['w01']:>10.3g} {r['w02']:>10.3g}  {r['verdict']}"
+            )
         return "\n".join(lines)
 
     def best_pairs(self, which: str = "learned", k: int = 5) -> list[tuple[float, str, str]]:
@@ -177,15 +204,21 @@ class HeadSummary(Result):
         if m is None:
             return []
         n = len(m.heads)
-        pairs = [(float(m.values[i, j]), m.heads[i], m.heads[j]) for i in range(n) for j in range(i + 1, n)
-                 if not math.isnan(float(m.values[i, j]))]
+        pairs = [
+            (float(m.values[i, j]), m.heads[i], m.heads[j])
+            for i in range(n)
+            for j in range(i + 1, n)
+            if not math.isnan(float(m.values[i, j]))
+        ]
         return sorted(pairs, reverse=True)[:k]
 
     def text(self) -> str:
         """What ``interp analyze`` prints."""
-        lines = [f"{self.checkpoint or 'model'} (noisy-majority): accuracy {self.model_accuracy:.4f} with all heads, "
-                 f"{self.direct_accuracy:.4f} with none (direct path); separators fitted on {self.n_train} train, "
-                 f"scored on {self.n_test} test sequences (chance {self.chance:.3f})"]
+        lines = [
+            f"{self.checkpoint or 'model'} (noisy-majority): accuracy {self.model_accuracy:.4f} with all heads, "
+            f"{self.direct_accuracy:.4f} with none (direct path); separators fitted on {self.n_train} train, "
+            f"scored on {self.n_test} test sequences (chance {self.chance:.3f})"
+        ]
         if self.warning:
             lines.append("warning: " + self.warning)
         lines += ["", self.table(), ""]
@@ -196,34 +229,62 @@ class HeadSummary(Result):
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        d = {"task": "noisy-majority", "checkpoint": self.checkpoint, "n_train": self.n_train, "n_test": self.n_test,
-             "accuracy": self.model_accuracy, "direct_path_accuracy": self.direct_accuracy, "chance": self.chance,
-             "warning": self.warning, "thresholds": self.thresholds, "exact_ratios": self.exact_ratios, "heads": self.rows,
-             "pairs": None}
+        d = {
+            "task": "noisy-majority",
+            "checkpoint": self.checkpoint,
+            "n_train": self.n_train,
+            "n_test": self.n_test,
+            "accuracy": self.model_accuracy,
+            "direct_path_accuracy": self.direct_accuracy,
+            "chance": self.chance,
+            "warning": self.warning,
+            "thresholds": self.thresholds,
+            "exact_ratios": self.exact_ratios,
+            "heads": self.rows,
+            "pairs": None,
+        }
         if self.learned_pairs is not None:
-            d["pairs"] = {"heads": self.learned_pairs.heads, "learned_accuracy": self.learned_pairs.values,
-                          "separation_accuracy": self.separation_pairs.values}
+            d["pairs"] = {
+                "heads": self.learned_pairs.heads,
+                "learned_accuracy": self.learned_pairs.values,
+                "separation_accuracy": self.separation_pairs.values,
+            }
         return jsonable(d)
 
     def figure(self):
         """Figure 7 of this model: w01 against w02, coloured by separation accuracy."""
         from .attention_ratios import ratio_figure
 
-        return ratio_figure([r["w01"] for r in self.rows], [r["w02"] for r in self.rows], [r["head"] for r in self.rows],
-                            torch.tensor([r["separation_accuracy"] for r in self.rows]))
+        return ratio_figure(
+            [r["w01"] for r in self.rows],
+            [r["w02"] for r in self.rows],
+            [r["head"] for r in self.rows],
+            torch.tensor([r["separation_accuracy"] for r in self.rows]),
+        )
 
     def table_html(self) -> str:
         from interp.visualize import escape_text, render_table
 
-        note = (f"<p>all heads: accuracy {self.model_accuracy:.3f}; no heads (direct path): {self.direct_accuracy:.3f}; "
-                f"chance {self.chance:.3f}; {self.n_train} train / {self.n_test} test sequences</p>")
+        note = (
+            f"<p>all heads: accuracy {self.model_accuracy:.3f}; no heads (direct path): {self.direct_accuracy:.3f}; "
+            f"chance {self.chance:.3f}; {self.n_train} train / {self.n_test} test sequences</p>"
+        )
         if self.warning:
             note += f"<p><b>warning:</b> {escape_text(self.warning)}</p>"
         return note + render_table(self.rows, list(self.COLUMNS), float_format=".3g")
 
 
-def head_summary(model: HookedTransformer, train, test, *, pairs: bool = True, C: float = 1000.0, standardize: bool = False,
-                 center: bool = True, test_data: TaskData | None = None) -> HeadSummary:
+def head_summary(
+    model: HookedTransformer,
+    train,
+    test,
+    *,
+    pairs: bool = True,
+    C: float = 1000.0,
+    standardize: bool = False,
+    center: bool = True,
+    test_data: TaskData | None = None,
+) -> HeadSummary:
     """Everything in the head table, from one pass over ``train`` and one over ``test`` (noisy-majority task data
     or :class:`AnswerCache`; the test cache needs attention rows for ``w01``/``w02``). Models deeper than one layer
     need the test data itself for learned accuracy (hook path): pass it as ``test`` or ``test_data``. Works for any
@@ -243,15 +304,23 @@ def head_summary(model: HookedTransformer, train, test, *, pairs: bool = True, C
     elif test_data is not None:
         la = learned_accuracy(model, test_data, subsets, method="hooks")
     else:
-        raise TaskError("a model deeper than one layer needs the test data itself for learned accuracy (the hook "
-                        "path): pass it as test or test_data")
+        raise TaskError(
+            "a model deeper than one layer needs the test data itself for learned accuracy (the hook "
+            "path): pass it as test or test_data"
+        )
     sep = separation_accuracy(model, tr, te, singles + pair_list, C=C, standardize=standardize, center=center)
     ratios = attention_ratios(model, te)
     rows = []
     for i, ((l, h),) in enumerate(singles):
         w01, w02 = float(ratios.w01[l, h]), float(ratios.w02[l, h])
-        row = {"head": head_label(l, h), "learned_accuracy": float(la.accuracy[i]),
-               "separation_accuracy": float(sep.accuracy[i]), "roc_auc": float(sep.roc_auc[i]), "w01": w01, "w02": w02}
+        row = {
+            "head": head_label(l, h),
+            "learned_accuracy": float(la.accuracy[i]),
+            "separation_accuracy": float(sep.accuracy[i]),
+            "roc_auc": float(sep.roc_auc[i]),
+            "w01": w01,
+            "w02": w02,
+        }
         if ratios.exact_w01 is not None:
             row["exact_w01"], row["exact_w02"] = float(ratios.exact_w01[l, h]), float(ratios.exact_w02[l, h])
         row["grade"] = grade(row["separation_accuracy"])
@@ -259,8 +328,16 @@ def head_summary(model: HookedTransformer, train, test, *, pairs: bool = True, C
         row["verdict"] = verdict(row["separation_accuracy"], w01, w02)
         rows.append(row)
     n = len(singles) + len(pair_list)
-    summary = HeadSummary(rows, float(la.accuracy[n]), float(la.accuracy[n + 1]), sep.chance, sep.n_train, sep.n_test,
-                          exact_ratios=ratios.exact_w01 is not None, ratio_difference=ratios.max_relative_difference())
+    summary = HeadSummary(
+        rows,
+        float(la.accuracy[n]),
+        float(la.accuracy[n + 1]),
+        sep.chance,
+        sep.n_train,
+        sep.n_test,
+        exact_ratios=ratios.exact_w01 is not None,
+        ratio_difference=ratios.max_relative_difference(),
+    )
     if pairs:
         summary.learned_pairs = pair_matrix(_take(la, n), L, H, "Learned accuracy of head pairs (Figure 5)")
         summary.separation_pairs = pair_matrix(sep, L, H, "Separation accuracy of head pairs (Figure 4)")
@@ -276,7 +353,9 @@ def _take(result, n: int):
     return r
 
 
-def checkpoint_summary(ckpt: Checkpoint, train_size: int | None = None, test_size: int | None = None, pairs: bool = True):
+def checkpoint_summary(
+    ckpt: Checkpoint, train_size: int | None = None, test_size: int | None = None, pairs: bool = True
+):
     """The head summary of ``ckpt`` on the first ``train_size`` / ``test_size`` sequences of its task's splits
     (all by default), with the caches and data it used."""
     model, task = ckpt.model, ckpt.task

@@ -61,8 +61,13 @@ def _check_settings(settings) -> list[tuple[float, float]]:
     return out
 
 
-def intervention_rows(tokens: Int[Tensor, "batch pos"], answer_pos: Int[Tensor, " batch"], settings: Sequence[tuple[float, float]],
-                      token_ids: Sequence[int], bos_pos: int = 0) -> Float[Tensor, "setting batch pos"]:
+def intervention_rows(
+    tokens: Int[Tensor, "batch pos"],
+    answer_pos: Int[Tensor, " batch"],
+    settings: Sequence[tuple[float, float]],
+    token_ids: Sequence[int],
+    bos_pos: int = 0,
+) -> Float[Tensor, "setting batch pos"]:
     """The hand-set attention rows of the answer query, one per ``(w01, w02)`` setting (see module doc)."""
     zero, one, two = token_ids[:3]
     t = tokens.shape[1]
@@ -79,8 +84,15 @@ def intervention_rows(tokens: Int[Tensor, "batch pos"], answer_pos: Int[Tensor, 
     return torch.stack(rows)
 
 
-def intervened_head_outputs(model: HookedTransformer, data: TaskData, settings, *, layer: int = 0, method: str = "auto",
-                            task: Task | None = None) -> Float[Tensor, "setting batch head d_head"]:
+def intervened_head_outputs(
+    model: HookedTransformer,
+    data: TaskData,
+    settings,
+    *,
+    layer: int = 0,
+    method: str = "auto",
+    task: Task | None = None,
+) -> Float[Tensor, "setting batch head d_head"]:
     """Every head's output ``z`` at the answer position of layer ``layer`` under each intervention setting."""
     require_task_data(data)
     check_model_data(model, data, task)
@@ -127,8 +139,10 @@ def _hooks_chunk(model: HookedTransformer, chunk: TaskData, rows, layer: int):
     def read_z(z, hook):
         got["z"] = z[idx, ap]
 
-    model.run_with_hooks(chunk.tokens.repeat(K, 1), fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", set_row),
-                                                             (f"blocks.{layer}.attn.hook_z", read_z)])
+    model.run_with_hooks(
+        chunk.tokens.repeat(K, 1),
+        fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", set_row), (f"blocks.{layer}.attn.hook_z", read_z)],
+    )
     return got["z"].view(K, b, *got["z"].shape[1:])
 
 
@@ -155,35 +169,76 @@ class InterventionSweep(Result):
 
     def to_dict(self) -> dict:
         H = self.w01_accuracy.shape[1]
-        return jsonable({"heads": [head_label(self.layer, h) for h in range(H)], "n_train": self.n_train, "n_test": self.n_test,
-                "w02_inf": {"w01": self.w01_values, "mean_accuracy": self.w01_mean.tolist(),
-                            "accuracy": self.w01_accuracy.tolist()},
-                "w01_one": {"w02": [None if math.isinf(w) else w for w in self.w02_values],
-                            "mean_accuracy": self.w02_mean.tolist(), "accuracy": self.w02_accuracy.tolist()}})
+        return jsonable(
+            {
+                "heads": [head_label(self.layer, h) for h in range(H)],
+                "n_train": self.n_train,
+                "n_test": self.n_test,
+                "w02_inf": {
+                    "w01": self.w01_values,
+                    "mean_accuracy": self.w01_mean.tolist(),
+                    "accuracy": self.w01_accuracy.tolist(),
+                },
+                "w01_one": {
+                    "w02": [None if math.isinf(w) else w for w in self.w02_values],
+                    "mean_accuracy": self.w02_mean.tolist(),
+                    "accuracy": self.w02_accuracy.tolist(),
+                },
+            }
+        )
 
     def figure(self):
-        """The thesis's Figure 8: mean separation accuracy over heads against w01 (w02 = inf) and against w02 (w01 = 1)."""
+        """The thesis's Figure 8: mean separation accuracy over heads against w01 (w02 = inf) and against w02 (w01 =
+        1)."""
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("w02 = ∞ (2s ignored)", "w01 = 1 (0s and 1s weighted equally)"))
-        fig.add_trace(go.Scatter(x=self.w01_values, y=self.w01_mean.tolist(), mode="lines+markers", name="w02 = ∞"), 1, 1)
+        fig = make_subplots(
+            rows=1, cols=2, subplot_titles=("w02 = ∞ (2s ignored)", "w01 = 1 (0s and 1s weighted equally)")
+        )
+        fig.add_trace(
+            go.Scatter(x=self.w01_values, y=self.w01_mean.tolist(), mode="lines+markers", name="w02 = ∞"), 1, 1
+        )
         finite = [w for w in self.w02_values if not math.isinf(w)]
         top = max(finite) * 4 if finite else 1.0
         xs = [top if math.isinf(w) else w for w in self.w02_values]
-        fig.add_trace(go.Scatter(x=xs, y=self.w02_mean.tolist(), mode="lines+markers", name="w01 = 1",
-                                 text=["∞" if math.isinf(w) else f"{w:g}" for w in self.w02_values]), 1, 2)
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=self.w02_mean.tolist(),
+                mode="lines+markers",
+                name="w01 = 1",
+                text=["∞" if math.isinf(w) else f"{w:g}" for w in self.w02_values],
+            ),
+            1,
+            2,
+        )
         fig.update_xaxes(type="log", title_text="w01", row=1, col=1)
         fig.update_xaxes(type="log", title_text="w02 (rightmost point: ∞)", row=1, col=2)
         fig.update_yaxes(title_text="mean separation accuracy over heads", range=[0.4, 1.02])
-        fig.update_layout(title=f"Attention interventions (Figure 8): {self.n_train} train / {self.n_test} test sequences",
-                          template="plotly_white", showlegend=False, width=900, height=420)
+        fig.update_layout(
+            title=f"Attention interventions (Figure 8): {self.n_train} train / {self.n_test} test sequences",
+            template="plotly_white",
+            showlegend=False,
+            width=900,
+            height=420,
+        )
         return fig
 
 
-def attention_intervention_sweep(model: HookedTransformer, train: TaskData, test: TaskData, *, w01_values=W01_VALUES, w02_values=W02_VALUES,
-                                 layer: int = 0, C: float = 1000.0, standardize: bool = False, center: bool = True,
-                                 task: Task | None = None) -> InterventionSweep:
+def attention_intervention_sweep(
+    model: HookedTransformer,
+    train: TaskData,
+    test: TaskData,
+    *,
+    w01_values=W01_VALUES,
+    w02_values=W02_VALUES,
+    layer: int = 0,
+    C: float = 1000.0,
+    standardize: bool = False,
+    center: bool = True,
+    task: Task | None = None,
+) -> InterventionSweep:
     """Figure 8: the separation accuracy of each head of ``layer`` under each hand-set attention."""
     w01_values, w02_values = [float(w) for w in w01_values], [float(w) for w in w02_values]
     settings = [(w, math.inf) for w in w01_values] + [(1.0, w) for w in w02_values]
@@ -191,7 +246,22 @@ def attention_intervention_sweep(model: HookedTransformer, train: TaskData, test
     z_te = intervened_head_outputs(model, test, settings, layer=layer, task=task).float().cpu()
     y_tr, y_te = train.labels.cpu().numpy(), test.labels.cpu().numpy()
     H = z_tr.shape[2]
-    acc = torch.tensor([[fit_separator(z_tr[k, :, h].numpy(), y_tr, z_te[k, :, h].numpy(), y_te, C=C,
-                                       standardize=standardize, center=center)["accuracy"] for h in range(H)] for k in range(len(settings))])
+    acc = torch.tensor(
+        [
+            [
+                fit_separator(
+                    z_tr[k, :, h].numpy(),
+                    y_tr,
+                    z_te[k, :, h].numpy(),
+                    y_te,
+                    C=C,
+                    standardize=standardize,
+                    center=center,
+                )["accuracy"]
+                for h in range(H)
+            ]
+            for k in range(len(settings))
+        ]
+    )
     n1 = len(w01_values)
     return InterventionSweep(w01_values, w02_values, acc[:n1], acc[n1:], len(train), len(test), layer)

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 KINDS = ("answer", "key", "query")
 
 
-def corrupted_pair(task: Task, n_seqs: int = 32, kind: str = "key", seed: int = PROBE_SEED, device=None
-                   ) -> tuple[TaskData, TaskData]:
+def corrupted_pair(
+    task: Task, n_seqs: int = 32, kind: str = "key", seed: int = PROBE_SEED, device=None
+) -> tuple[TaskData, TaskData]:
     """``(clean, corrupted)`` task data of ``n_seqs`` sequences with the ``kind`` of corruption (random choices
     drawn from ``seed``); each one's ``labels`` hold its answer at the shared ``answer_pos``."""
     if task.name != "repeated-tokens":
@@ -46,8 +47,9 @@ def corrupted_pair(task: Task, n_seqs: int = 32, kind: str = "key", seed: int = 
         raise TaskError(f"n_seqs must be at least 1, got {n_seqs}")
     n = task.seq_len // 2
     if task.n_symbols <= n or n < 4:
-        raise TaskError(f"needs len(R) = seq_len / 2 >= 4 and more symbols than that; got len(R) = {n} and "
-                        f"{task.n_symbols} symbols")
+        raise TaskError(
+            f"needs len(R) = seq_len / 2 >= 4 and more symbols than that; got len(R) = {n} and {task.n_symbols} symbols"
+        )
     gen = torch.Generator().manual_seed(seed)
     symbols = torch.stack([torch.randperm(task.n_symbols, generator=gen)[:n] for _ in range(n_seqs)])
     clean = task.make_sequences(symbols, n)
@@ -68,9 +70,16 @@ def corrupted_pair(task: Task, n_seqs: int = 32, kind: str = "key", seed: int = 
             toks[:, q] = clean.tokens[rows, i]
         labels = toks[rows, i + 1]
     targets = torch.cat([toks[:, 1:], torch.full((n_seqs, 1), IGNORE, dtype=torch.long)], dim=1)
-    corrupted = TaskData(task=clean.task, tokens=toks, targets=targets, answer_pos=clean.answer_pos.clone(),
-                         labels=labels, lengths=clean.lengths.clone(), fields={k: v.clone() for k, v in clean.fields.items()},
-                         vocab=clean.vocab)
+    corrupted = TaskData(
+        task=clean.task,
+        tokens=toks,
+        targets=targets,
+        answer_pos=clean.answer_pos.clone(),
+        labels=labels,
+        lengths=clean.lengths.clone(),
+        fields={k: v.clone() for k, v in clean.fields.items()},
+        vocab=clean.vocab,
+    )
     return (clean.to(device), corrupted.to(device)) if device is not None else (clean, corrupted)
 
 

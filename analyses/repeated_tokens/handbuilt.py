@@ -21,24 +21,41 @@ import torch
 from interp.model import ModelSpec, build_model
 
 
-def induction_circuit_model(n_symbols: int = 12, n_ctx: int = 25, sharpness: float = 30.0, copy_gain: float = 10.0,
-                            induction: bool = True, device: str | None = None):
+def induction_circuit_model(
+    n_symbols: int = 12,
+    n_ctx: int = 25,
+    sharpness: float = 30.0,
+    copy_gain: float = 10.0,
+    induction: bool = True,
+    device: str | None = None,
+):
     """The hand-built model; ``induction=False`` zeroes L1H0's QK circuit (a layer-1 head that attends
     uniformly), leaving only the previous-token head."""
     V = n_symbols + 1  # with BOS
     d_model = 2 * V + n_ctx
     d_head = max(V, n_ctx)
-    spec = ModelSpec(d_vocab=V, d_vocab_out=n_symbols, n_ctx=n_ctx, n_layers=2, d_model=d_model, n_heads=1,
-                     d_head=d_head, positional="shortformer", output_matrix="learned", attn_bias=False,
-                     unembed_bias=False, normalization=None)
+    spec = ModelSpec(
+        d_vocab=V,
+        d_vocab_out=n_symbols,
+        n_ctx=n_ctx,
+        n_layers=2,
+        d_model=d_model,
+        n_heads=1,
+        d_head=d_head,
+        positional="shortformer",
+        output_matrix="learned",
+        attn_bias=False,
+        unembed_bias=False,
+        normalization=None,
+    )
     model = build_model(spec, device=device)
     tok, prev, pos = 0, V, 2 * V  # block offsets
-    c = (sharpness * d_head ** 0.5) ** 0.5
+    c = (sharpness * d_head**0.5) ** 0.5
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-        model.embed.W_E[:, tok:tok + V] = torch.eye(V)
-        model.pos_embed.W_pos[:, pos:pos + n_ctx] = torch.eye(n_ctx)
+        model.embed.W_E[:, tok : tok + V] = torch.eye(V)
+        model.pos_embed.W_pos[:, pos : pos + n_ctx] = torch.eye(n_ctx)
         a0, a1 = model.blocks[0].attn, model.blocks[1].attn
         for i in range(n_ctx):  # previous-token QK: query i <-> key i - 1
             a0.W_Q[0, pos + i, i] = c
@@ -52,6 +69,6 @@ def induction_circuit_model(n_symbols: int = 12, n_ctx: int = 25, sharpness: flo
                 a1.W_K[0, prev + t, t] = c
             a1.W_V[0, tok + t, t] = 1.0
             a1.W_O[0, t, tok + t] = copy_gain
-        model.unembed.W_U[tok:tok + n_symbols, :] = torch.eye(n_symbols)
+        model.unembed.W_U[tok : tok + n_symbols, :] = torch.eye(n_symbols)
     model.eval()
     return model

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 PROBE_SEED = 1234  # the one default seed of the probe sequences (Python API, `interp analyze` and the report alike)
 
 
-def probe_tokens(task: Task, n_seqs: int = 64, rep_len: int | None = None, seed: int = PROBE_SEED,
-                 device=None) -> Int[Tensor, "batch pos"]:
+def probe_tokens(
+    task: Task, n_seqs: int = 64, rep_len: int | None = None, seed: int = PROBE_SEED, device=None
+) -> Int[Tensor, "batch pos"]:
     """``n_seqs`` sequences ``[BOS] R R`` of the repeated-tokens ``task`` (``task.make_sequences``) with
     ``len(R) = rep_len`` for all (default: half the sequence, so R occurs exactly twice), R uniform over the task's
     symbols (repeats inside R allowed), drawn from ``seed``."""
@@ -25,7 +26,9 @@ def probe_tokens(task: Task, n_seqs: int = 64, rep_len: int | None = None, seed:
         raise TaskError(f"probe_tokens builds repeated-tokens data; got a task {task.name!r}")
     rep_len = rep_len or task.seq_len // 2
     if not 1 <= rep_len <= task.seq_len // 2:
-        raise TaskError(f"rep_len must lie in [1, {task.seq_len // 2}] (two copies in {task.seq_len} tokens), got {rep_len}")
+        raise TaskError(
+            f"rep_len must lie in [1, {task.seq_len // 2}] (two copies in {task.seq_len} tokens), got {rep_len}"
+        )
     gen = torch.Generator().manual_seed(seed)
     symbols = torch.randint(0, task.n_symbols, (n_seqs, rep_len), generator=gen)
     tokens = task.make_sequences(symbols, rep_len).tokens

@@ -43,9 +43,13 @@ _nonneg_int = _checked(int, lambda v: v >= 0, "a non-negative integer")
 def _add_common(p, threads: bool = True) -> None:
     p.add_argument("--device", default=None, help="auto (default: cuda if available, else cpu), cpu, cuda, cuda:N")
     if threads:
-        p.add_argument("--threads", type=_positive_int, default=None,
-                       help="CPU threads for torch (default: torch's own choice); results can differ in the last bits "
-                            "between thread counts, and on a loaded machine fewer threads can be much faster")
+        p.add_argument(
+            "--threads",
+            type=_positive_int,
+            default=None,
+            help="CPU threads for torch (default: torch's own choice); results can differ in the last bits "
+            "between thread counts, and on a loaded machine fewer threads can be much faster",
+        )
 
 
 def _option_type(opt):
@@ -71,8 +75,15 @@ def _add_option(p, opt, *, help_default: str = "") -> None:
     choices = None
     if opt.choices is not None:
         choices = list(opt.choices) + ([opt.none] if opt.optional else [])
-    p.add_argument(opt.flag, dest=opt.name, type=_option_type(opt) if choices is None else str, choices=choices,
-                   default=None, metavar=None if choices else opt.name.upper(), help=text)
+    p.add_argument(
+        opt.flag,
+        dest=opt.name,
+        type=_option_type(opt) if choices is None else str,
+        choices=choices,
+        default=None,
+        metavar=None if choices else opt.name.upper(),
+        help=text,
+    )
 
 
 def _model_and_training_options(p, task_names) -> None:
@@ -81,8 +92,14 @@ def _model_and_training_options(p, task_names) -> None:
     from interp.options import options
 
     p.add_argument("task", help="task name: " + ", ".join(sorted(task_names)))
-    p.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
-                   help="task parameter, e.g. --set train_size=2000 --set 'test_lengths=[151,300]' (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="task_params",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task parameter, e.g. --set train_size=2000 --set 'test_lengths=[151,300]' (repeatable)",
+    )
     for opt in options(ModelSpec).values():
         _add_option(p, opt, help_default="the task's")
     for opt in options(TrainConfig).values():
@@ -99,11 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="accuracy of a checkpoint on every split")
     e.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
-    e.add_argument("--set", dest="task_params", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a task parameter, e.g. --set 'test_lengths=[201,400]' (length generalisation; a model "
-                        "without positional embedding takes sequences longer than its training context)")
-    e.add_argument("--splits", default=None, metavar="S1,S2",
-                   help="only these splits, e.g. --splits test,val (default: every split of the task)")
+    e.add_argument(
+        "--set",
+        dest="task_params",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a task parameter, e.g. --set 'test_lengths=[201,400]' (length generalisation; a model "
+        "without positional embedding takes sequences longer than its training context)",
+    )
+    e.add_argument(
+        "--splits",
+        default=None,
+        metavar="S1,S2",
+        help="only these splits, e.g. --splits test,val (default: every split of the task)",
+    )
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--quiet", action="store_true", help="only the table (or the JSON): no header line")
     _add_common(e)
@@ -115,20 +142,32 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(a)
 
     r = sub.add_parser("report", help="write one self-contained HTML report of a checkpoint, or of a sweep directory")
-    r.add_argument("checkpoint", help="a .safetensors path, the name of a shipped checkpoint, or a sweep directory "
-                                      "(Table 1, accuracy figures, the head census)")
+    r.add_argument(
+        "checkpoint",
+        help="a .safetensors path, the name of a shipped checkpoint, or a sweep directory "
+        "(Table 1, accuracy figures, the head census)",
+    )
     r.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(r)
 
     _sweep_parser(sub, TASKS)
 
-    tb = sub.add_parser("table", help="Table 1 of a sweep directory: per configuration and strategy, the share of runs "
-                                      "at 100%% and >= 98%% test accuracy with Wilson 95%% intervals, and the mean")
+    tb = sub.add_parser(
+        "table",
+        help="Table 1 of a sweep directory: per configuration and strategy, the share of runs "
+        "at 100%% and >= 98%% test accuracy with Wilson 95%% intervals, and the mean",
+    )
     tb.add_argument("directory", help="a sweep directory (written by interp sweep)")
     tb.add_argument("--split", default="test")
-    tb.add_argument("--threshold", dest="thresholds", type=_checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-                    action="append", default=None, help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)")
+    tb.add_argument(
+        "--threshold",
+        dest="thresholds",
+        type=_checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        action="append",
+        default=None,
+        help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)",
+    )
     tb.add_argument("--json", action="store_true", help="print JSON rows")
 
     sub.add_parser("list", help="list tasks and shipped checkpoints")
@@ -141,55 +180,106 @@ def _train_parser(sub, task_names) -> None:
 
     t = sub.add_parser("train", help="train a model on a task and write a .safetensors checkpoint")
     _model_and_training_options(t, task_names)
-    t.add_argument("--halving", choices=STRATEGIES, default=None,
-                   help="halving heads (Fraknói 2024, §5.5): when validation accuracy reaches the threshold, mask half "
-                        "of the active heads, keeping the best by this strategy; repeat until one head is left "
-                        "(mask-all-but-one: a-1 heads masked from the start)")
+    t.add_argument(
+        "--halving",
+        choices=STRATEGIES,
+        default=None,
+        help="halving heads (Fraknói 2024, §5.5): when validation accuracy reaches the threshold, mask half "
+        "of the active heads, keeping the best by this strategy; repeat until one head is left "
+        "(mask-all-but-one: a-1 heads masked from the start)",
+    )
     t.add_argument("--save-every", type=_positive_int, default=None, help="epochs between resume files (default 5)")
     t.add_argument("--seed", type=_nonneg_int, default=None, help="default 0")
-    t.add_argument("--snapshots", type=_positive_int, default=None, metavar="N",
-                   help="also write a checkpoint every N epochs into OUT.snapshots/ (a task suite may then compute "
-                        "progress measures from them into the checkpoint's history)")
+    t.add_argument(
+        "--snapshots",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="also write a checkpoint every N epochs into OUT.snapshots/ (a task suite may then compute "
+        "progress measures from them into the checkpoint's history)",
+    )
     t.add_argument("--out", default=None, help="checkpoint path (default: runs/TASK-seedN.safetensors)")
-    t.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run from its resume file (its options are read from that file)")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run from its resume file (its options are read from that file)",
+    )
     t.add_argument("--restart", action="store_true", help="delete an interrupted run's resume file and start over")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(t)
 
 
 def _sweep_parser(sub, task_names) -> None:
-    sw = sub.add_parser("sweep", help="train many seeds x a grid of configurations into one directory (resumable)",
-                        description="interp sweep TASK [options] --out DIR trains the sweep into DIR; "
-                                    "interp sweep DIR --status says what is done, interp sweep DIR --resume continues it.")
+    sw = sub.add_parser(
+        "sweep",
+        help="train many seeds x a grid of configurations into one directory (resumable)",
+        description="interp sweep TASK [options] --out DIR trains the sweep into DIR; "
+        "interp sweep DIR --status says what is done, interp sweep DIR --resume continues it.",
+    )
     _model_and_training_options(sw, task_names)
     sw.add_argument("--seeds", default="0..9", help="'A..B' (inclusive) or a comma-separated list (default 0..9)")
-    sw.add_argument("--grid", nargs="*", default=[], metavar="KEY=V1,V2",
-                    help="options to vary (any model or training option above, e.g. --grid d_model=8,32 n_heads=4,16 "
-                         "lr=1e-3,3e-3 normalization=none,LN)")
-    sw.add_argument("--out", default=None, help="the sweep directory (runs/, results.jsonl, results.csv, sweep.json); "
-                                                "rerun to resume")
-    sw.add_argument("--batch", dest="group", type=_positive_int, default=100, metavar="K",
-                    help="models trained together as one batched computation (one-layer attention-only; default 100)")
+    sw.add_argument(
+        "--grid",
+        nargs="*",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="options to vary (any model or training option above, e.g. --grid d_model=8,32 n_heads=4,16 "
+        "lr=1e-3,3e-3 normalization=none,LN)",
+    )
+    sw.add_argument(
+        "--out",
+        default=None,
+        help="the sweep directory (runs/, results.jsonl, results.csv, sweep.json); rerun to resume",
+    )
+    sw.add_argument(
+        "--batch",
+        dest="group",
+        type=_positive_int,
+        default=100,
+        metavar="K",
+        help="models trained together as one batched computation (one-layer attention-only; default 100)",
+    )
     sw.add_argument("--group", dest="group", type=_positive_int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    sw.add_argument("--halving", default=None, metavar="S1,S2",
-                    help="halving strategies, comma-separated, each a row of Table 1: none (normal runs), random, svc, "
-                         "learned, shapley-svc, shapley-learned, mask-all-but-one (e.g. --halving none,svc,shapley-svc)")
-    sw.add_argument("--backend", choices=["local", "ray"], default="local",
-                    help="local: batches one after another here; ray: each batch a Ray task (local Ray instance, or "
-                         "--address of a running cluster)")
-    sw.add_argument("--address", dest="ray_address", default=None, metavar="ADDR",
-                    help="a Ray cluster, e.g. auto, or ray://host:10001 (default: start a local one)")
+    sw.add_argument(
+        "--halving",
+        default=None,
+        metavar="S1,S2",
+        help="halving strategies, comma-separated, each a row of Table 1: none (normal runs), random, svc, "
+        "learned, shapley-svc, shapley-learned, mask-all-but-one (e.g. --halving none,svc,shapley-svc)",
+    )
+    sw.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: batches one after another here; ray: each batch a Ray task (local Ray instance, or "
+        "--address of a running cluster)",
+    )
+    sw.add_argument(
+        "--address",
+        dest="ray_address",
+        default=None,
+        metavar="ADDR",
+        help="a Ray cluster, e.g. auto, or ray://host:10001 (default: start a local one)",
+    )
     sw.add_argument("--ray-address", dest="ray_address", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    sw.add_argument("--status", action="store_true",
-                    help="train nothing: per configuration, the runs done and to do (interp sweep DIR --status reads "
-                         "DIR/sweep.json; with the sweep's own arguments and --out it plans them)")
-    sw.add_argument("--resume", action="store_true",
-                    help="interp sweep DIR --resume: continue the sweep saved in DIR/sweep.json (a rerun of the "
-                         "original command resumes too), rebuilding missing or damaged rows from the checkpoints")
-    sw.add_argument("--compile", action="store_true",
-                    help="torch.compile each population's token-count training step (--dropout-at attention; "
-                         "~1.5x faster steps after seconds of compilation; needs a C++ compiler)")
+    sw.add_argument(
+        "--status",
+        action="store_true",
+        help="train nothing: per configuration, the runs done and to do (interp sweep DIR --status reads "
+        "DIR/sweep.json; with the sweep's own arguments and --out it plans them)",
+    )
+    sw.add_argument(
+        "--resume",
+        action="store_true",
+        help="interp sweep DIR --resume: continue the sweep saved in DIR/sweep.json (a rerun of the "
+        "original command resumes too), rebuilding missing or damaged rows from the checkpoints",
+    )
+    sw.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each population's token-count training step (--dropout-at attention; "
+        "~1.5x faster steps after seconds of compilation; needs a C++ compiler)",
+    )
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(sw)
 
@@ -255,7 +345,9 @@ def _resumed_run(args):
         conflicts.append(f"task {args.task} (the run trains {saved['task']['name']})")
     for key, value in _parse_task_params(args.task_params).items():
         if saved["task"]["params"].get(key) != value:
-            conflicts.append(f"--set {key}={json.dumps(value)} (the run has {json.dumps(saved['task']['params'].get(key))})")
+            conflicts.append(
+                f"--set {key}={json.dumps(value)} (the run has {json.dumps(saved['task']['params'].get(key))})"
+            )
     spec = ModelSpec.from_dict(saved["spec"])
     for key, given in _given(args, ModelSpec).items():
         if getattr(spec, key) != given and not (key == "output_matrix" and spec.w_o == given):
@@ -269,8 +361,11 @@ def _resumed_run(args):
         elif config.get(key) != given:
             conflicts.append(f"--{key.replace('_', '-')} {given} (the run has {config.get(key)})")
     if conflicts:
-        raise ConfigError("--resume: options contradict the interrupted run: " + "; ".join(conflicts)
-                          + " (leave them out to continue it, or --restart to start over)")
+        raise ConfigError(
+            "--resume: options contradict the interrupted run: "
+            + "; ".join(conflicts)
+            + " (leave them out to continue it, or --restart to start over)"
+        )
     task = get_task(saved["task"]["name"], **saved["task"]["params"])
     return task, spec, TrainConfig(**config)
 
@@ -291,25 +386,40 @@ def cmd_train(args) -> int:
         if not args.out:
             out.parent.mkdir(parents=True, exist_ok=True)
     if args.snapshots and args.snapshots > cfg.epochs:
-        raise ConfigError(f"--snapshots {args.snapshots}: a snapshot every {args.snapshots} epochs in a run of "
-                          f"{cfg.epochs} epochs writes none; give N <= {cfg.epochs}")
+        raise ConfigError(
+            f"--snapshots {args.snapshots}: a snapshot every {args.snapshots} epochs in a run of "
+            f"{cfg.epochs} epochs writes none; give N <= {cfg.epochs}"
+        )
     suite = suite_for(task) if args.snapshots else None  # a task without a suite fails before training
-    prov = train(task, spec, cfg, out, device=args.device, resume=args.resume, restart=args.restart,
-                 progress=not args.quiet, snapshot_every=args.snapshots, head_scorer=scorer(cfg.halving)
-                 if cfg.halving is not None else None)
+    prov = train(
+        task,
+        spec,
+        cfg,
+        out,
+        device=args.device,
+        resume=args.resume,
+        restart=args.restart,
+        progress=not args.quiet,
+        snapshot_every=args.snapshots,
+        head_scorer=scorer(cfg.halving) if cfg.halving is not None else None,
+    )
     if suite is not None:
         snapshot_dir = out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
         done = suite.finish_run(out, snapshot_dir, device=args.device)
         if done is not None:
             print(f"{task.name}: {done}")
     acc = prov["accuracy"]
-    print(f"wrote {out}: kept epoch {prov['kept_epoch']}/{prov['epochs_run']} ({prov['kept']}), accuracy "
-          + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
+    print(
+        f"wrote {out}: kept epoch {prov['kept_epoch']}/{prov['epochs_run']} ({prov['kept']}), accuracy "
+        + ", ".join(f"{k} {v:.4f}" for k, v in acc.items())
+    )
     if "halving" in prov:
         h = prov["halving"]
-        print(f"halving ({h['strategy']}): {h['n_steps']} step(s) at epoch(s) {[s['epoch'] for s in h['steps']]}, "
-              f"active heads {', '.join(h['active'])}; " + ("one head left" if h["success"] else "FAILED (more than one "
-              "head left): scored 0"))
+        print(
+            f"halving ({h['strategy']}): {h['n_steps']} step(s) at epoch(s) {[s['epoch'] for s in h['steps']]}, "
+            f"active heads {', '.join(h['active'])}; "
+            + ("one head left" if h["success"] else "FAILED (more than one head left): scored 0")
+        )
     return 0
 
 
@@ -328,10 +438,17 @@ def cmd_eval(args) -> int:
             raise TaskError(f"--splits {args.splits!r}: {ckpt.task.name} has the splits {', '.join(ckpt.task.splits)}")
     metrics = evaluate_splits(ckpt.model, ckpt.task, splits)
     if args.json:
-        print(json.dumps({
-            "task": ckpt.task.name, "checkpoint": str(ckpt.path), "task_params": ckpt.task.params(),
-            "accuracy": {s: m["accuracy"] for s, m in metrics.items()}, "metrics": metrics,
-        }))
+        print(
+            json.dumps(
+                {
+                    "task": ckpt.task.name,
+                    "checkpoint": str(ckpt.path),
+                    "task_params": ckpt.task.params(),
+                    "accuracy": {s: m["accuracy"] for s, m in metrics.items()},
+                    "metrics": metrics,
+                }
+            )
+        )
         return 0
     if not args.quiet:
         print(f"{ckpt.path} ({ckpt.task.name})" + (f", task parameters changed: {params}" if params else ""))
@@ -402,12 +519,21 @@ def cmd_sweep(args) -> int:
     _set_threads(args)
     from interp.app.sweeps import parse_grid, parse_seeds, parse_strategies, resume_sweeps, run_sweep
 
-    run_kw = dict(group=args.group, device=args.device, progress=not args.quiet, backend=args.backend,
-                  ray_address=args.ray_address, threads=args.threads, compile=args.compile)
+    run_kw = dict(
+        group=args.group,
+        device=args.device,
+        progress=not args.quiet,
+        backend=args.backend,
+        ray_address=args.ray_address,
+        threads=args.threads,
+        compile=args.compile,
+    )
     if directory is not None:
         if not args.resume:
-            raise ConfigError(f"{directory} is a directory: interp sweep DIR takes --status or --resume; a new sweep "
-                              "is interp sweep TASK ... --out DIR")
+            raise ConfigError(
+                f"{directory} is a directory: interp sweep DIR takes --status or --resume; a new sweep "
+                "is interp sweep TASK ... --out DIR"
+            )
         resume_sweeps(directory, **run_kw)
         print(f"{directory}: resumed; `interp table {directory}` summarises it")
         return 0
@@ -452,8 +578,10 @@ def _sweep_status(args, directory: Path | None) -> int:
     print(f"{directory}: {done} of {total} runs done, {total - done} to do")
     results_only = sum(max(0, e["rows"] - e["done"]) for e in status)
     if results_only:  # e.g. a shipped results table: rows without their checkpoints
-        print(f"{directory} holds {results_only} result rows without their checkpoints (a results table shipped "
-              "without checkpoints?): interp table / interp report read them; --resume would train them again")
+        print(
+            f"{directory} holds {results_only} result rows without their checkpoints (a results table shipped "
+            "without checkpoints?): interp table / interp report read them; --resume would train them again"
+        )
     return 0
 
 
@@ -465,8 +593,10 @@ def cmd_table(args) -> int:
     if frame.empty:
         raise ConfigError(f"{args.directory} holds no finished runs (no results.jsonl rows)")
     if f"{args.split}_accuracy" not in frame:
-        raise ConfigError(f"--split {args.split!r}: the rows have no {args.split}_accuracy; splits: "
-                          + ", ".join(c[:-9] for c in frame.columns if c.endswith("_accuracy") and "_" not in c[:-9]))
+        raise ConfigError(
+            f"--split {args.split!r}: the rows have no {args.split}_accuracy; splits: "
+            + ", ".join(c[:-9] for c in frame.columns if c.endswith("_accuracy") and "_" not in c[:-9])
+        )
     table = population_table(frame, split=args.split, thresholds=tuple(args.thresholds or (1.0, 0.98)))
     print(json.dumps(table) if args.json else format_table(table))
     return 0
@@ -476,20 +606,36 @@ def cmd_table(args) -> int:
 def _shapley_parser(sub) -> None:
     s = sub.add_parser("shapley", help="Shapley values, Banzhaf values and pairwise interactions of heads")
     s.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
-    s.add_argument("--value", default="learned-accuracy", metavar="VALUE",
-                   help="v(S) on the test split: learned-accuracy (heads outside S ablated), separation (linear SVC "
-                        "on the outputs of S, fitted on the train split), answer-loss (cross-entropy at the answer "
-                        "position; lower is better), or logit-diff (default: learned-accuracy)")
-    s.add_argument("--heads", nargs="+", default=None, metavar="HEAD",
-                   help="the players, e.g. --heads L0H1 L0H8 0.9 (default: every head; exact values take at most 24)")
+    s.add_argument(
+        "--value",
+        default="learned-accuracy",
+        metavar="VALUE",
+        help="v(S) on the test split: learned-accuracy (heads outside S ablated), separation (linear SVC "
+        "on the outputs of S, fitted on the train split), answer-loss (cross-entropy at the answer "
+        "position; lower is better), or logit-diff (default: learned-accuracy)",
+    )
+    s.add_argument(
+        "--heads",
+        nargs="+",
+        default=None,
+        metavar="HEAD",
+        help="the players, e.g. --heads L0H1 L0H8 0.9 (default: every head; exact values take at most 24)",
+    )
     s.add_argument("--ablation", choices=["zero", "mean"], default="zero", help="how heads outside S are removed")
-    s.add_argument("--samples", type=_checked(int, lambda v: v >= 2, "at least 2 permutations (a standard error "
-                                                                     "needs two)"), default=None,
-                   help="estimate from this many random permutations (at least 2; with a standard error per head) "
-                        "instead of all 2^n coalitions")
+    s.add_argument(
+        "--samples",
+        type=_checked(int, lambda v: v >= 2, "at least 2 permutations (a standard error needs two)"),
+        default=None,
+        help="estimate from this many random permutations (at least 2; with a standard error per head) "
+        "instead of all 2^n coalitions",
+    )
     s.add_argument("--seed", type=_nonneg_int, default=0, help="permutation seed for --samples (default 0)")
-    s.add_argument("--solver", choices=["torch", "sklearn"], default="torch",
-                   help="separation value: batched torch solver (default) or one scikit-learn LinearSVC per coalition")
+    s.add_argument(
+        "--solver",
+        choices=["torch", "sklearn"],
+        default="torch",
+        help="separation value: batched torch solver (default) or one scikit-learn LinearSVC per coalition",
+    )
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--out", default=None, help="also save the JSON to this file")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -507,8 +653,14 @@ def cmd_shapley(args) -> int:
     with _output(args.out, "the Shapley JSON") as output:
         ckpt = load_checkpoint(args.checkpoint, device=args.device)
         task = ckpt.task
-        kw = dict(value=args.value, heads=args.heads, ablation=args.ablation, task=task, solver=args.solver,
-                  progress=not args.quiet and not args.json)
+        kw = dict(
+            value=args.value,
+            heads=args.heads,
+            ablation=args.ablation,
+            task=task,
+            solver=args.solver,
+            progress=not args.quiet and not args.json,
+        )
         if args.value == "separation":
             kw["train"] = task.dataset("train")
         test = task.dataset("test")
@@ -526,8 +678,16 @@ def cmd_shapley(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "analyze": cmd_analyze, "report": cmd_report, "sweep": cmd_sweep,
-            "table": cmd_table, "shapley": cmd_shapley, "list": cmd_list}
+COMMANDS = {
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "analyze": cmd_analyze,
+    "report": cmd_report,
+    "sweep": cmd_sweep,
+    "table": cmd_table,
+    "shapley": cmd_shapley,
+    "list": cmd_list,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

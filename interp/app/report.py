@@ -46,14 +46,17 @@ def build_report(ckpt, progress: bool = True) -> Report:
     """The :class:`Report` of a loaded checkpoint: model card, the task suite's sections, attention views."""
     from tqdm import tqdm
 
-    report = Report(title=f"{ckpt.task.name}: {Path(ckpt.path).name if ckpt.path else 'model'}",
-                    subtitle=f"interp report of {ckpt.name}, written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    report = Report(
+        title=f"{ckpt.task.name}: {Path(ckpt.path).name if ckpt.path else 'model'}",
+        subtitle=f"interp report of {ckpt.name}, written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+    )
     bar = tqdm(total=len(STEPS), desc="report", unit="step", disable=not progress, file=sys.stderr, leave=False)
     try:
         for step, fn in zip(STEPS, (add_model_card, add_suite_sections, add_attention_views)):
             bar.set_postfix_str(step)
             report.on_section = lambda title, step=step: bar.set_postfix_str(
-                step if title.lower() == step else f"{step}: {title}")
+                step if title.lower() == step else f"{step}: {title}"
+            )
             fn(ckpt, report, progress)
             bar.update(1)
     finally:
@@ -68,10 +71,14 @@ def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
 
     meta = ckpt.metadata
     task_meta = meta.get("task", {})
-    report.section("Model card", "What was trained, on which task, how, and how well it does on every split "
-                                 "(evaluated now, on this machine).")
+    report.section(
+        "Model card",
+        "What was trained, on which task, how, and how well it does on every split (evaluated now, on this machine).",
+    )
     params = task_meta.get("params", {})
-    report.table([{"task": ckpt.task.name, **{k: _short(v) for k, v in params.items()}}], caption="Task and its parameters")
+    report.table(
+        [{"task": ckpt.task.name, **{k: _short(v) for k, v in params.items()}}], caption="Task and its parameters"
+    )
     t0 = time.perf_counter()
     metrics = evaluate_splits(ckpt.model, ckpt.task)
     secs = time.perf_counter() - t0
@@ -82,20 +89,30 @@ def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
         if "accuracy" in trained.get(split, {}):
             row["accuracy at training time"] = trained[split]["accuracy"]
         rows.append(row)
-    report.table(rows, formats={k: ".4f" for k in rows[0] if k != "split"} if rows else None,
-                 caption=f"Metrics per split, evaluated in {secs:.1f} s on {next(ckpt.model.parameters()).device}")
+    report.table(
+        rows,
+        formats={k: ".4f" for k in rows[0] if k != "split"} if rows else None,
+        caption=f"Metrics per split, evaluated in {secs:.1f} s on {next(ckpt.model.parameters()).device}",
+    )
     spec = meta.get("model_spec", {})
     n_params = sum(p.numel() for p in ckpt.model.parameters())
     n_trainable = sum(p.numel() for p in ckpt.model.parameters() if p.requires_grad)
-    spec_table = render_table([{"field": k, "value": _short(v)} for k, v in spec.items()]
-                              + [{"field": "parameters (trainable)", "value": f"{n_params} ({n_trainable})"}],
-                              caption="Model spec (interp.model.ModelSpec -> HookedTransformer)")
+    spec_table = render_table(
+        [{"field": k, "value": _short(v)} for k, v in spec.items()]
+        + [{"field": "parameters (trainable)", "value": f"{n_params} ({n_trainable})"}],
+        caption="Model spec (interp.model.ModelSpec -> HookedTransformer)",
+    )
     training = meta.get("training", {})
     prov = {k: v for k, v in training.items() if k not in ("history", "metrics", "accuracy", "config")}
     prov.update({f"config.{k}": v for k, v in training.get("config", {}).items()})
-    prov_table = (render_table([{"field": k, "value": _short(v)} for k, v in prov.items()],
-                               caption="Training provenance, as recorded in the checkpoint")
-                  if prov else '<p class="note">This checkpoint records no training provenance.</p>')
+    prov_table = (
+        render_table(
+            [{"field": k, "value": _short(v)} for k, v in prov.items()],
+            caption="Training provenance, as recorded in the checkpoint",
+        )
+        if prov
+        else '<p class="note">This checkpoint records no training provenance.</p>'
+    )
     report.add_html(f'<div class="cards">{spec_table}{prov_table}</div>')
     add_learning_curve(training, report)
 
@@ -111,8 +128,9 @@ def add_learning_curve(training: Mapping[str, Any], report: Report) -> None:
         fig = make_subplots(specs=[[{"secondary_y": True}]])
         keys = [k for k in history[0] if k != "epoch" and isinstance(history[0][k], numbers.Number)]
         for k in keys:
-            fig.add_trace(go.Scatter(x=epochs, y=[h.get(k) for h in history], name=k, mode="lines"),
-                          secondary_y="loss" in k)
+            fig.add_trace(
+                go.Scatter(x=epochs, y=[h.get(k) for h in history], name=k, mode="lines"), secondary_y="loss" in k
+            )
         fig.update_layout(title="Learning curve", xaxis_title="epoch", template="plotly_white", height=360, width=760)
         fig.update_yaxes(title_text="accuracy", secondary_y=False)
         fig.update_yaxes(title_text="loss", secondary_y=True)
@@ -162,10 +180,15 @@ def pick_examples(task: Task, n: int = 3, target_len: int = EXAMPLE_TOKENS, max_
         data = task.dataset(held_out_order[0])
         for i in torch.argsort(data.lengths.cpu(), stable=True)[:n].tolist():
             chosen.append((held_out_order[0], i, data.select(torch.tensor([i], device=data.device))))
-        return chosen, f"every split's sequences are longer than {max_len} tokens; the shortest {held_out_order[0]} ones are shown, cut"
+        return (
+            chosen,
+            f"every split's sequences are longer than {max_len} tokens; the shortest {held_out_order[0]} ones are "
+            "shown, cut",
+        )
     used = sorted({c[0] for c in chosen}, key=held_out_order.index)
-    reason = f"{' and '.join(used)} examples" + (f" ({'; '.join(why)}, longer than the {max_len} tokens a readable view shows)"
-                                                  if why else "")
+    reason = f"{' and '.join(used)} examples" + (
+        f" ({'; '.join(why)}, longer than the {max_len} tokens a readable view shows)" if why else ""
+    )
     return chosen, reason
 
 
@@ -178,10 +201,13 @@ def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples
     model, task = ckpt.model, ckpt.task
     cfg = model.cfg
     examples, reason = pick_examples(task, n_examples, max_len=max_len)
-    report.section("Attention patterns", f"Every head's attention ({cfg.n_layers * cfg.n_heads} heads) on "
-                   f"{len(examples)} examples of the task's data, held-out splits first and the ones nearest "
-                   f"{EXAMPLE_TOKENS} tokens long: here {reason}. Pick a head to enlarge it; hover a destination token "
-                   "to see where it attends.")
+    report.section(
+        "Attention patterns",
+        f"Every head's attention ({cfg.n_layers * cfg.n_heads} heads) on "
+        f"{len(examples)} examples of the task's data, held-out splits first and the ones nearest "
+        f"{EXAMPLE_TOKENS} tokens long: here {reason}. Pick a head to enlarge it; hover a destination token "
+        "to see where it attends.",
+    )
     device = next(model.parameters()).device
     for split, i, ex in examples:
         length = int(ex.lengths[0])
@@ -191,12 +217,16 @@ def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples
         pos = int(ex.answer_pos[0])
         pred, label = int(logits[0, pos].argmax()), int(ex.labels[0])
         shown = min(length, max_len)
-        note = "" if shown == length else f" Only the first {shown} of {length} tokens are shown (causal attention: exact)."
+        note = (
+            ""
+            if shown == length
+            else f" Only the first {shown} of {length} tokens are shown (causal attention: exact)."
+        )
         verdict = "correct" if pred == label else "wrong"
         report.attention(
             attention_view(model, tokens, vocab=task.vocab, title=f"{split} example {i}", max_len=max_len),
             caption=f"{split} example {i}: {length} tokens; answer at position {pos}: expected "
-                    f"{task.vocab.tokens[label]!r}, the model predicts {task.vocab.tokens[pred]!r} ({verdict}).{note}",
+            f"{task.vocab.tokens[label]!r}, the model predicts {task.vocab.tokens[pred]!r} ({verdict}).{note}",
         )
 
 
@@ -238,43 +268,69 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
 
         meta = read_metadata(checkpoint_path(directory, frame.iloc[0]))["task"]
         task_name, task_params = meta["name"], meta.get("params", {})
-    report = Report(title=f"sweep {directory.name}",
-                    subtitle=f"interp report of the sweep in {directory} ({len(frame)} runs), written "
-                             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    report = Report(
+        title=f"sweep {directory.name}",
+        subtitle=f"interp report of the sweep in {directory} ({len(frame)} runs), written "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+    )
     report.section("Sweep", "What was trained: the sweep's plan (sweep.json) and how far it got.")
     if plans:
-        report.table([{"task": p["task"], "seeds": f"{min(p['seeds'])}..{max(p['seeds'])} ({len(p['seeds'])})",
-                       "grid": _short(p["grid"]), "halving": p["cfg"].get("halving") or "none",
-                       "task parameters": _short(p["task_params"])} for p in plans],
-                     caption="One row per interp sweep into this directory")
+        report.table(
+            [
+                {
+                    "task": p["task"],
+                    "seeds": f"{min(p['seeds'])}..{max(p['seeds'])} ({len(p['seeds'])})",
+                    "grid": _short(p["grid"]),
+                    "halving": p["cfg"].get("halving") or "none",
+                    "task parameters": _short(p["task_params"]),
+                }
+                for p in plans
+            ],
+            caption="One row per interp sweep into this directory",
+        )
     wall = (frame["wall_seconds"] / frame["population_size"]).sum() if "wall_seconds" in frame else float("nan")
-    report.text(f"{len(frame)} finished runs; training wall time {wall:.0f} s (the rows' wall_seconds, each batched "
-                "population's time counted once).")
+    report.text(
+        f"{len(frame)} finished runs; training wall time {wall:.0f} s (the rows' wall_seconds, each batched "
+        "population's time counted once)."
+    )
     table = population_table(frame)
-    report.section("Table 1", "Table 1 of Fraknói 2024 per configuration and halving strategy: runs, the share of runs "
-                   "reaching 100% and >= 98% test accuracy, each with its Wilson 95% interval, and the mean test "
-                   "accuracy. A halving run that does not end with one head counts 0.")
+    report.section(
+        "Table 1",
+        "Table 1 of Fraknói 2024 per configuration and halving strategy: runs, the share of runs "
+        "reaching 100% and >= 98% test accuracy, each with its Wilson 95% interval, and the mean test "
+        "accuracy. A halving run that does not end with one head counts 0.",
+    )
     report.add_html(f"<pre>{html.escape(format_table(table))}</pre>")
-    report.section("Test accuracy, 1 - CDF", "The share of runs at or above each test accuracy, one curve per "
-                   "configuration and strategy (Fraknói 2024, Figure 9, left: 1 vs 64 heads; Figure 11: halving strategies).")
+    report.section(
+        "Test accuracy, 1 - CDF",
+        "The share of runs at or above each test accuracy, one curve per "
+        "configuration and strategy (Fraknói 2024, Figure 9, left: 1 vs 64 heads; Figure 11: halving strategies).",
+    )
     surv = accuracy_survival(frame)
     report.figure(surv.figure(), caption="All runs; at x = 1 the curve is Table 1's share at 100%.")
     report.figure(surv.figure(x_min=0.98), caption="The same, on [0.98, 1] as the thesis plots it.")
     if "strategy" in frame and frame["strategy"].nunique() > 1:  # Figure 11: the strategies of one shape together
         for (d, h), members in frame.groupby(["d_model", "n_heads"], sort=False):
             if members["strategy"].nunique() > 1:
-                report.figure(accuracy_survival(members).figure(x_min=0.98),
-                              caption=f"d_model = {d}, n_heads = {h}: the halving strategies on [0.98, 1] "
-                                      "(Fraknói 2024, Figure 11).")
+                report.figure(
+                    accuracy_survival(members).figure(x_min=0.98),
+                    caption=f"d_model = {d}, n_heads = {h}: the halving strategies on [0.98, 1] "
+                    "(Fraknói 2024, Figure 11).",
+                )
     grid = grid_accuracy(frame)
     if len(grid.d_models) * len(grid.n_heads) > 1:
-        report.section("Accuracy over d_model and n_heads", "Fraknói 2024, Figure 2: normal runs (no halving) per cell of "
-                       "the grid, other options pooled.")
+        report.section(
+            "Accuracy over d_model and n_heads",
+            "Fraknói 2024, Figure 2: normal runs (no halving) per cell of the grid, other options pooled.",
+        )
         report.result(grid)
     lrs = lr_accuracy(frame)
     if lrs.varies:
-        report.section("Accuracy over learning rates", "Fraknói 2024, Figure 3: each run's test accuracy and the mean, "
-                       "per configuration, against its learning rate.")
+        report.section(
+            "Accuracy over learning rates",
+            "Fraknói 2024, Figure 3: each run's test accuracy and the mean, "
+            "per configuration, against its learning rate.",
+        )
         report.figure(lrs.figure())
     try:
         suite = suite_for(get_task(task_name, **task_params))

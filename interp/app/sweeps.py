@@ -78,8 +78,9 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
         if not sep or not values:
             raise ConfigError(f"--grid takes KEY=V1,V2,..., got {item!r}")
         if key not in known:
-            raise ConfigError(f"--grid key {key!r} is not a model or training option; expected one of "
-                              f"{', '.join(known)}")
+            raise ConfigError(
+                f"--grid key {key!r} is not a model or training option; expected one of {', '.join(known)}"
+            )
         if key in grid:
             raise ConfigError(f"--grid {key} is given twice; give its values once: {key}=V1,V2,...")
         texts = [v.strip() for v in values.split(",")]
@@ -89,8 +90,10 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
         choices = known[key].choices
         bad = [v for v in parsed if choices is not None and v is not None and v not in choices]
         if bad:
-            raise ConfigError(f"--grid {key}: {', '.join(map(str, bad))} not among {', '.join(map(str, choices))}"
-                              + (" (or none)" if known[key].optional else ""))
+            raise ConfigError(
+                f"--grid {key}: {', '.join(map(str, bad))} not among {', '.join(map(str, choices))}"
+                + (" (or none)" if known[key].optional else "")
+            )
         seen = [json.dumps(v) for v in parsed]
         dups = sorted({t for t, s in zip(texts, seen) if seen.count(s) > 1})
         if dups:
@@ -116,9 +119,18 @@ def _batch_key(run: dict[str, Any]) -> tuple[str, str]:
     return json.dumps(spec, sort_keys=True), json.dumps(cfg, sort_keys=True)
 
 
-def train_group(task: Task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig], paths: Sequence[Path], *,
-                device: str | None = None, threads: int | None = None, scorer_for: ScorerFor = halving_scorer,
-                progress: bool = False, compile: bool = False) -> list[dict[str, Any]]:
+def train_group(
+    task: Task,
+    specs: Sequence[ModelSpec],
+    cfgs: Sequence[TrainConfig],
+    paths: Sequence[Path],
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    scorer_for: ScorerFor = halving_scorer,
+    progress: bool = False,
+    compile: bool = False,
+) -> list[dict[str, Any]]:
     """Train one group of runs: as one population where they can be batched, else one at a time (halving runs get
     ``scorer_for(strategy)`` as their head scorer). What a sweep runs locally, or as one Ray task."""
     import torch
@@ -133,14 +145,26 @@ def train_group(task: Task, specs: Sequence[ModelSpec], cfgs: Sequence[TrainConf
     if batchable:  # halving included: each model of the population keeps its own head mask
         strategy = cfgs[0].halving
         scorer = scorer_for(strategy) if strategy is not None else None
-        return train_population(task, specs, cfgs, paths, device=device, progress=progress, compile=compile,
-                                head_scorer=scorer, resume_file=group_resume_file(paths))
+        return train_population(
+            task,
+            specs,
+            cfgs,
+            paths,
+            device=device,
+            progress=progress,
+            compile=compile,
+            head_scorer=scorer,
+            resume_file=group_resume_file(paths),
+        )
     provs = []
     for s, c, p in zip(specs, cfgs, paths):
         scorer = scorer_for(c.halving) if c.halving is not None else None
         # a run killed mid-training left its resume file: continue it
-        provs.append(train(task, s, c, p, device=device, progress=False, head_scorer=scorer,
-                           resume=resume_path(Path(p)).is_file()))
+        provs.append(
+            train(
+                task, s, c, p, device=device, progress=False, head_scorer=scorer, resume=resume_path(Path(p)).is_file()
+            )
+        )
     return provs
 
 
@@ -153,14 +177,35 @@ def group_resume_file(paths: Sequence) -> Path:
 
 def _ray_train_group(task_name, task_params, specs, cfgs, paths, device, threads, scorer_for, compile=False):
     """:func:`train_group` in a Ray worker (the task is rebuilt there from its name and parameters)."""
-    return train_group(get_task(task_name, **task_params), specs, cfgs, paths, device=device, threads=threads,
-                       scorer_for=scorer_for, compile=compile)
+    return train_group(
+        get_task(task_name, **task_params),
+        specs,
+        cfgs,
+        paths,
+        device=device,
+        threads=threads,
+        scorer_for=scorer_for,
+        compile=compile,
+    )
 
 
-def run_sweep(task: Task, base_spec: ModelSpec, base_cfg: TrainConfig, seeds: Sequence[int], grid: dict[str, list],
-              directory, *, group: int = 100, device: str | None = None, progress: bool = True,
-              backend: str = "local", ray_address: str | None = None, threads: int | None = None,
-              scorer_for: ScorerFor = halving_scorer, compile: bool = False) -> list[dict[str, Any]]:
+def run_sweep(
+    task: Task,
+    base_spec: ModelSpec,
+    base_cfg: TrainConfig,
+    seeds: Sequence[int],
+    grid: dict[str, list],
+    directory,
+    *,
+    group: int = 100,
+    device: str | None = None,
+    progress: bool = True,
+    backend: str = "local",
+    ray_address: str | None = None,
+    threads: int | None = None,
+    scorer_for: ScorerFor = halving_scorer,
+    compile: bool = False,
+) -> list[dict[str, Any]]:
     """Train every run of the sweep not yet in ``directory``; return the results table (one row per run).
 
     Every run's configuration is built and checked first (a bad grid value fails before anything is written),
@@ -185,12 +230,13 @@ def run_sweep(task: Task, base_spec: ModelSpec, base_cfg: TrainConfig, seeds: Se
         return [rows[n] for n in others] + [rows[r["name"]] for r in runs if r["name"] in rows]
 
     write_results(directory, all_rows())
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc=f"sweep {task.name}", unit="run",
-               disable=not progress)
+    bar = tqdm(
+        total=len(runs), initial=len(runs) - len(todo), desc=f"sweep {task.name}", unit="run", disable=not progress
+    )
     by_key: dict[tuple, list] = {}
     for run in todo:
         by_key.setdefault(_batch_key(run), []).append(run)
-    chunks = [members[i:i + group] for members in by_key.values() for i in range(0, len(members), group)]
+    chunks = [members[i : i + group] for members in by_key.values() for i in range(0, len(members), group)]
 
     def finished(chunk, provs) -> None:
         for run, prov in zip(chunk, provs):
@@ -199,13 +245,26 @@ def run_sweep(task: Task, base_spec: ModelSpec, base_cfg: TrainConfig, seeds: Se
         bar.update(len(chunk))
 
     def args_of(chunk):
-        return ([r["spec"] for r in chunk], [r["cfg"] for r in chunk],
-                [directory / RUNS / f"{r['name']}.safetensors" for r in chunk])
+        return (
+            [r["spec"] for r in chunk],
+            [r["cfg"] for r in chunk],
+            [directory / RUNS / f"{r['name']}.safetensors" for r in chunk],
+        )
 
     if backend == "local":
         for chunk in chunks:
-            finished(chunk, train_group(task, *args_of(chunk), device=device, threads=threads, scorer_for=scorer_for,
-                                        progress=progress, compile=compile))
+            finished(
+                chunk,
+                train_group(
+                    task,
+                    *args_of(chunk),
+                    device=device,
+                    threads=threads,
+                    scorer_for=scorer_for,
+                    progress=progress,
+                    compile=compile,
+                ),
+            )
     elif chunks:
         _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ray_address, compile)
     bar.close()
@@ -232,8 +291,15 @@ def _rows_and_todo(directory: Path, runs: list[dict[str, Any]]) -> tuple[dict[st
 def resume_sweeps(directory, **kw: Any) -> None:
     """``interp sweep DIR --resume``: continue every sweep saved in ``DIR/sweep.json``, in order."""
     for p in read_plans(directory):
-        run_sweep(get_task(p["task"], **p["task_params"]), ModelSpec(**p["spec"]), TrainConfig(**p["cfg"]),
-                  p["seeds"], p["grid"], directory, **kw)
+        run_sweep(
+            get_task(p["task"], **p["task_params"]),
+            ModelSpec(**p["spec"]),
+            TrainConfig(**p["cfg"]),
+            p["seeds"],
+            p["grid"],
+            directory,
+            **kw,
+        )
 
 
 def _run_on_ray(task: Task, chunks, args_of, finished, device, threads, scorer_for, address, compile=False) -> None:
@@ -246,9 +312,10 @@ def _run_on_ray(task: Task, chunks, args_of, finished, device, threads, scorer_f
         ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         remote = ray.remote(num_cpus=1)(_ray_train_group)
-        pending = {remote.remote(task.name, task.params(), *args_of(chunk), device, threads or 1, scorer_for,
-                                 compile): chunk
-                   for chunk in chunks}
+        pending = {
+            remote.remote(task.name, task.params(), *args_of(chunk), device, threads or 1, scorer_for, compile): chunk
+            for chunk in chunks
+        }
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
