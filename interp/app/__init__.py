@@ -1,0 +1,1 @@
+"""The app layer: everything that wires the core, tasks and analyses together."""
