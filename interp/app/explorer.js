@@ -346,27 +346,42 @@ function render({ model, el }) {
     const m = floats(c.data);
     let max = 0;
     for (const x of m) if (!Number.isNaN(x)) max = Math.max(max, Math.abs(x));
-    const canvas = h("canvas", { class: "ix-circuit" });
-    canvas.width = k;
-    canvas.height = r;
-    const ctx = canvas.getContext("2d");
-    const img = ctx.createImageData(k, r);
-    for (let i = 0; i < r * k; i++) {
-      const col = rdbu(max ? m[i] / max : 0);
-      img.data.set([col[0], col[1], col[2], 255], i * 4);
+    const out = h("div", { class: "ix-muted ix-hoverline" }, `max |value| ${fmt(max, 3)}; hover a cell`);
+    const say = (i, j) => { out.textContent = `${c.row_title} ${c.rows[i]} · ${c.col_title} ${c.cols[j]} · ${fmt(m[i * k + j], 3)}`; };
+    let body;
+    if (r <= 24 && k <= 24) {
+      // small vocabularies: a labelled table, one coloured cell per entry
+      body = h("table", { class: "ix-ctable" },
+        h("thead", {}, h("tr", {}, h("th", { class: "ix-muted", title: `rows: ${c.row_title}; columns: ${c.col_title}` }, "↓ → "),
+          c.cols.map((t) => h("th", {}, t)))),
+        h("tbody", {}, c.rows.map((rt, i) => h("tr", {}, h("th", {}, rt), c.cols.map((_, j) => {
+          const x = m[i * k + j];
+          const col = rdbu(Number.isNaN(x) ? null : max ? x / max : 0);
+          const td = h("td", { style: `background:${css(col)}` });
+          td.addEventListener("mouseenter", () => say(i, j));
+          return td;
+        })))));
+    } else {
+      const canvas = h("canvas", { class: "ix-circuit" });
+      canvas.width = k;
+      canvas.height = r;
+      const ctx = canvas.getContext("2d");
+      const img = ctx.createImageData(k, r);
+      for (let i = 0; i < r * k; i++) {
+        const col = rdbu(Number.isNaN(m[i]) ? null : max ? m[i] / max : 0);
+        img.data.set([col[0], col[1], col[2], 255], i * 4);
+      }
+      ctx.putImageData(img, 0, 0);
+      const px = Math.max(160, Math.min(300, Math.max(r, k) * 3));
+      canvas.style.width = `${Math.round(px * k / Math.max(r, k))}px`;
+      canvas.style.height = `${Math.round(px * r / Math.max(r, k))}px`;
+      canvas.addEventListener("mousemove", (ev) => { const [i, j] = cellAt(canvas, ev, r, k); say(i, j); });
+      body = canvas;
     }
-    ctx.putImageData(img, 0, 0);
-    const px = Math.max(120, Math.min(260, Math.max(r, k) * 14));
-    canvas.style.width = `${Math.round(px * k / Math.max(r, k))}px`;
-    canvas.style.height = `${Math.round(px * r / Math.max(r, k))}px`;
-    const out = h("div", { class: "ix-muted ix-hoverline" }, `max |value| ${fmt(max, 3)}`);
-    canvas.addEventListener("mousemove", (ev) => {
-      const [i, j] = cellAt(canvas, ev, r, k);
-      out.textContent = `${c.row_title} ${c.rows[i]} · ${c.col_title} ${c.cols[j]} · ${fmt(m[i * k + j], 3)}`;
-    });
     const cut = c.full_shape[0] > r || c.full_shape[1] > k ? ` (first ${r}×${k} of ${c.full_shape.join("×")})` : "";
     return h("div", { class: "ix-circ" }, h("div", { class: "ix-ctitle" }, c.name + cut,
-      c.direct_only ? h("span", { class: "ix-muted" }, " · through the embedding only") : null), canvas, out);
+      c.direct_only ? h("span", { class: "ix-muted" }, " · through the embedding only") : null),
+      h("div", { class: "ix-muted" }, `rows: ${c.row_title}, columns: ${c.col_title}`), body, out);
   }
 
   function headGrid(values, label, digits = 2) {
@@ -374,12 +389,12 @@ function render({ model, el }) {
     const i = info();
     let max = 0;
     for (const row of values) for (const x of row) if (x !== null) max = Math.max(max, Math.abs(x));
-    return h("table", { class: "ix-hgrid" }, h("tbody", {}, values.map((row, l) => h("tr", {}, h("th", {}, `L${l}`),
+    return h("div", { class: "ix-scroll" }, h("table", { class: "ix-hgrid" }, h("tbody", {}, values.map((row, l) => h("tr", {}, h("th", {}, `L${l}`),
       row.map((x, hd) => {
         const c = rdbu(x === null ? null : max ? x / max : 0);
         return h("td", { style: `background:${css(c)};color:${ink(c)}`, title: `${headName(l, hd)}: ${label} ${x === null ? "undefined" : fmt(x, 4)}`,
           class: "ix-hcell", onclick: () => send({ type: "select", head: headName(l, hd) }) }, i.n_heads > 16 ? "" : x === null ? "–" : fmt(x, digits));
-      })))));
+      }))))));
   }
 
   function drawHead() {

@@ -648,6 +648,13 @@ class Explorer(anywidget.AnyWidget):
         out = _predictions_and_loss(self.model, b["batch"], fwd_hooks=mask_hooks(self.model, self._keep(), self._z_ref()))
         return self.task.metrics(out["preds"], out["loss"], b["batch"].to(out["preds"].device))
 
+    def compute(self, what: str) -> None:
+        """Compute, for every head, what the panel shows only on request: ``"separation"`` (separation accuracy, the
+        separators fitted on the first train examples and scored on the accuracy batch), ``"shapley"`` (Shapley values
+        of the learned accuracy on the batch: exact up to 16 heads, else sampled) or ``"metrics"`` (the task's own
+        metrics under the mask)."""
+        self._compute(what)
+
     def state(self) -> ExplorerState:
         """The current view as an :class:`interp.Result` (``to_dict()``: plain JSON)."""
         return ExplorerState(self._state_dict())
