@@ -134,7 +134,7 @@ function render({ model, el }) {
   const batchIn = h("input", { class: "ix-batch", type: "number", min: "1", step: "1", title: "accuracy batch size" });
   const allOnBtn = h("button", { class: "ix-btn", text: "all heads on" });
   const maskEl = h("div", { class: "ix-mask" });
-  const metricsBtn = h("button", { class: "ix-btn ix-small", text: "task metrics", title: "the task's own metrics under the mask (one forward pass of the batch)" });
+  const metricsBtn = h("button", { class: "ix-btn ix-small", text: "task metrics", title: "the task's own metrics under the mask (one full forward pass of the batch: seconds for long inputs)" });
   const metricsEl = h("div", { class: "ix-metrics ix-muted" });
   root.append(h("div", { class: "ix-cols" },
     h("section", { class: "ix-sec" }, h("h4", {}, "Prediction ", h("span", { class: "ix-muted" }, "at the answer positions, under the mask")), predEl),
@@ -421,9 +421,9 @@ function render({ model, el }) {
       s ? scoreRow("induction / prev-token", `${fmt(s.induction, 3)} / ${fmt(s.prev_token, 3)}`, `duplicate ${fmt(s.duplicate, 3)}, BOS ${fmt(s.bos, 3)}; ${v.scores_on}`)
         : scoreRow("induction / prev-token", "–", v.scores_on),
       scoreRow("separation accuracy", sep ? fmt(sep.accuracy) : h("button", { class: "ix-btn ix-small", onclick: () => send({ type: "compute", what: "separation" }) }, "compute (all heads)"),
-        sep ? `ROC AUC ${fmt(sep.roc_auc, 3)}; LinearSVC fitted on ${sep.n_train} train, scored on the batch (${sep.n_test})` : "a linear separator on the head's output at the answer position"),
+        sep ? `ROC AUC ${fmt(sep.roc_auc, 3)}; LinearSVC (${sep.n_classes} answers; chance ${fmt(sep.chance, 3)}) fitted on ${sep.n_train} train, scored on the batch (${sep.n_test})` : "a linear separator on the head's output at the answer position"),
       scoreRow("Shapley value", sh ? sgn(sh.value, 4) : h("button", { class: "ix-btn ix-small", onclick: () => send({ type: "compute", what: "shapley" }) }, "compute (all heads)"),
-        sh ? `rank ${sh.rank}; ${sh.exact ? "exact" : `sampled, ± ${fmt(sh.stderr, 4)}`}; v(all) ${fmt(sh.v_all)}, v(none) ${fmt(sh.v_empty)}; learned accuracy, this batch` : "of the learned accuracy over the heads (seed 000 Definition 5.3)"),
+        sh ? `rank ${sh.rank}; ${sh.exact ? "exact" : `sampled, ± ${fmt(sh.stderr, 4)}`}; v(all) ${fmt(sh.v_all)}, v(none) ${fmt(sh.v_empty)}; learned accuracy, this batch` : `of the learned accuracy over the heads (seed 000 Definition 5.3): ${info().shapley_cost}`),
     ));
     put(panelEl,
       h("div", { class: "ix-row ix-phead" }, h("b", {}, `Head ${v.head}`), h("span", { class: v.off ? "ix-bad" : "ix-ok" }, v.off ? " off" : " on"),

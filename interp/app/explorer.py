@@ -971,7 +971,9 @@ class Explorer(anywidget.AnyWidget):
                                                   ("induction", "prev_token", "duplicate", "bos")},
             "scores_on": self._scores_note,
             "separation": None if sep is None else {"accuracy": float(sep.accuracy[i]), "roc_auc": _num(sep.roc_auc[i]),
-                                                    "n_train": sep.n_train, "n_test": sep.n_test},
+                                                    "n_train": sep.n_train, "n_test": sep.n_test,
+                                                    "n_classes": int(torch.unique(b["batch"].labels).numel()),
+                                                    "chance": _num(sep.chance)},
             "shapley": None if shap is None else {"value": shap[self._head], "exact": shap.exact,
                                                   "stderr": None if shap.stderr is None else float(shap.stderr[i]),
                                                   "rank": shap.ranking().index(self._label(self._head)) + 1,
@@ -1074,7 +1076,17 @@ class Explorer(anywidget.AnyWidget):
                 "normalization": cfg.normalization_type, "n_ctx": cfg.n_ctx, "d_vocab": cfg.d_vocab,
                 "splits": list(task.splits), "corruptions": list(corruption_kinds(task)),
                 "typed": task.name in _TYPED, "heads": [self._label(h) for h in self._all_heads()],
-                "fast": self._fast(), "shapley_exact": cfg.n_layers * cfg.n_heads <= SHAPLEY_EXACT_MAX}
+                "fast": self._fast(), "shapley_exact": cfg.n_layers * cfg.n_heads <= SHAPLEY_EXACT_MAX,
+                "shapley_cost": self._shapley_cost()}
+
+    def _shapley_cost(self) -> str:
+        """What the Shapley button will compute, in words (the page shows it before the click)."""
+        n = self._L * self._H
+        if n > SHAPLEY_EXACT_MAX:
+            return f"sampled from {SHAPLEY_SAMPLES} permutations of the {n} heads"
+        if self._fast():
+            return f"exact over {2 ** n:,} coalitions, recombined from cached head outputs"
+        return f"exact over {2 ** n:,} coalitions, each a forward pass of the batch (slow for deep models)"
 
     def _input_view(self) -> dict:
         toks = self.tokens
