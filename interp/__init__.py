@@ -23,7 +23,7 @@ _WHERE = {
     "head_label": "interp.heads", "parse_head": "interp.heads", "head_mask": "interp.heads",
     "attention_view": "interp.visualize", "attention_patterns": "interp.visualize",
     "Result": "interp.results", "Task": "interp.task", "TaskData": "interp.task", "Vocab": "interp.task",
-    "IGNORE": "interp.task",
+    "IGNORE": "interp.task", "supports_query_forward": "interp.query_forward",
     "explore": "interp.app.explorer",
     "write_report": "interp.report", "write_sweep_report": "interp.report", "load_results": "interp.sweeps",
 }

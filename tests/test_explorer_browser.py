@@ -24,7 +24,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from test_browser import find_chromium, pixel_std
 
 pytestmark = pytest.mark.browser
@@ -68,6 +67,7 @@ def lab(tmp_path_factory):
     """A JupyterLab page with the explorer running in a notebook: ``(page, browser, notebook path, shots dir,
     blocked requests, page errors)``."""
     try:
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
         from playwright.sync_api import sync_playwright
     except ImportError:
         _unavailable("the playwright Python package is not installed (pip install playwright)")
@@ -142,8 +142,8 @@ def lab(tmp_path_factory):
                         "/\\[(\\*|\\d+)\\]/.test(document.querySelector('.jp-Cell .jp-InputArea-prompt').textContent)",
                         timeout=15_000)
                     break
-                except Exception:  # noqa: BLE001 - playwright's timeout: press again
-                    continue
+                except PlaywrightTimeout:  # the cell did not start: press again
+                    print("the cell did not start; running it again")
             page.wait_for_selector(".ix [data-testid=accuracy][data-n]", timeout=180_000)
             yield page, browser, work / "explore.ipynb", shots, blocked, errors
             browser.close()
@@ -207,7 +207,7 @@ def test_switching_a_head_off_by_clicking_updates_the_accuracy(lab):
 
     # the head panel, the patching
     page.click(f".ix .ix-thumb[data-head={head}] canvas")
-    page.wait_for_selector(".ix .ix-panel .ix-circuit", timeout=60_000)
+    page.wait_for_selector(".ix .ix-panel .ix-circ .ix-ctable td", timeout=60_000)
     page.select_option(".ix .ix-corruption", "flip")
     page.wait_for_selector(".ix .ix-patch .ix-hgrid", timeout=60_000)
     page.mouse.move(10, 10)

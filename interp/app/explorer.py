@@ -437,10 +437,7 @@ class Explorer(anywidget.AnyWidget):
                  split: str | None = None, index: int = 0, batch_size: int = DEFAULT_BATCH, ablation: str = "zero",
                  max_positions: int = MAX_POSITIONS, seed: int = 0):
         super().__init__()
-        from interp.task import check_model_task
-
-        check_model_task(model, task)
-        self.model, self.task = model, task
+        self.model, self.task = model, task  # that they fit each other is checked by the first analysis (cache_answer)
         self._checkpoint = checkpoint  # how to load it again (a shipped name or a path), for the snippet
         self._name = name or checkpoint or f"a {task.name} model"
         cfg = model.cfg
@@ -746,9 +743,8 @@ class Explorer(anywidget.AnyWidget):
         return self._dataset(split).select([index]).to(self._device)
 
     def _fast(self) -> bool:
-        from interp.query_forward import supports_query_forward
-
-        return supports_query_forward(self.model)
+        """Whether the toolkit's fast path applies (one-layer attention-only models: cached head outputs)."""
+        return interp.supports_query_forward(self.model)
 
     def _batch(self) -> dict:
         """The accuracy batch of the current split, its answer cache (the mean-ablation reference, and the input of
