@@ -205,6 +205,19 @@ def test_switching_a_head_off_by_clicking_updates_the_accuracy(lab):
         times.append(_roundtrip(page, seq))
     assert _accuracy(page)["mask"] == head
 
+    # a bad typed token: one line in the widget, no traceback anywhere in the output area, nothing changed
+    typed = page.query_selector_all(".ix .ix-typed")[0]
+    typed.fill("0 1 x")
+    seq = page.get_attribute(".ix", "data-seq")
+    page.click(".ix button.ix-btn:text-is('use typed')")
+    _roundtrip(page, seq)
+    line = page.inner_text(".ix [data-testid=error]")
+    assert "unknown token 'x'" in line and "\n" not in line.strip(), line
+    outputs = page.inner_text(".jp-Notebook .jp-Cell .jp-OutputArea")
+    assert "Traceback" not in outputs and not page.query_selector(".jp-OutputArea-output[data-mime-type*=stderr]")
+    assert _accuracy(page)["mask"] == head
+    typed.fill("")
+
     # the head panel, the patching
     page.click(f".ix .ix-thumb[data-head={head}] canvas")
     page.wait_for_selector(".ix .ix-panel .ix-circ .ix-ctable td", timeout=60_000)
