@@ -12,7 +12,8 @@ and sends events; the kernel computes:
 - every head's attention pattern on that input (the same forward pass);
 - the learned accuracy under the mask on the first ``batch_size`` examples of the current split, by
   :func:`analyses.learned_accuracy` (its batched path; one-layer attention-only models recombine cached head
-  outputs, so a click costs well under a millisecond there);
+  outputs, so a new mask's accuracy costs well under a millisecond there, and deeper models one forward pass of the
+  batch);
 - for the head whose panel is open: its QK and OV circuits (:func:`analyses.full_qk_circuit`,
   :func:`analyses.full_ov_circuit`, and :func:`analyses.positional_qk_circuit` where positions are learned), its
   learned accuracy alone, its induction / previous-token scores (:func:`analyses.head_scores`, Olsson et al.,
@@ -72,12 +73,14 @@ OWN_KINDS = {"noisy-majority": ("flip",)}  # corruptions of the current input by
 
 
 def _errors():
+    """The toolkit's error classes (``TokenError``, ``HeadError``, ...): every message is one line."""
     from interp import errors
 
     return errors
 
 
 def _one_line(e: BaseException) -> str:
+    """The first line of an error's message, at most 300 characters: what the widget's error line shows."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return text if len(text) <= 300 else text[:297] + "..."
 
