@@ -177,7 +177,7 @@ def learned_accuracy_of_size(
 def subset_answer_logits(
     model: HookedTransformer,
     data: TaskData | AnswerCache,
-    subsets: Sequence[Subset],
+    subsets: Sequence[Sequence[Head]],
     *,
     ablation: str = "zero",
     reference=None,

@@ -40,6 +40,8 @@ _WHERE = {
     "Task": "interp.task",
     "TaskData": "interp.task",
     "Vocab": "interp.task",
+    "IGNORE": "interp.task",
+    "supports_query_forward": "interp.query_forward",
     "Suite": "interp.suite",
     "Report": "interp.report_page",
     "load_results": "interp.sweep_directory",
@@ -53,6 +55,7 @@ _WHERE = {
     "write_report": "interp.app.report",
     "write_sweep_report": "interp.app.report",
     "run_sweep": "interp.app.sweeps",
+    "explore": "interp.app.explorer",
 }
 __all__ = sorted(_WHERE)  # noqa: PLE0605 (computed from the table above)
 
