@@ -1,5 +1,5 @@
 // The explorer's page side (anywidget ESM). It only draws what the kernel computed and sends the user's events
-// back; no number is computed here (interp/app/explorer.py computes them with the toolkit's analyses).
+// back; no number is computed here (the package interp/app/explorer/ computes them with the toolkit's analyses).
 
 function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
