@@ -8,7 +8,7 @@ sends events; the kernel computes:
 
 - the prediction at the task's answer positions (every position with a target), under the current head mask: one
   forward pass with ``hook_z`` hooks that zero the heads switched off or replace their output by its mean over the
-  accuracy batch (seed 000 Definition 5.1's ablation, as :func:`analyses.learned_accuracy` does);
+  accuracy batch (the ablation of Fraknói 2024, Definition 5.1, as :func:`analyses.learned_accuracy` does);
 - every head's attention pattern on that input (the same forward pass);
 - the learned accuracy under the mask on the first ``batch_size`` examples of the current split, by
   :func:`analyses.learned_accuracy` (its batched path; one-layer attention-only models recombine cached head
