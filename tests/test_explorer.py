@@ -9,7 +9,6 @@ noisy-majority task, and every shipped checkpoint.
 from __future__ import annotations
 
 import base64
-import importlib
 import json
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 
 import analyses
 import interp
+from analyses.repeated_tokens.corrupt import corrupted_pair
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from tasks import get_task, shipped_checkpoints
 
@@ -198,13 +198,13 @@ def test_patching_equals_activation_and_path_patching(shaped):
 
 def test_task_metrics_under_the_mask(shaped):
     """``w.metrics``: the task's own metrics from one hooked forward of the batch, as the batched evaluation gives."""
-    from interp.app.explorer import _predictions_and_loss  # the toolkit's batched evaluation, reached in one place
+    from interp.evaluation import predictions_and_loss
 
     model, task, off = shaped
     w = interp.explore(model, task, batch_size=BATCH)
     w.mask = off
     batch = task.dataset("test").select(slice(0, BATCH))
-    out = _predictions_and_loss(model, batch, fwd_hooks=reference_hooks(model, kept_of(model, off)))
+    out = predictions_and_loss(model, batch, fwd_hooks=reference_hooks(model, kept_of(model, off)))
     assert w.metrics == task.metrics(out["preds"], out["loss"], batch)
     assert w.metrics["accuracy"] == w.accuracy  # noisy majority: the answer position is the task's accuracy
 
@@ -212,7 +212,7 @@ def test_task_metrics_under_the_mask(shaped):
 def test_drawn_patterns_and_their_caps(shaped):
     """The page gets the last ``max_positions`` positions of every pattern as uint16 (weight x 65535), and at most
     CELL_BUDGET entries in all."""
-    from interp.app.explorer import CELL_BUDGET
+    from interp.app.explorer.compute import CELL_BUDGET
 
     model, task, _ = shaped
     w = interp.explore(model, task, batch_size=BATCH, max_positions=16)
@@ -246,8 +246,7 @@ def test_every_shipped_checkpoint(name):
         w.corruption = kind
         assert w.status["error"] == "" and w.patch_view["error"] == "", (kind, w.patch_view["error"])
         if kind in ("key", "query", "answer"):  # the task's helper draws the pair (seed = index)
-            helper = importlib.import_module("analyses.repeated_tokens").corrupted_pair
-            c, corrupted = helper(task, n_seqs=1, kind=kind, seed=7)
+            c, corrupted = corrupted_pair(task, n_seqs=1, kind=kind, seed=7)
             assert w.tokens == task.vocab.decode(c.tokens[0]) and w.example is None
         elif kind == "flip":
             c, corrupted = clean, analyses.flip_answer(clean, seed=0)

@@ -217,7 +217,7 @@ def test_generic_modules_name_no_task():
 
 
 def test_no_hasattr_or_getattr_default_on_tasks_and_suites():
-    for path in [*GENERIC, *ROOT.glob("interp/app/*.py")]:
+    for path in [*GENERIC, *ROOT.glob("interp/app/**/*.py")]:
         text = path.read_text()
         assert "hasattr(task" not in text and "getattr(suite" not in text, _rel(path)
 

@@ -1,5 +1,5 @@
 // The explorer's page side (anywidget ESM). It only draws what the kernel computed and sends the user's events
-// back; no number is computed here (interp/app/explorer.py computes them with the toolkit's analyses).
+// back; no number is computed here (the package interp/app/explorer/ computes them with the toolkit's analyses).
 
 function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
@@ -423,7 +423,7 @@ function render({ model, el }) {
       scoreRow("separation accuracy", sep ? fmt(sep.accuracy) : h("button", { class: "ix-btn ix-small", onclick: () => send({ type: "compute", what: "separation" }) }, "compute (all heads)"),
         sep ? `ROC AUC ${fmt(sep.roc_auc, 3)}; LinearSVC (${sep.n_classes} answers; chance ${fmt(sep.chance, 3)}) fitted on ${sep.n_train} train, scored on the batch (${sep.n_test})` : "a linear separator on the head's output at the answer position"),
       scoreRow("Shapley value", sh ? sgn(sh.value, 4) : h("button", { class: "ix-btn ix-small", onclick: () => send({ type: "compute", what: "shapley" }) }, "compute (all heads)"),
-        sh ? `rank ${sh.rank}; ${sh.exact ? "exact" : `sampled, ± ${fmt(sh.stderr, 4)}`}; v(all) ${fmt(sh.v_all)}, v(none) ${fmt(sh.v_empty)}; learned accuracy, this batch` : `of the learned accuracy over the heads (seed 000 Definition 5.3): ${info().shapley_cost}`),
+        sh ? `rank ${sh.rank}; ${sh.exact ? "exact" : `sampled, ± ${fmt(sh.stderr, 4)}`}; v(all) ${fmt(sh.v_all)}, v(none) ${fmt(sh.v_empty)}; learned accuracy, this batch` : `of the learned accuracy over the heads (Fraknói 2024, Definition 5.3): ${info().shapley_cost}`),
     ));
     put(panelEl,
       h("div", { class: "ix-row ix-phead" }, h("b", {}, `Head ${v.head}`), h("span", { class: v.off ? "ix-bad" : "ix-ok" }, v.off ? " off" : " on"),
