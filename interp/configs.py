@@ -156,8 +156,17 @@ KEEP = ("best", "first-best", "last")
 # the attention output: the default, as trained so far) or "attention" (after the attention output only). With
 # "attention" a one-layer attention-only model without positions depends, at a query, only on the query token and
 # the counts of the tokens before it, which interp.population exploits for an O(vocab) forward per sequence.
-DROPOUT_AT = ("embedding+attention", "attention")
+DROPOUT_AT = ("embedding+attention", "attention", "attention+pattern", "embedding+attention+pattern")
 LOSS_DTYPE_NAMES = ("float32", "float64")
+# The recipe's other choices, each a recorded option whose default is the behaviour before it existed (see
+# docs/seed-regime.md): the training objective (interp.objectives), the warmup's shape (interp.schedules), how a
+# batch is padded (interp.objectives), the initialisation (interp.initialisation) and how dropout masks are drawn
+# (interp.dropout_masks).
+OBJECTIVES = ("answer", "lm")
+WARMUP_SHAPES = ("linear", "exp")
+PADDING = ("right", "left")
+INITS = ("tl", "torch", "thesis")
+DROPOUT_RNGS = ("torch", "counter")
 
 
 def _int(v: Any) -> bool:
@@ -199,7 +208,8 @@ class TrainConfig:
         default="embedding+attention",
         metadata=option(
             "where dropout goes: after the embedding and the attention output, or after the attention output only "
-            "(which allows the token-count batched forward of interp.population)",
+            "(which allows the token-count batched forward of interp.population); +pattern also on the attention "
+            "probabilities, as torch.nn.MultiheadAttention does",
             choices=DROPOUT_AT,
         ),
     )
@@ -217,6 +227,51 @@ class TrainConfig:
         ),
     )
     halving_threshold: float = field(default=0.95, metadata=option("validation accuracy that triggers a halving step"))
+    objective: str = field(
+        default="answer",
+        metadata=option(
+            "the training loss: answer (the task's target positions: on noisy majority the answer and [EOS]) or lm "
+            "(next-token cross-entropy at every position of the sentence, prompt digits included: a generative "
+            "transformer trained as a language model, as Fraknói 2024 §2.5-2.6 describes)",
+            choices=OBJECTIVES,
+        ),
+    )
+    warmup_shape: str = field(
+        default="linear",
+        metadata=option(
+            "the warmup: linear (the factor rises to 1 over warmup_steps) or exp (1 - exp(-2 t / warmup_steps), "
+            "Ma and Yarats' untuned exponential warmup 1 - exp(-(1 - beta2) t) at the default length)",
+            choices=WARMUP_SHAPES,
+        ),
+    )
+    padding: str = field(
+        default="right",
+        metadata=option(
+            "how a batch's sentences are padded to its longest: right (pads after the sentence, never attended by a "
+            "causal model) or left (pads before [BOS], attended: no padding mask, as a hand-written pipeline might; "
+            "validation and test are padded the same way, in batches of batch_size)",
+            choices=PADDING,
+        ),
+    )
+    init: str = field(
+        default="tl",
+        metadata=option(
+            "the initialisation: tl (TransformerLens: N(0, 0.8 / sqrt(d_model))), torch (PyTorch's defaults for a "
+            "hand-written transformer: embedding N(0, 1), linear layers uniform in +-1/sqrt(fan_in)) or thesis "
+            "(Fraknói 2024 §2.7: W_E ~ N(0, 1/d), W_Q, W_K, W_V, W_O ~ N(0, 2/(3d)), W_U ~ N(0, 1/d))",
+            choices=INITS,
+        ),
+    )
+    init_scale: float = field(default=1.0, metadata=option("multiplies every initial weight matrix (not biases)"))
+    dropout_rng: str = field(
+        default="torch",
+        metadata=option(
+            "how dropout masks are drawn: torch (torch's generator, in the order the forward applies dropout) or "
+            "counter (a hash of the run's seed, the epoch, the sentence, the position and the unit: the same masks "
+            "whether a model trains alone or in a population, drawn for every model of a step at once)",
+            choices=DROPOUT_RNGS,
+        ),
+    )
 
     def __post_init__(self):
         positive, fraction = "a positive integer", "a number in [0, 1)"
@@ -240,6 +295,12 @@ class TrainConfig:
             "keep": (self.keep in KEEP, f"one of {', '.join(KEEP)}"),
             "dropout_at": (self.dropout_at in DROPOUT_AT, f"one of {', '.join(DROPOUT_AT)}"),
             "loss_dtype": (self.loss_dtype in LOSS_DTYPE_NAMES, f"one of {', '.join(LOSS_DTYPE_NAMES)}"),
+            "objective": (self.objective in OBJECTIVES, f"one of {', '.join(OBJECTIVES)}"),
+            "warmup_shape": (self.warmup_shape in WARMUP_SHAPES, f"one of {', '.join(WARMUP_SHAPES)}"),
+            "padding": (self.padding in PADDING, f"one of {', '.join(PADDING)}"),
+            "init": (self.init in INITS, f"one of {', '.join(INITS)}"),
+            "init_scale": (_number(self.init_scale) and self.init_scale > 0, "a positive number"),
+            "dropout_rng": (self.dropout_rng in DROPOUT_RNGS, f"one of {', '.join(DROPOUT_RNGS)}"),
         }
         bad = [f"{k}={getattr(self, k)!r} (expected {what})" for k, (ok, what) in checks.items() if not ok]
         if bad:
@@ -249,3 +310,8 @@ class TrainConfig:
     @property
     def warmup(self) -> int:
         return round(2 / (1 - self.beta2)) if self.warmup_steps is None else self.warmup_steps
+
+    @property
+    def dropout_sites(self) -> frozenset[str]:
+        """Where dropout acts (``embedding``, ``attention``, ``pattern``): none when ``dropout`` is 0."""
+        return frozenset(self.dropout_at.split("+")) if self.dropout else frozenset()

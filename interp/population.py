@@ -41,13 +41,20 @@ from tqdm.auto import tqdm
 from .checkpoint import save_checkpoint
 from .configs import SELF_SCORED
 from .device import pick_device
+from .dropout_masks import position_mask, row_keys, run_keys
 from .errors import CheckpointError, ConfigError
 from .evaluation import target_positions
 from .files import AtomicFile, atomic_write
 from .halving import HEAD_PARAMS, Halving, Scorer
+from .initialisation import initialise
 from .model import ModelSpec, build_model
+from .objectives import eval_pads, lm_targets
+from .population_paths import _position_losses, compiled, forward_of, position_losses, prefix_step
+from .position_forward import NO_NORM, NORMS, Norm, build_layout, stacked_position_logits
+from .prefix_counts import prefix_count_losses, prefix_rows
 from .query_forward import supports_query_forward
 from .run_record import RunRecord, validation_split
+from .schedules import warmup_factor
 from .training import TrainConfig
 
 if TYPE_CHECKING:
@@ -95,12 +102,14 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
     if cfgs[0].loss_dtype != "float32":
         raise ConfigError(f"batched training computes the loss in float32; got loss_dtype={cfgs[0].loss_dtype!r}")
     s = specs[0]
-    if not (s.n_layers == 1 and s.attn_only and s.normalization is None):
+    if not (s.n_layers == 1 and s.attn_only and s.normalization in NORMS):
         raise ConfigError(
-            "batched training covers one-layer attention-only models without LayerNorm (the thesis's "
-            f"shape); got n_layers={s.n_layers}, attn_only={s.attn_only}, normalization="
+            "batched training covers one-layer attention-only models without LayerNorm or with LN / LNPre (the "
+            f"thesis's shape); got n_layers={s.n_layers}, attn_only={s.attn_only}, normalization="
             f"{s.normalization!r}: train these one at a time with `interp train`"
         )
+    if cfgs[0].padding == "left" and s.positional != "none":
+        raise ConfigError("batched training with padding='left' covers models without positional embedding")
 
 
 def stacked_logits_at(
@@ -150,16 +159,23 @@ class TokenCounts:
         return self.query_tok[idx], self.log_counts[idx]
 
 
-def token_counts(data, d_vocab: int) -> TokenCounts:
+def token_counts(data, d_vocab: int, pad_token: int | None = None, pads: Tensor | None = None) -> TokenCounts:
     """:class:`TokenCounts` of every target position of ``data``. A one-layer attention-only model without
-    positions, with no dropout before its attention, computes its logits there from these alone."""
+    positions, with no dropout before its attention, computes its logits there from these alone. Under left
+    padding (``pad_token``) the pad token is a column of its own, with ``pads`` (each sentence's pads; none
+    where None) as its count."""
     qpos = target_positions(data)
     if qpos is None:
         raise ConfigError("batched training needs tasks whose targets sit at the same few positions per row")
     cum = F.one_hot(data.tokens, d_vocab).cumsum(1)  # [batch, pos, vocab]
     rows = torch.arange(len(data), device=data.tokens.device)[:, None]
     counts = cum[rows, qpos]  # [batch, k, vocab]
-    present = (counts > 0).flatten(0, 1).any(0).nonzero().flatten()
+    if pad_token is not None:
+        counts[..., pad_token] = 0 if pads is None else pads[:, None].to(counts.dtype)
+    present = (counts > 0).flatten(0, 1).any(0)
+    if pad_token is not None:
+        present[pad_token] = True
+    present = present.nonzero().flatten()
     return TokenCounts(data.tokens.gather(1, qpos), counts[..., present].float().log().clamp(min=ABSENT), present)
 
 
@@ -170,6 +186,7 @@ def stacked_count_logits(
     present: Int[Tensor, " present"],
     attn_scale: float,
     out_mask: Float[Tensor, "K batch k d_model"] | None = None,
+    norm: Norm = NO_NORM,
 ) -> Float[Tensor, "K batch k vocab_out"]:
     """The same logits as :func:`stacked_logits_at` for models without positional embedding and without dropout
     before attention, from token counts (:class:`TokenCounts`): attention to a token is shared by all its
@@ -196,8 +213,9 @@ def stacked_count_logits(
         y = torch.bmm(x, W.permute(0, 2, 1, 3).reshape(K, d, H * e))  # all heads in one product per model
         return y.view(K, -1, H, e).transpose(1, 2) + bias[:, :, None]
 
-    E_keys = W_E[:, present]  # [K, present, d]
-    q = per_head(W_E, W_Q, P["blocks.0.attn.b_Q"])  # [K, H, vocab, e]
+    E_in = norm.apply(P, "blocks.0.ln1", W_E)  # what attention reads from each token (pre-LN where the model has it)
+    E_keys = E_in[:, present]  # [K, present, d]
+    q = per_head(E_in, W_Q, P["blocks.0.attn.b_Q"])  # [K, H, vocab, e]
     keys = per_head(E_keys, W_K, P["blocks.0.attn.b_K"])  # [K, H, present, e]
     vals = per_head(E_keys, W_V, P["blocks.0.attn.b_V"])  # [K, H, present, e]
     QK = torch.matmul(keys, q.transpose(-1, -2)) / attn_scale  # [K, H, present, vocab]
@@ -213,7 +231,7 @@ def stacked_count_logits(
     if out_mask is not None:
         out = out * out_mask
     ks = torch.arange(K, device=query_tok.device)[:, None]
-    resid = W_E[ks, query_tok.reshape(K, N)].view(K, b, k, d) + out
+    resid = norm.apply(P, "ln_final", W_E[ks, query_tok.reshape(K, N)].view(K, b, k, d) + out)
     return torch.baddbmm(P["unembed.b_U"][:, None], resid.view(K, N, d), P["unembed.W_U"]).view(K, b, k, -1)
 
 
@@ -225,11 +243,13 @@ def _mean_losses(
     return losses.view(logits.shape[0], -1).mean(1)
 
 
-def _count_losses(P, query_tok, log_counts, present, attn_scale, out_mask, targets) -> Float[Tensor, " K"]:
+def _count_losses(
+    P, query_tok, log_counts, present, attn_scale, out_mask, targets, norm=NO_NORM
+) -> Float[Tensor, " K"]:
     """One training step's losses through the token-count forward (what ``compile=True`` compiles). The plain
     functions are called (``inspect.unwrap``): a runtime type checker's wrapper, as the test run puts on every
     annotated function, cannot be traced by ``torch.compile``."""
-    logits = inspect.unwrap(stacked_count_logits)(P, query_tok, log_counts, present, attn_scale, out_mask)
+    logits = inspect.unwrap(stacked_count_logits)(P, query_tok, log_counts, present, attn_scale, out_mask, norm)
     return inspect.unwrap(_mean_losses)(logits, targets)
 
 
@@ -294,12 +314,30 @@ class _AdamW:
             p.grad = None
 
 
+def _eval_counts(data, d_vocab: int, cfg: TrainConfig) -> TokenCounts:
+    """:class:`TokenCounts` of evaluation data: under left padding with the pads of batches of ``batch_size``
+    consecutive sentences, as the solo run evaluates (:func:`interp.position_forward.evaluate_left_padded`)."""
+    if cfg.padding != "left":
+        return token_counts(data, d_vocab)
+    return token_counts(data, d_vocab, data.vocab.pad, eval_pads(data.lengths, cfg.batch_size))
+
+
 def _val_metrics(
-    task: Task, P, data, attn_scale: float, counted: TokenCounts | None = None, budget: int = 1 << 24
+    task: Task,
+    P,
+    data,
+    attn_scale: float,
+    counted: TokenCounts | None = None,
+    budget: int = 1 << 24,
+    norm: Norm = NO_NORM,
+    cfg: TrainConfig | None = None,
 ) -> list[dict[str, float]]:
     """The task's metrics of each model on ``data``, as :func:`interp.evaluation.evaluate` computes them (from token
     counts when ``counted`` = :func:`token_counts` of ``data`` is given), in chunks of rows whose largest
-    intermediate holds about ``budget`` numbers."""
+    intermediate holds about ``budget`` numbers. Models with positions, with a LayerNorm or left-padded (``cfg``)
+    are evaluated as the solo run evaluates them."""
+    if counted is None and cfg is not None and cfg.padding == "left":
+        raise ConfigError("batched training with padding='left' covers models without positional embedding")
     K = next(iter(P.values())).shape[0]
     H, d = P["blocks.0.attn.W_Q"].shape[1:3]
     qpos = target_positions(data)
@@ -317,11 +355,16 @@ def _val_metrics(
             if counted is not None:
                 qtok, logc = counted.select(idx[None])
                 logits = stacked_count_logits(
-                    P, qtok.expand(K, -1, -1), logc.expand(K, -1, -1, -1), counted.present, attn_scale
+                    P, qtok.expand(K, -1, -1), logc.expand(K, -1, -1, -1), counted.present, attn_scale, None, norm
                 )
             else:
                 chunk = data.select(idx)
-                logits = stacked_logits_at(P, chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1), attn_scale)
+                tok, qp = chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1)
+                logits = (
+                    stacked_logits_at(P, tok, qp, attn_scale)
+                    if norm.kind is None
+                    else stacked_position_logits(P, tok, qp, attn_scale, norm)
+                )
             preds[:, idx] = logits.argmax(-1)
             losses[:, idx] = F.cross_entropy(
                 logits.flatten(0, 2).float(), tgt[idx].expand(K, -1, -1).flatten(), reduction="none"
@@ -405,6 +448,11 @@ class _Population:
             self.drop_gens.append(g)
         if not supports_query_forward(self.models[0]):
             raise ConfigError("batched training needs a model the exact query-restricted forward covers")
+        for spec, cfg, model in zip(specs, cfgs, self.models):  # the recipe's initialisation (the global RNG untouched)
+            initialise(model, spec, cfg.init, cfg.init_scale)
+        self.norm = Norm.of(self.models[0])
+        self.names = PARAMS + self.norm.param_names()  # the parameters stacked, in state-dict names
+        self.identity_w_o = specs[0].w_o == "identity"
         self.records = [RunRecord(c.keep, c.patience) for c in cfgs]
         if self.cfg.halving is not None:
             if self.cfg.halving not in SELF_SCORED and head_scorer is None:
@@ -417,16 +465,18 @@ class _Population:
                 r.halving.start(m)  # mask-all-but-one masks all heads but one before the first step
         trainable = {n for n, p in self.models[0].named_parameters() if p.requires_grad}
         sd = [m.state_dict() for m in self.models]
-        self.P = {n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in PARAMS}
+        self.P = {
+            n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in self.names
+        }
         self.opt = _AdamW(
-            {n: self.P[n] for n in PARAMS if n in trainable},
+            {n: self.P[n] for n in self.names if n in trainable},
             torch.tensor([c.lr for c in cfgs], device=device),
             (self.cfg.beta1, self.cfg.beta2),
             self.cfg.weight_decay,
         )
         self.data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
-        self.best_state = {n: self.P[n].detach().clone() for n in PARAMS}
-        self.last_state = {n: self.P[n].detach().clone() for n in PARAMS}
+        self.best_state = {n: self.P[n].detach().clone() for n in self.names}
+        self.last_state = {n: self.P[n].detach().clone() for n in self.names}
         self.masked = [short for short in HEAD_PARAMS if f"blocks.0.attn.{short}" in trainable]
         self.head_on = (
             torch.stack([r.halving.mask[0] for r in self.records]).to(device) if self.cfg.halving is not None else None
@@ -440,46 +490,61 @@ class _Population:
 
     # -- one training step ----------------------------------------------------------------------------------------
     def count_batch(
-        self, counted: TokenCounts, targets: Int[Tensor, "n k"], idx: Int[Tensor, "K b"], count_losses
+        self, counted: TokenCounts, train_data, idx: Int[Tensor, "K b"], count_losses
     ) -> Float[Tensor, " K"]:
         """Each model's mean loss on its batch ``idx`` through the token-count forward (dropout on the attention
-        output only, drawn per model as its solo run draws it: ``[b, k, d_model]``)."""
+        output only, drawn per model as its solo run draws it, ``[b, k, d_model]``, or by the counter; under left
+        padding each sentence's pads, up to its model's longest, counted as one more token)."""
         qtok, logc = counted.select(idx)
-        out_mask, p = None, self.cfg.dropout
-        if p:
-            out_mask = torch.empty(self.K, idx.shape[1], qtok.shape[-1], self.P["embed.W_E"].shape[-1])
+        cfg, p, d = self.cfg, self.cfg.dropout, self.P["embed.W_E"].shape[-1]
+        if cfg.padding == "left":
+            lengths = train_data.lengths[idx]
+            pads = (lengths.amax(1, keepdim=True) - lengths).float().log().clamp(min=ABSENT)  # [K, b]
+            col = int((counted.present == train_data.vocab.pad).nonzero())
+            logc = logc.clone()
+            logc[..., col] = pads[..., None]
+        out_mask = None
+        if p and cfg.dropout_rng == "counter":
+            rows = row_keys(run_keys([c.seed for c in self.cfgs], self.epoch, "attention").to(idx.device), idx)
+            out_mask = position_mask(rows, self.train_qpos[idx], d, p)
+        elif p:
+            out_mask = torch.empty(self.K, idx.shape[1], qtok.shape[-1], d)
             for m, g in enumerate(self.drop_gens):
                 _dropout_mask(out_mask.shape[1:], p, g, "cpu", out=out_mask[m])
             out_mask = out_mask.to(self.device)
-        return count_losses(self.P, qtok, logc, counted.present, self.attn_scale, out_mask, targets[idx])
+        targets = self.train_targets[idx]
+        return count_losses(self.P, qtok, logc, counted.present, self.attn_scale, out_mask, targets, self.norm)
 
-    def position_batch(self, data, idx: Int[Tensor, "K b"]) -> Float[Tensor, " K"]:
-        """Each model's mean loss on its batch ``idx`` through the per-position forward, with the solo run's
-        dropout masks: the embedding ``[b, t_k, d_model]`` (unless ``dropout_at="attention"``), then the attention
-        output, in that order from each model's generator."""
-        batches = [data.select(i) for i in idx]
-        t = max(b.tokens.shape[1] for b in batches)
-        tokens = torch.stack([F.pad(b.tokens, (0, t - b.tokens.shape[1])) for b in batches])
-        qpos = torch.stack([target_positions(b) for b in batches])
-        targets = torch.stack([b.targets.gather(1, q) for b, q in zip(batches, qpos)])
-        emb_mask = out_mask = None
-        p, d = self.cfg.dropout, self.P["embed.W_E"].shape[-1]
-        if p:
-            bsz = idx.shape[1]
-            emb_mask = (
-                torch.zeros(self.K, bsz, t, d, device=self.device) if self.cfg.dropout_at != "attention" else None
-            )
-            out_mask = torch.empty(self.K, *qpos.shape[1:], d, device=self.device)
-            for k, (b, g) in enumerate(zip(batches, self.drop_gens)):
-                if emb_mask is not None:
-                    emb_mask[k, :, : b.tokens.shape[1]] = _dropout_mask((bsz, b.tokens.shape[1], d), p, g, self.device)
-                out_mask[k] = _dropout_mask((*qpos.shape[1:], d), p, g, self.device)
-        return _mean_losses(stacked_logits_at(self.P, tokens, qpos, self.attn_scale, emb_mask, out_mask), targets)
+    def position_batch(self, data, idx: Int[Tensor, "K b"], losses_fn=None) -> Float[Tensor, " K"]:
+        """Each model's mean loss on its batch ``idx`` through the per-position forward (vectorised over the
+        models: one layout, all heads in one product per model), with the solo run's dropout masks: from each
+        model's generator in its solo run's shapes and order (embedding ``[b, t_k, d_model]``, pattern, attention
+        output), or from the counter for all models at once."""
+        cfg = self.cfg
+        pad = data.vocab.pad if data.vocab is not None else None
+        lay = build_layout(data.tokens[idx], data.targets[idx], data.lengths[idx], cfg.objective, cfg.padding, pad)
+        W_Q = self.P["blocks.0.attn.W_Q"]
+        kw = {"losses_fn": losses_fn} if losses_fn is not None else {}
+        return position_losses(
+            self.P,
+            lay,
+            cfg,
+            W_Q.shape[2],
+            W_Q.shape[1],
+            self.attn_scale,
+            self.norm,
+            self.identity_w_o,
+            generators=self.drop_gens,
+            seeds=[c.seed for c in self.cfgs],
+            epoch=self.epoch,
+            sentences=idx,
+            **kw,
+        )
 
     def update(self, losses: Float[Tensor, " K"]) -> None:
         """One backward and one AdamW step for all models (each model's own loss drives only its parameters)."""
         losses.sum().backward()
-        self.opt.step(min(1.0, (self.step + 1) / max(self.cfg.warmup, 1)))
+        self.opt.step(warmup_factor(self.cfg, self.step))
         if self.head_on is not None:
             _mask_heads(self.P, self.masked, self.head_on)  # masked heads stay exactly zero
         self.step += 1
@@ -504,14 +569,14 @@ class _Population:
                 self._copy_model(k, self.last_state)
 
     def _copy_model(self, k: int, into: dict[str, Tensor]) -> None:
-        for n in PARAMS:
+        for n in self.names:
             into[n][k] = self.P[n].detach()[k]
 
     def _halve(self, k: int, acc: float, train_data, val_data) -> None:
         """Score model ``k``'s current weights in a HookedTransformer, as its solo run does, and mask half of its
         heads (parameters and Adam moments)."""
         r, model = self.records[k], self.models[k]
-        model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in PARAMS}})
+        model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in self.names}})
         halved = r.halving.after_validation(
             model, None, self.epoch, acc, self.task, train_data, val_data, self.head_scorer
         )
@@ -532,7 +597,7 @@ class _Population:
             n: torch.where(
                 keep_best.view(-1, *[1] * (self.best_state[n].ndim - 1)), self.best_state[n], self.last_state[n]
             )
-            for n in PARAMS
+            for n in self.names
         }
 
     # -- resume files -----------------------------------------------------------------------------------------------
@@ -548,7 +613,7 @@ class _Population:
             **{
                 f"{part}.{n}": st[n]
                 for part, st in (("model", self.P), ("best", self.best_state), ("last", self.last_state))
-                for n in PARAMS
+                for n in self.names
             },
             **{f"adam.exp_avg.{n}": v for n, v in self.opt.exp_avg.items()},
             **{f"adam.exp_avg_sq.{n}": v for n, v in self.opt.exp_avg_sq.items()},
@@ -566,7 +631,7 @@ class _Population:
 
     def load_state(self, t: dict[str, Tensor], progress: dict[str, Any]) -> None:
         with torch.no_grad():
-            for n in PARAMS:
+            for n in self.names:
                 self.P[n].copy_(t[f"model.{n}"])
                 self.best_state[n].copy_(t[f"best.{n}"])
                 self.last_state[n].copy_(t[f"last.{n}"])
@@ -597,15 +662,24 @@ def _train_population(
     cfg, K = pop.cfg, pop.K
     train_data, val_data = task.dataset("train").to(device), task.dataset(validation_split(task)).to(device)
     d_vocab = pop.models[0].cfg.d_vocab
-    # the O(vocab) forward where nothing position-dependent comes before attention; evaluation has no dropout, so
-    # counts suffice there for every model without positions
-    use_counts = specs[0].positional == "none" and (cfg.dropout == 0 or cfg.dropout_at == "attention")
+    # the O(vocab) forwards where nothing position-dependent comes before attention (interp.population_paths);
+    # evaluation has no dropout, so counts suffice there for every model without positions
+    forward = forward_of(specs[0], cfg)
     eval_counts = specs[0].positional == "none"
-    if use_counts:
-        train_counted = token_counts(train_data, d_vocab)
-        train_targets = train_data.targets.gather(1, target_positions(train_data))
+    pad_token = task.vocab.pad if cfg.padding == "left" else None
+    if cfg.padding == "left" and pad_token is None:
+        raise ConfigError(f"padding='left' needs a task with a pad token; {task.name} has none")
+    if forward == "token counts":
+        train_counted = token_counts(train_data, d_vocab, pad_token)
+        pop.train_qpos = target_positions(train_data)
+        pop.train_targets = train_data.targets.gather(1, pop.train_qpos)
         count_losses = _compiled(_count_losses) if compile else _count_losses
-    val_counted = token_counts(val_data, d_vocab) if eval_counts else None
+    elif forward == "prefix counts":
+        train_rows = prefix_rows(train_data.tokens, lm_targets(train_data), d_vocab)
+        prefix_losses = compiled(prefix_count_losses, dynamic=True) if compile else prefix_count_losses
+    else:
+        position_fn = compiled(_position_losses, dynamic=True) if compile else None
+    val_counted = _eval_counts(val_data, d_vocab, cfg) if eval_counts else None
     started = time.time()
     if resume_file is not None and Path(resume_file).is_file():
         pop.load_state(*_load_resume(Path(resume_file), pop.identity()))
@@ -617,14 +691,27 @@ def _train_population(
         totals = torch.zeros(K, dtype=torch.float64)
         for start in range(0, n, cfg.batch_size):
             idx = perms[:, start : start + cfg.batch_size]  # [K, b]: each model's own batch
-            losses = (
-                pop.count_batch(train_counted, train_targets, idx, count_losses)
-                if use_counts
-                else pop.position_batch(train_data, idx)
-            )
+            if forward == "token counts":
+                losses = pop.count_batch(train_counted, train_data, idx, count_losses)
+            elif forward == "prefix counts":
+                seeds = [c.seed for c in pop.cfgs]
+                losses = prefix_step(
+                    pop.P,
+                    train_rows,
+                    idx,
+                    seeds,
+                    pop.epoch,
+                    cfg,
+                    pop.attn_scale,
+                    pop.norm,
+                    pop.identity_w_o,
+                    prefix_losses,
+                )
+            else:
+                losses = pop.position_batch(train_data, idx, position_fn)
             pop.update(losses)
             totals += losses.detach().double().cpu() * idx.shape[1]
-        val = _val_metrics(task, pop.detached, val_data, pop.attn_scale, val_counted)
+        val = _val_metrics(task, pop.detached, val_data, pop.attn_scale, val_counted, norm=pop.norm, cfg=cfg)
         pop.end_epoch((totals / n).tolist(), val, train_data, val_data)
         if resume_file is not None and cfg.save_every and pop.epoch % cfg.save_every == 0 and pop.epoch < cfg.epochs:
             _save_resume(Path(resume_file), pop.identity(), *pop.state())
@@ -642,12 +729,18 @@ def _train_population(
     for split in task.splits:
         data = task.dataset(split).to(device)
         split_metrics[split] = _val_metrics(
-            task, final, data, pop.attn_scale, token_counts(data, d_vocab) if eval_counts else None
+            task,
+            final,
+            data,
+            pop.attn_scale,
+            _eval_counts(data, d_vocab, cfg) if eval_counts else None,
+            norm=pop.norm,
+            cfg=cfg,
         )
     results = []
     wall = time.time() - started
     for k, (spec, c, model, out, r) in enumerate(zip(specs, cfgs, pop.models, outs, pop.records)):
-        model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in PARAMS}})
+        model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in pop.names}})
         model.eval()
         metrics = {split: split_metrics[split][k] for split in task.splits}
         prov = r.provenance(
@@ -658,8 +751,8 @@ def _train_population(
             population={
                 "size": K,
                 "index": k,
-                "forward": "token counts" if use_counts else "positions",
-                "compiled": bool(compile and use_counts),
+                "forward": forward,
+                "compiled": bool(compile),
                 "resumed_at_epoch": resumed_at,
             },
         )

@@ -44,10 +44,14 @@ from .errors import CheckpointError, ConfigError
 from .evaluation import evaluate, evaluate_splits, target_positions
 from .files import AtomicFile, atomic_write
 from .halving import Halving, Scorer
+from .initialisation import initialise
 from .model import ModelSpec, build_model, trainable_parameters
+from .objectives import lm_targets
 from .options import options
+from .position_forward import evaluate_left_padded, solo_batch_loss
 from .query_forward import logits_at, supports_query_forward
 from .run_record import RunRecord, validation_split
+from .schedules import warmup_factor
 from .task import IGNORE, Task, TaskData
 
 if TYPE_CHECKING:
@@ -94,6 +98,39 @@ def batch_loss(
         return task_loss(logits, batch.targets.gather(1, qpos), dtype)
     with model.hooks(fwd_hooks=hooks):
         return task_loss(model(batch.tokens), batch.targets, dtype)
+
+
+def _recipe_path(cfg: TrainConfig) -> bool:
+    """Whether a run goes through :func:`interp.position_forward.solo_batch_loss` (the options the query-restricted
+    forward with ``F.dropout`` does not express: the language-model objective, left padding, dropout on the
+    attention probabilities, counter-drawn masks) rather than the path every earlier run took."""
+    return (
+        cfg.objective == "lm" or cfg.padding == "left" or "pattern" in cfg.dropout_sites or cfg.dropout_rng == "counter"
+    )
+
+
+def _check_recipe(model: HookedTransformer, cfg: TrainConfig) -> None:
+    """Refuse, before training, recipe options a model's forward cannot carry out (one line naming them)."""
+    if supports_query_forward(model):
+        return
+    other = [
+        o
+        for o, on in (
+            ("padding='left'", cfg.padding == "left"),
+            ("dropout on the attention pattern", "pattern" in cfg.dropout_sites),
+            ("dropout_rng='counter'", cfg.dropout_rng == "counter"),
+        )
+        if on
+    ]
+    if other:
+        raise ConfigError(f"{', '.join(other)} needs a one-layer attention-only model (the per-position forward)")
+
+
+def _evaluate(model: HookedTransformer, task: Task, data: TaskData, cfg: TrainConfig) -> dict[str, float]:
+    """The task's metrics, with the data left-padded in batches as in training under ``padding="left"``."""
+    if cfg.padding == "left":
+        return evaluate_left_padded(model, task, data, cfg.batch_size)
+    return evaluate(model, task, data)
 
 
 def resume_path(out: Path) -> Path:
@@ -297,6 +334,7 @@ def _train(
     val_data = task.dataset(validation_split(task)).to(device)
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
+    _check_recipe(model, cfg)
     started = time.time()
     if state.epoch >= cfg.epochs:
         raise ConfigError(f"the resumed run has already done {state.epoch} epochs; ask for more than that")
@@ -304,7 +342,7 @@ def _train(
     while state.epoch < cfg.epochs:
         train_loss = _train_epoch(state, cfg, train_data, hooks, loss_dtype)
         model.eval()
-        val = evaluate(model, task, val_data)
+        val = _evaluate(model, task, val_data, cfg)
         state.epoch += 1
         if record.end_epoch(state.epoch, state.step, train_loss, val):
             state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -342,7 +380,12 @@ def _train(
     if record.kept != "last":
         model.load_state_dict(state.best_state)
     model.eval()
-    provenance = record.provenance(cfg, evaluate_splits(model, task), device, time.time() - started)
+    metrics = (
+        {s: _evaluate(model, task, task.dataset(s).to(device), cfg) for s in task.splits}
+        if cfg.padding == "left"
+        else evaluate_splits(model, task)
+    )
+    provenance = record.provenance(cfg, metrics, device, time.time() - started)
     save_checkpoint(out, model, spec, task, provenance)
     rpath.unlink(missing_ok=True)
     return provenance
@@ -388,6 +431,7 @@ def _start(
     ``resume_file`` when given; with the run's identity (what a resume file must match) and resumable options."""
     torch.manual_seed(cfg.seed)
     model = build_model(spec, device=device)
+    initialise(model, spec, cfg.init, cfg.init_scale)  # the recipe's initialisation (the global RNG untouched)
     model.train()
     opt = torch.optim.AdamW(
         trainable_parameters(model), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
@@ -419,11 +463,19 @@ def _train_epoch(state: _State, cfg: TrainConfig, train_data: TaskData, hooks: l
     n = len(train_data)
     perm = torch.randperm(n, generator=state.gen).to(train_data.device)
     total = 0.0
+    recipe = _recipe_path(cfg) and supports_query_forward(model)
+    identity_w_o = bool(model.cfg.n_heads * model.cfg.d_head == model.cfg.d_model and not model.W_O.requires_grad)
     for start in range(0, n, cfg.batch_size):
-        batch = train_data.select(perm[start : start + cfg.batch_size])
+        idx = perm[start : start + cfg.batch_size]
+        batch = train_data.select(idx)
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(cfg.warmup, 1))
-        loss = batch_loss(model, batch, hooks, cfg.dropout, loss_dtype, cfg.dropout_at)
+            g["lr"] = cfg.lr * warmup_factor(cfg, state.step)
+        if recipe:
+            loss = solo_batch_loss(model, batch, idx, cfg, state.epoch, identity_w_o, loss_dtype)
+        else:
+            if cfg.objective == "lm":  # a model the per-position forward does not cover: TransformerLens' own
+                batch.targets = lm_targets(batch)
+            loss = batch_loss(model, batch, hooks, cfg.dropout, loss_dtype, cfg.dropout_at)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

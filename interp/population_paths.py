@@ -1,0 +1,174 @@
+"""Which batched forward trains a population, and the steps of the two that :mod:`interp.population` delegates
+here: the prefix-count step of the language-model objective (:mod:`interp.prefix_counts`) and the per-position step
+(:mod:`interp.position_forward`).
+
+The forward is a function of the recipe (:func:`forward_of`), recorded in each checkpoint
+(``population.forward``):
+
+- ``token counts``: the task's target positions (the answer objective) of models without positional embedding,
+  where nothing position-dependent comes before attention (dropout on the attention output only, or none): the
+  query token and the counts of the tokens before it suffice (``interp.population.stacked_count_logits``); a pad
+  attended under left padding is one more token to count.
+- ``prefix counts``: the same at every position (the language-model objective), right padding, dropout on the
+  attention output drawn by the counter (or none).
+- ``positions``: everything else (dropout on the embedding or the attention probabilities, positional embeddings,
+  the language-model objective with torch-drawn masks or left padding): the per-position forward, vectorised over
+  the models, with each model's masks as its solo run draws them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .configs import ModelSpec, TrainConfig
+from .dropout_masks import run_keys
+from .errors import ConfigError
+from .position_forward import Layout, Norm, draw_masks, mean_losses, stacked_position_logits
+from .prefix_counts import PrefixRows, pack, prefix_count_losses
+
+
+def forward_of(spec: ModelSpec, cfg: TrainConfig) -> str:
+    """The batched forward a population of ``spec`` trained by ``cfg`` goes through (see the module's text)."""
+    sites = cfg.dropout_sites
+    no_positions = spec.positional == "none"
+    if no_positions and sites <= {"attention"}:
+        if cfg.objective == "answer":
+            return "token counts"
+        if cfg.padding == "right" and (not sites or cfg.dropout_rng == "counter"):
+            return "prefix counts"
+    return "positions"
+
+
+def _compiler_present() -> bool:
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+def compiled(fn, dynamic: bool):
+    """``torch.compile`` of the plain function (a runtime type checker's wrapper cannot be traced), or one clear
+    error where this machine has no C++ compiler."""
+    if not _compiler_present():
+        raise ConfigError(
+            "compile=True (--compile) needs a C++ compiler on the CPU (torch.compile generates C++); "
+            "install g++ or train without it"
+        )
+    return torch.compile(inspect.unwrap(fn), dynamic=dynamic)
+
+
+def prefix_step(
+    P: dict[str, Tensor],
+    rows: PrefixRows,
+    idx: Int[Tensor, "K b"],
+    seeds: Sequence[int],
+    epoch: int,
+    cfg: TrainConfig,
+    attn_scale: float,
+    norm: Norm,
+    identity_w_o: bool,
+    losses_fn=prefix_count_losses,
+    widths: Sequence[int] | None = None,
+) -> Float[Tensor, " K"]:
+    """Each model's language-model loss on its batch ``idx`` through the prefix-count forward (dropout on the
+    attention output drawn by the counter, as the solo run draws it; blocks ``widths`` wide, see
+    :func:`prefix_widths`)."""
+    packed = pack(rows, idx, widths)
+    keys = run_keys(seeds, epoch, "attention").to(idx.device) if cfg.dropout else None
+    return losses_fn(P, rows, packed, attn_scale, norm, identity_w_o, keys, float(cfg.dropout))
+
+
+def _position_losses(
+    P: dict[str, Tensor],
+    tokens,
+    query_pos,
+    targets,
+    attn_scale: float,
+    norm: Norm,
+    identity_w_o: bool,
+    key_valid,
+    emb_mask,
+    pattern_mask,
+    out_mask,
+) -> Float[Tensor, " K"]:
+    logits = inspect.unwrap(stacked_position_logits)(
+        P,
+        tokens,
+        query_pos,
+        attn_scale,
+        norm,
+        identity_w_o=identity_w_o,
+        key_valid=key_valid,
+        emb_mask=emb_mask,
+        pattern_mask=pattern_mask,
+        out_mask=out_mask,
+    )
+    return inspect.unwrap(mean_losses)(logits, targets)
+
+
+def position_losses(
+    P: dict[str, Tensor],
+    layout: Layout,
+    cfg: TrainConfig,
+    d_model: int,
+    n_heads: int,
+    attn_scale: float,
+    norm: Norm,
+    identity_w_o: bool,
+    *,
+    generators: Sequence[torch.Generator],
+    seeds: Sequence[int],
+    epoch: int,
+    sentences: Int[Tensor, "K b"],
+    losses_fn=_position_losses,
+) -> Float[Tensor, " K"]:
+    """Each model's loss on its laid-out batch through the per-position forward, with its solo run's masks
+    (:func:`interp.position_forward.draw_masks`)."""
+    emb, pat, out = draw_masks(
+        layout,
+        cfg.dropout_sites,
+        float(cfg.dropout),
+        cfg.dropout_rng,
+        d_model,
+        n_heads,
+        generators=generators,
+        seeds=seeds,
+        epoch=epoch,
+        sentences=sentences,
+    )
+    return losses_fn(
+        P,
+        layout.tokens,
+        layout.query_pos,
+        layout.targets,
+        attn_scale,
+        norm,
+        identity_w_o,
+        layout.key_valid,
+        emb,
+        pat,
+        out,
+    )
+
+
+def prefix_widths(
+    rows: PrefixRows, seeds: Sequence[int], n: int, batch_size: int, epochs: int
+) -> dict[int, tuple[int, ...]]:
+    """For each batch size a run's steps have (full batches, and the last one of an epoch), the most rows any
+    model has in each block of :class:`interp.prefix_counts.PrefixRows` in any step of the whole run: every
+    epoch's data order replayed from generators seeded as the models' own (so a resumed run gets the same widths),
+    so every step is padded to the same shapes and a compiled step compiles once per batch size."""
+    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    most: dict[int, Tensor] = {}
+    starts = range(0, n, batch_size)
+    for _ in range(epochs):
+        perms = torch.stack([torch.randperm(n, generator=g) for g in gens])  # [K, n]
+        per_block = torch.stack([blk.length[perms] for blk in rows.blocks], -1)  # [K, n, blocks]
+        for start in starts:
+            b = min(batch_size, n - start)
+            m = per_block[:, start : start + b].sum(1).amax(0)
+            most[b] = m if b not in most else torch.maximum(most[b], m)
+    return {b: tuple(int(x) for x in m) for b, m in most.items()}

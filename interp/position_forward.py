@@ -1,0 +1,332 @@
+"""The exact per-position forward of one-layer attention-only models with a model axis, and the batch layout and
+dropout masks around it: what the solo trainer runs for the recipe's options (the language-model objective, left
+padding, dropout on the attention probabilities, counter-drawn masks; see :mod:`interp.objectives` and
+:mod:`interp.dropout_masks`) and what a population runs where no token-count forward applies.
+
+The forward is TransformerLens' (``HookedTransformer`` with one attention-only layer, pre-LN and final LN where
+the spec has them, dropout where the recipe puts it) restricted to the query positions that carry a loss, laid out
+for few large products: all heads' queries are folded into the key matrix first (``u = q W_K^T``, one einsum for
+every head), so the scores of every head and query against every position are one ``[query x head, d_model] @
+[d_model, pos]`` product per sentence, and the attention-weighted residuals one ``[query x head, pos] @ [pos,
+d_model]`` product before ``W_V``: no ``[pos, head, d_head]`` keys or values (d_head = 2 here) are built. Tested
+equal to the HookedTransformer forward with the same masks put in by hooks (tests/test_seed_regime.py).
+
+:func:`build_layout` lays a batch out (right or left padded, the answer positions or every position as queries)
+for K models at once; :func:`draw_masks` draws its dropout masks as a solo run would (torch's generator, the solo
+run's shapes, model by model) or from the counter (every model at once). The solo run is the same code with K = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from .dropout_masks import generator_mask, pattern_mask, position_mask, row_keys, run_keys
+from .errors import ConfigError
+from .task import IGNORE
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from .task import Task, TaskData
+
+# TransformerLens normalization types a population (and this forward) covers, and their learned parameters
+NORMS = {None: (), "LN": ("w", "b"), "LNPre": ()}
+
+
+@dataclass(frozen=True)
+class Norm:
+    """How the residual stream is normalised before attention (``blocks.0.ln1``) and before the unembedding
+    (``ln_final``): TransformerLens' ``normalization_type`` and ``eps``."""
+
+    kind: str | None = None
+    eps: float = 1e-5
+
+    @classmethod
+    def of(cls, model: HookedTransformer) -> Norm:
+        kind = model.cfg.normalization_type
+        if kind not in NORMS:
+            raise ConfigError(
+                f"normalization_type={kind!r} is not covered by the per-position forward; one of "
+                f"{sorted(NORMS, key=str)}"
+            )
+        return cls(kind, float(model.cfg.eps))
+
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(f"{m}.{p}" for m in ("blocks.0.ln1", "ln_final") for p in NORMS[self.kind])
+
+    def apply(self, P: dict[str, Tensor], module: str, x: Tensor) -> Tensor:
+        """TransformerLens' LayerNorm (``module``: ``blocks.0.ln1`` or ``ln_final``) of ``x`` (``[K, ..., d]``),
+        with each model's weights (plain annotations: compiled steps call it)."""
+        if self.kind is None:
+            return x
+        x = x - x.mean(-1, keepdim=True)
+        x = x / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        if self.kind == "LN":
+            shape = (x.shape[0],) + (1,) * (x.ndim - 2) + (x.shape[-1],)
+            x = x * P[f"{module}.w"].view(shape) + P[f"{module}.b"].view(shape)
+        return x
+
+
+NO_NORM = Norm()
+
+
+def model_params(model: HookedTransformer) -> dict[str, Tensor]:
+    """A model's parameters with a model axis of one (views: gradients flow into the model's own parameters)."""
+    return {n: p[None] for n, p in model.named_parameters()}
+
+
+def stacked_position_logits(
+    P: dict[str, Tensor],
+    tokens: Int[Tensor, "K batch pos"],
+    query_pos: Int[Tensor, "K batch k"],
+    attn_scale: float,
+    norm: Norm = NO_NORM,
+    *,
+    identity_w_o: bool = False,
+    key_valid: Bool[Tensor, "K batch pos"] | None = None,
+    emb_mask: Float[Tensor, "K batch pos d_model"] | None = None,
+    pattern_mask: Float[Tensor, "K batch k heads pos"] | None = None,
+    out_mask: Float[Tensor, "K batch k d_model"] | None = None,
+) -> Float[Tensor, "K batch k vocab_out"]:
+    """Logits at ``query_pos`` of K one-layer attention-only models (``P[name]`` is ``[K, ...]``, state-dict
+    names). Keys are the positions at or before each query that ``key_valid`` allows (all where None). Dropout
+    multipliers: ``emb_mask`` on the embedding (before ``ln1``: the residual stream keeps it too), ``pattern_mask``
+    on the attention probabilities, ``out_mask`` on the attention output. ``identity_w_o``: ``W_O`` is the frozen
+    identity (skipped: multiplying by it is exact anyway)."""
+    K, b, t = tokens.shape
+    k = query_pos.shape[-1]
+    W_Q, W_K, W_V = P["blocks.0.attn.W_Q"], P["blocks.0.attn.W_K"], P["blocks.0.attn.W_V"]
+    H, d, e = W_Q.shape[1:]
+    ks = torch.arange(K, device=tokens.device)[:, None, None]
+    x = P["embed.W_E"][ks, tokens] + P["pos_embed.W_pos"][:, None, :t]  # [K, b, t, d]
+    if emb_mask is not None:
+        x = x * emb_mask
+    xn = norm.apply(P, "blocks.0.ln1", x)
+    rows = torch.arange(b, device=tokens.device)[None, :, None]
+    q = torch.einsum("Kbkd,Khde->Kbkhe", xn[ks, rows, query_pos], W_Q) + P["blocks.0.attn.b_Q"][:, None, None]
+    u = torch.einsum("Kbkhe,Khde->Kbkhd", q, W_K).reshape(K, b, k * H, d)  # every head's query folded into W_K
+    q_bias = (q * P["blocks.0.attn.b_K"][:, None, None]).sum(-1).reshape(K, b, k * H, 1)
+    scores = (torch.matmul(u, xn.transpose(-1, -2)) + q_bias) / attn_scale  # [K, b, k x H, t]
+    hidden = torch.arange(t, device=tokens.device)[None, None, None, :] > query_pos[..., None]  # [K, b, k, t]
+    if key_valid is not None:
+        hidden = hidden | ~key_valid[:, :, None, :]
+    scores = scores.view(K, b, k, H, t).masked_fill(hidden[:, :, :, None], float("-inf"))
+    pattern = scores.softmax(-1)
+    if pattern_mask is not None:
+        pattern = pattern * pattern_mask
+    y = torch.matmul(pattern.view(K, b, k * H, t), xn).view(K, b, k, H, d)  # attention-weighted inputs
+    z = (
+        torch.einsum("Kbkhd,Khde->Kbkhe", y, W_V)
+        + pattern.sum(-1, keepdim=True) * P["blocks.0.attn.b_V"][:, None, None]
+    )
+    if identity_w_o:
+        out = z.reshape(K, b, k, H * e) + P["blocks.0.attn.b_O"][:, None, None]
+    else:
+        out = torch.einsum("Kbkhe,Khed->Kbkd", z, P["blocks.0.attn.W_O"]) + P["blocks.0.attn.b_O"][:, None, None]
+    if out_mask is not None:
+        out = out * out_mask
+    resid = norm.apply(P, "ln_final", x[ks, rows, query_pos] + out)
+    return torch.einsum("Kbkd,Kdv->Kbkv", resid, P["unembed.W_U"]) + P["unembed.b_U"][:, None, None]
+
+
+def mean_losses(
+    logits: Float[Tensor, "K batch k vocab_out"], targets: Int[Tensor, "K batch k"], dtype: torch.dtype = torch.float32
+) -> Float[Tensor, " K"]:
+    """Each model's mean cross-entropy over the positions of its batch that carry a target."""
+    losses = F.cross_entropy(
+        logits.flatten(0, 2).to(dtype), targets.flatten(), ignore_index=IGNORE, reduction="none"
+    ).view(targets.shape[0], -1)
+    valid = (targets != IGNORE).view(targets.shape[0], -1)
+    return losses.sum(1) / valid.sum(1).clamp(min=1)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A batch of K models laid out for :func:`stacked_position_logits`: every model's sentences padded to the
+    longest of all (``pos``), right-aligned under left padding with the pads a model's own solo run would have
+    (``key_valid`` hides the extra ones), the query positions and their targets, and each position's place in its
+    sentence (pads negative). ``offsets`` / ``widths``: where each model's own solo layout lies along ``pos``."""
+
+    tokens: Int[Tensor, "K batch pos"]
+    query_pos: Int[Tensor, "K batch k"]
+    targets: Int[Tensor, "K batch k"]
+    positions: Int[Tensor, "K batch pos"]
+    key_valid: Bool[Tensor, "K batch pos"] | None
+    offsets: Int[Tensor, " K"]
+    widths: Int[Tensor, " K"]
+    all_queries: bool  # every position is a query (the language-model objective)
+
+    @property
+    def query_places(self) -> Int[Tensor, "K batch k"]:
+        return self.positions.gather(-1, self.query_pos)
+
+
+def build_layout(
+    tokens: Int[Tensor, "K batch full"],
+    targets: Int[Tensor, "K batch full"],
+    lengths: Int[Tensor, "K batch"],
+    objective: str,
+    padding: str,
+    pad_token: int | None,
+) -> Layout:
+    """Lay out K batches (right-padded sentences as the task gives them, with the task's targets) for the
+    ``objective`` (``answer``: the target positions, the same number in every sentence; ``lm``: every position,
+    next-token targets) and ``padding`` (``right``; ``left``: pads before each sentence up to its model's longest,
+    which needs the task's pad token)."""
+    K, b, _ = tokens.shape
+    t = max(int(lengths.max()), 1)
+    tokens, targets = tokens[..., :t], targets[..., :t]
+    pos = torch.arange(t, device=tokens.device)
+    if objective == "lm":
+        nxt = torch.cat([tokens[..., 1:], tokens[..., :1]], -1)
+        targets = torch.where(pos + 1 < lengths[..., None], nxt, torch.full_like(nxt, IGNORE))
+    widths = lengths.amax(1)
+    if padding == "left":
+        if pad_token is None:
+            raise ConfigError("padding='left' needs a task whose vocabulary has a pad token")
+        shift = (t - lengths)[..., None]
+        src = (pos - shift).clamp(min=0)
+        inside = pos >= shift
+        tokens = torch.where(inside, tokens.gather(-1, src), torch.full_like(tokens, pad_token))
+        targets = torch.where(inside, targets.gather(-1, src), torch.full_like(targets, IGNORE))
+        positions = pos - shift
+        offsets = t - widths
+        key_valid = (pos[None, None] >= offsets[:, None, None]).expand(K, b, t)
+    else:
+        positions = pos.expand(K, b, t)
+        offsets = torch.zeros_like(widths)
+        key_valid = None
+    if objective == "lm":
+        query_pos = pos.expand(K, b, t)
+        q_targets = targets
+    else:
+        has = targets != IGNORE
+        counts = has.sum(-1)
+        if int(counts.min()) != int(counts.max()) or int(counts.max()) == 0:
+            raise ConfigError("the answer objective's batched forward needs the same number of targets per sentence")
+        query_pos = has.nonzero()[:, -1].view(K, b, -1)
+        q_targets = targets.gather(-1, query_pos)
+    return Layout(tokens, query_pos, q_targets, positions, key_valid, offsets, widths, objective == "lm")
+
+
+def draw_masks(
+    layout: Layout,
+    sites: frozenset[str],
+    p: float,
+    rng: str,
+    d_model: int,
+    n_heads: int,
+    *,
+    generators: Sequence[torch.Generator | None] = (None,),
+    seeds: Sequence[int] = (),
+    epoch: int = 0,
+    sentences: Int[Tensor, "K batch"] | None = None,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The dropout multipliers ``(embedding, pattern, attention output)`` of a laid-out batch (None where
+    dropout does not act). ``rng="torch"``: each model's masks, of its solo run's shapes (its own width; every
+    position a query under the language-model objective), from its generator (``None``: torch's default), in the
+    order embedding, pattern, output; placed where its layout lies. ``rng="counter"``: from each model's seed, the
+    ``epoch`` and the ``sentences`` (indices into the training split), every model at once."""
+    if not sites:
+        return None, None, None
+    K, b, t = layout.tokens.shape
+    k = layout.query_pos.shape[-1]
+    dev = layout.tokens.device
+    if rng == "counter":
+        if sentences is None or len(seeds) != K:
+            raise ConfigError("counter-drawn dropout masks need each model's seed and the batch's sentence indices")
+        q_places = layout.query_places
+
+        def rows(site):
+            return row_keys(run_keys(seeds, epoch, site).to(dev), sentences.to(dev))
+
+        emb = position_mask(rows("embedding"), layout.positions, d_model, p) if "embedding" in sites else None
+        pat = pattern_mask(rows("pattern"), q_places, layout.positions, n_heads, p) if "pattern" in sites else None
+        out = position_mask(rows("attention"), q_places, d_model, p) if "attention" in sites else None
+        return emb, pat, out
+    emb = torch.zeros(K, b, t, d_model, device=dev) if "embedding" in sites else None
+    pat = torch.zeros(K, b, k, n_heads, t, device=dev) if "pattern" in sites else None
+    out = torch.zeros(K, b, k, d_model, device=dev) if "attention" in sites else None
+    for m, gen in enumerate(generators):
+        w, o = int(layout.widths[m]), int(layout.offsets[m])
+        qs = slice(o, o + w) if layout.all_queries else slice(0, k)
+        nq = w if layout.all_queries else k
+        if emb is not None:
+            emb[m, :, o : o + w] = generator_mask((b, w, d_model), p, gen).to(dev)
+        if pat is not None:
+            pat[m, :, qs, :, o : o + w] = generator_mask((b, nq, n_heads, w), p, gen).to(dev)
+        if out is not None:
+            out[m, :, qs] = generator_mask((b, nq, d_model), p, gen).to(dev)
+    return emb, pat, out
+
+
+def solo_batch_loss(
+    model: HookedTransformer,
+    batch: TaskData,
+    sentences: Int[Tensor, " batch"],
+    cfg,
+    epoch: int,
+    identity_w_o: bool,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """A solo run's training loss on ``batch`` (the training sentences ``sentences``) under ``cfg``'s objective,
+    padding and dropout: :func:`stacked_position_logits` with a model axis of one, masks as :func:`draw_masks`
+    draws them for this run."""
+    d, H = model.cfg.d_model, model.cfg.n_heads
+    pad = batch.vocab.pad if batch.vocab is not None else None
+    lay = build_layout(batch.tokens[None], batch.targets[None], batch.lengths[None], cfg.objective, cfg.padding, pad)
+    masks = draw_masks(
+        lay,
+        cfg.dropout_sites,
+        cfg.dropout,
+        cfg.dropout_rng,
+        d,
+        H,
+        seeds=[cfg.seed],
+        epoch=epoch,
+        sentences=sentences[None],
+    )
+    logits = stacked_position_logits(
+        model_params(model),
+        lay.tokens,
+        lay.query_pos,
+        float(model.blocks[0].attn.attn_scale),
+        Norm.of(model),
+        identity_w_o=identity_w_o,
+        key_valid=lay.key_valid,
+        emb_mask=masks[0],
+        pattern_mask=masks[1],
+        out_mask=masks[2],
+    )
+    return mean_losses(logits, lay.targets, dtype)[0]
+
+
+@torch.no_grad()
+def evaluate_left_padded(model: HookedTransformer, task: Task, data: TaskData, batch_size: int) -> dict[str, float]:
+    """The task's metrics with the data left-padded in batches of ``batch_size`` consecutive sentences (what
+    validation and test are under ``padding="left"``): predictions and losses at the task's target positions."""
+    from .evaluation import target_positions
+
+    task.check_data(data)
+    P = model_params(model)
+    scale, norm = float(model.blocks[0].attn.attn_scale), Norm.of(model)
+    preds = torch.full_like(data.tokens, -1)
+    loss = torch.zeros(data.tokens.shape, device=data.device)
+    pad = data.vocab.pad if data.vocab is not None else None
+    for start in range(0, len(data), batch_size):
+        idx = torch.arange(start, min(start + batch_size, len(data)), device=data.device)
+        chunk = data.select(idx)
+        lay = build_layout(chunk.tokens[None], chunk.targets[None], chunk.lengths[None], "answer", "left", pad)
+        logits = stacked_position_logits(P, lay.tokens, lay.query_pos, scale, norm, key_valid=lay.key_valid)[0]
+        qpos = target_positions(chunk)
+        rows = idx[:, None]
+        preds[rows, qpos] = logits.argmax(-1)
+        loss[rows, qpos] = F.cross_entropy(logits.transpose(1, 2).float(), lay.targets[0], reduction="none")
+    return task.metrics(preds, loss, data)
