@@ -17,8 +17,13 @@ weights and history for K = 1, 3 and 8). Each model is saved as an ordinary chec
 TransformerLens) whose provenance says it was trained in a population of K.
 
 Only the shape the exact query-restricted forward covers is batched (one layer, attention only, no LayerNorm):
-the thesis's models. On CUDA the masks are still drawn by per-model CPU generators (so the numbers match a CPU run
-of the same seed up to float error, not a solo CUDA run, whose dropout uses the CUDA generator).
+the thesis's models, with any pooling (softmax, linear, additive: in a model without positions each scores a pair of
+tokens, so the token-count forward covers them too) and any Q/K/V shape, but no sparse mask (masks depend on
+positions: those models train one at a time). On CUDA the dropout masks are still drawn by per-model CPU generators
+(so the numbers match a CPU run of the same seed up to float error, not a solo CUDA run, whose dropout uses the CUDA
+generator). Linear attention with ``relu`` features is the exception to equality: where a query's features have one
+positive coordinate its pattern does not depend on that coordinate's size, so the gradient there is 0 up to rounding
+noise, which Adam scales to full steps; the population and the solo run then drift apart in those directions.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
 from .checkpoint import save_checkpoint
 from .configs import SELF_SCORED
 from .device import pick_device
@@ -49,6 +55,7 @@ from .model import ModelSpec, build_model
 from .query_forward import supports_query_forward
 from .run_record import RunRecord, validation_split
 from .training import TrainConfig
+from .variants import parse_attention
 
 if TYPE_CHECKING:
     from .task import Task
@@ -101,6 +108,11 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
             f"shape); got n_layers={s.n_layers}, attn_only={s.attn_only}, normalization="
             f"{s.normalization!r}: train these one at a time with `interp train`"
         )
+    if parse_attention(s.attention).masks:
+        raise ConfigError(
+            f"batched training covers dense attention; attention={s.attention!r} masks keys by position: train "
+            "these one at a time with `interp train`"
+        )
 
 
 def stacked_logits_at(
@@ -110,10 +122,12 @@ def stacked_logits_at(
     attn_scale: float,
     emb_mask: Float[Tensor, "K batch pos d_model"] | None = None,
     out_mask: Float[Tensor, "K batch k d_model"] | None = None,
+    pooling: str = "softmax",
 ) -> Float[Tensor, "K batch k vocab_out"]:
     """Logits at ``query_pos`` of K one-layer attention-only models at once (``P[name]`` is ``[K, ...]``): the
     query-restricted forward of :func:`interp.query_forward.logits_at` with a model axis. ``emb_mask`` /
-    ``out_mask`` are dropout multipliers (0 or 1/(1-p)) for the embedding and the attention output."""
+    ``out_mask`` are dropout multipliers (0 or 1/(1-p)) for the embedding and the attention output; ``pooling`` is
+    the models' (:func:`interp.attention.pair_scores`; additive takes ``v`` from ``P``)."""
     K, b, t = tokens.shape
     ks = torch.arange(K, device=tokens.device)[:, None, None]
     x = P["embed.W_E"][ks, tokens] + P["pos_embed.W_pos"][:, None, :t]  # [K, b, t, d]
@@ -124,10 +138,11 @@ def stacked_logits_at(
     q = torch.einsum("Kbkd,Khde->Kbhke", xq, P["blocks.0.attn.W_Q"]) + P["blocks.0.attn.b_Q"][:, None, :, None]
     keys = torch.einsum("Kbtd,Khde->Kbhte", x, P["blocks.0.attn.W_K"]) + P["blocks.0.attn.b_K"][:, None, :, None]
     vals = torch.einsum("Kbtd,Khde->Kbhte", x, P["blocks.0.attn.W_V"]) + P["blocks.0.attn.b_V"][:, None, :, None]
-    scores = torch.einsum("Kbhke,Kbhte->Kbhkt", q, keys) / attn_scale
+    additive_v = P[f"blocks.0.attn.{ADDITIVE}"][:, None] if pooling == "additive" else None  # [K, 1, h, e]
+    scores = pair_scores(pooling, q, keys, attn_scale, additive_v)
     future = torch.arange(t, device=tokens.device)[None, None, None, :] > query_pos[..., None]  # [K, b, k, t]
     scores = scores.masked_fill(future[:, :, None], float("-inf"))
-    z = torch.einsum("Kbhkt,Kbhte->Kbkhe", scores.softmax(-1), vals)
+    z = torch.einsum("Kbhkt,Kbhte->Kbkhe", attention_pattern(scores), vals)
     out = torch.einsum("Kbkhe,Khed->Kbkd", z, P["blocks.0.attn.W_O"]) + P["blocks.0.attn.b_O"][:, None, None]
     if out_mask is not None:
         out = out * out_mask
@@ -170,6 +185,7 @@ def stacked_count_logits(
     present: Int[Tensor, " present"],
     attn_scale: float,
     out_mask: Float[Tensor, "K batch k d_model"] | None = None,
+    pooling: str = "softmax",
 ) -> Float[Tensor, "K batch k vocab_out"]:
     """The same logits as :func:`stacked_logits_at` for models without positional embedding and without dropout
     before attention, from token counts (:class:`TokenCounts`): attention to a token is shared by all its
@@ -182,7 +198,12 @@ def stacked_count_logits(
     and picked per query by a one-hot product, and each head's value of each token is carried through ``W_O``
     (``OV[head, key token, d_model]``), so the attention output is one ``[query, head x token] @ [head x token,
     d_model]`` product. The softmax runs over the tokens as the second-to-last axis (PyTorch's CPU softmax is ~10x
-    slower over a short last axis)."""
+    slower over a short last axis).
+
+    Other poolings score a pair of tokens as well: additive pooling fills the table with ``v·tanh(q + k)``, linear
+    attention with ``log φ(k)·φ(q)`` (so the softmax weighs a token by ``count x φ(q)·φ(k)``, normalised, as the
+    per-position forward's softmax of log-kernels does; a zero kernel is ABSENT, and a query whose present keys all
+    weigh 0 attends to nothing, as there)."""
     K, b, k = query_tok.shape
     N = b * k
     W_E, W_Q, W_K, W_V, W_O = (
@@ -200,13 +221,22 @@ def stacked_count_logits(
     q = per_head(W_E, W_Q, P["blocks.0.attn.b_Q"])  # [K, H, vocab, e]
     keys = per_head(E_keys, W_K, P["blocks.0.attn.b_K"])  # [K, H, present, e]
     vals = per_head(E_keys, W_V, P["blocks.0.attn.b_V"])  # [K, H, present, e]
-    QK = torch.matmul(keys, q.transpose(-1, -2)) / attn_scale  # [K, H, present, vocab]
+    if pooling.startswith("linear"):  # log φ(k)·φ(q), with ABSENT for a zero kernel (finite: see ABSENT)
+        kernel = torch.matmul(features(pooling, keys), features(pooling, q).transpose(-1, -2))
+        QK = torch.where(kernel > 0, kernel.clamp_min(torch.finfo(kernel.dtype).tiny).log(), ABSENT)
+    elif pooling == "additive":  # [K, H, present, vocab], from the [vocab, present] table of v·tanh(q + k)
+        QK = pair_scores("additive", q, keys, attn_scale, P[f"blocks.0.attn.{ADDITIVE}"]).transpose(-1, -2)
+    else:
+        QK = torch.matmul(keys, q.transpose(-1, -2)) / attn_scale  # [K, H, present, vocab]
     # scores = QK picked at each query's token, plus log counts: one product [QK | I] @ [one-hot ; log counts]
     eye = torch.eye(Vp, dtype=W_E.dtype, device=W_E.device).expand(K, H, Vp, Vp)
     left = torch.cat([QK, eye], -1).reshape(K, H * Vp, V + Vp)
     onehot = torch.zeros(K, V, N, device=W_E.device, dtype=W_E.dtype).scatter_(1, query_tok.reshape(K, 1, N), 1.0)
     right = torch.cat([onehot, log_counts.reshape(K, N, Vp).transpose(1, 2)], 1)
-    attn = torch.bmm(left, right).view(K, H, Vp, N).softmax(-2)  # [K, H, present, N]
+    scores = torch.bmm(left, right).view(K, H, Vp, N)
+    attn = scores.softmax(-2)  # [K, H, present, N]
+    if pooling.startswith("linear"):  # a query whose present keys all weigh 0 attends to nothing
+        attn = attn * (scores > ABSENT / 2).any(-2, keepdim=True)
     OV = torch.matmul(vals, W_O).reshape(K, H * Vp, d)  # [K, H x present, d]
     out = torch.baddbmm(P["blocks.0.attn.b_O"][:, :, None], OV.transpose(1, 2), attn.view(K, H * Vp, N))  # [K, d, N]
     out = out.transpose(1, 2).reshape(K, b, k, d)
@@ -225,11 +255,13 @@ def _mean_losses(
     return losses.view(logits.shape[0], -1).mean(1)
 
 
-def _count_losses(P, query_tok, log_counts, present, attn_scale, out_mask, targets) -> Float[Tensor, " K"]:
+def _count_losses(
+    P, query_tok, log_counts, present, attn_scale, out_mask, targets, pooling="softmax"
+) -> Float[Tensor, " K"]:
     """One training step's losses through the token-count forward (what ``compile=True`` compiles). The plain
     functions are called (``inspect.unwrap``): a runtime type checker's wrapper, as the test run puts on every
     annotated function, cannot be traced by ``torch.compile``."""
-    logits = inspect.unwrap(stacked_count_logits)(P, query_tok, log_counts, present, attn_scale, out_mask)
+    logits = inspect.unwrap(stacked_count_logits)(P, query_tok, log_counts, present, attn_scale, out_mask, pooling)
     return inspect.unwrap(_mean_losses)(logits, targets)
 
 
@@ -295,7 +327,13 @@ class _AdamW:
 
 
 def _val_metrics(
-    task: Task, P, data, attn_scale: float, counted: TokenCounts | None = None, budget: int = 1 << 24
+    task: Task,
+    P,
+    data,
+    attn_scale: float,
+    counted: TokenCounts | None = None,
+    budget: int = 1 << 24,
+    pooling: str = "softmax",
 ) -> list[dict[str, float]]:
     """The task's metrics of each model on ``data``, as :func:`interp.evaluation.evaluate` computes them (from token
     counts when ``counted`` = :func:`token_counts` of ``data`` is given), in chunks of rows whose largest
@@ -317,11 +355,13 @@ def _val_metrics(
             if counted is not None:
                 qtok, logc = counted.select(idx[None])
                 logits = stacked_count_logits(
-                    P, qtok.expand(K, -1, -1), logc.expand(K, -1, -1, -1), counted.present, attn_scale
+                    P, qtok.expand(K, -1, -1), logc.expand(K, -1, -1, -1), counted.present, attn_scale, None, pooling
                 )
             else:
                 chunk = data.select(idx)
-                logits = stacked_logits_at(P, chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1), attn_scale)
+                logits = stacked_logits_at(
+                    P, chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1), attn_scale, pooling=pooling
+                )
             preds[:, idx] = logits.argmax(-1)
             losses[:, idx] = F.cross_entropy(
                 logits.flatten(0, 2).float(), tgt[idx].expand(K, -1, -1).flatten(), reduction="none"
@@ -416,17 +456,23 @@ class _Population:
                 r.halving = Halving(c.halving, c.halving_threshold, s.n_layers, s.n_heads, c.seed)
                 r.halving.start(m)  # mask-all-but-one masks all heads but one before the first step
         trainable = {n for n, p in self.models[0].named_parameters() if p.requires_grad}
+        # TransformerLens' parameters, then the attention variant's own (additive v, low-rank factors)
+        self.names = PARAMS + tuple(extra_parameters(self.models[0]))
+        self.pooling = parse_attention(specs[0].attention).pooling
+        self.qkv_masks = qkv_masks(self.models[0])  # diagonal / sparse Q/K/V: the free entries
         sd = [m.state_dict() for m in self.models]
-        self.P = {n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in PARAMS}
+        self.P = {
+            n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in self.names
+        }
         self.opt = _AdamW(
-            {n: self.P[n] for n in PARAMS if n in trainable},
+            {n: self.P[n] for n in self.names if n in trainable},
             torch.tensor([c.lr for c in cfgs], device=device),
             (self.cfg.beta1, self.cfg.beta2),
             self.cfg.weight_decay,
         )
         self.data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
-        self.best_state = {n: self.P[n].detach().clone() for n in PARAMS}
-        self.last_state = {n: self.P[n].detach().clone() for n in PARAMS}
+        self.best_state = {n: self.P[n].detach().clone() for n in self.names}
+        self.last_state = {n: self.P[n].detach().clone() for n in self.names}
         self.masked = [short for short in HEAD_PARAMS if f"blocks.0.attn.{short}" in trainable]
         self.head_on = (
             torch.stack([r.halving.mask[0] for r in self.records]).to(device) if self.cfg.halving is not None else None
@@ -436,7 +482,11 @@ class _Population:
 
     @property
     def detached(self) -> dict[str, Tensor]:
-        return {n: v.detach() for n, v in self.P.items()}
+        return self.forward_params({n: v.detach() for n, v in self.P.items()})
+
+    def forward_params(self, P: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``P`` with the Q/K/V matrices the models project with (masked, or the low-rank factors' product)."""
+        return stacked_qkv(P, self.specs[0].n_heads, self.qkv_masks)
 
     # -- one training step ----------------------------------------------------------------------------------------
     def count_batch(
@@ -451,7 +501,8 @@ class _Population:
             for m, g in enumerate(self.drop_gens):
                 _dropout_mask(out_mask.shape[1:], p, g, "cpu", out=out_mask[m])
             out_mask = out_mask.to(self.device)
-        return count_losses(self.P, qtok, logc, counted.present, self.attn_scale, out_mask, targets[idx])
+        P = self.forward_params(self.P)
+        return count_losses(P, qtok, logc, counted.present, self.attn_scale, out_mask, targets[idx], self.pooling)
 
     def position_batch(self, data, idx: Int[Tensor, "K b"]) -> Float[Tensor, " K"]:
         """Each model's mean loss on its batch ``idx`` through the per-position forward, with the solo run's
@@ -474,7 +525,9 @@ class _Population:
                 if emb_mask is not None:
                     emb_mask[k, :, : b.tokens.shape[1]] = _dropout_mask((bsz, b.tokens.shape[1], d), p, g, self.device)
                 out_mask[k] = _dropout_mask((*qpos.shape[1:], d), p, g, self.device)
-        return _mean_losses(stacked_logits_at(self.P, tokens, qpos, self.attn_scale, emb_mask, out_mask), targets)
+        P = self.forward_params(self.P)
+        logits = stacked_logits_at(P, tokens, qpos, self.attn_scale, emb_mask, out_mask, self.pooling)
+        return _mean_losses(logits, targets)
 
     def update(self, losses: Float[Tensor, " K"]) -> None:
         """One backward and one AdamW step for all models (each model's own loss drives only its parameters)."""
@@ -504,14 +557,14 @@ class _Population:
                 self._copy_model(k, self.last_state)
 
     def _copy_model(self, k: int, into: dict[str, Tensor]) -> None:
-        for n in PARAMS:
+        for n in self.names:
             into[n][k] = self.P[n].detach()[k]
 
     def _halve(self, k: int, acc: float, train_data, val_data) -> None:
         """Score model ``k``'s current weights in a HookedTransformer, as its solo run does, and mask half of its
         heads (parameters and Adam moments)."""
         r, model = self.records[k], self.models[k]
-        model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in PARAMS}})
+        model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in self.names}})
         halved = r.halving.after_validation(
             model, None, self.epoch, acc, self.task, train_data, val_data, self.head_scorer
         )
@@ -532,7 +585,7 @@ class _Population:
             n: torch.where(
                 keep_best.view(-1, *[1] * (self.best_state[n].ndim - 1)), self.best_state[n], self.last_state[n]
             )
-            for n in PARAMS
+            for n in self.names
         }
 
     # -- resume files -----------------------------------------------------------------------------------------------
@@ -548,7 +601,7 @@ class _Population:
             **{
                 f"{part}.{n}": st[n]
                 for part, st in (("model", self.P), ("best", self.best_state), ("last", self.last_state))
-                for n in PARAMS
+                for n in self.names
             },
             **{f"adam.exp_avg.{n}": v for n, v in self.opt.exp_avg.items()},
             **{f"adam.exp_avg_sq.{n}": v for n, v in self.opt.exp_avg_sq.items()},
@@ -566,7 +619,7 @@ class _Population:
 
     def load_state(self, t: dict[str, Tensor], progress: dict[str, Any]) -> None:
         with torch.no_grad():
-            for n in PARAMS:
+            for n in self.names:
                 self.P[n].copy_(t[f"model.{n}"])
                 self.best_state[n].copy_(t[f"best.{n}"])
                 self.last_state[n].copy_(t[f"last.{n}"])
@@ -624,7 +677,7 @@ def _train_population(
             )
             pop.update(losses)
             totals += losses.detach().double().cpu() * idx.shape[1]
-        val = _val_metrics(task, pop.detached, val_data, pop.attn_scale, val_counted)
+        val = _val_metrics(task, pop.detached, val_data, pop.attn_scale, val_counted, pooling=pop.pooling)
         pop.end_epoch((totals / n).tolist(), val, train_data, val_data)
         if resume_file is not None and cfg.save_every and pop.epoch % cfg.save_every == 0 and pop.epoch < cfg.epochs:
             _save_resume(Path(resume_file), pop.identity(), *pop.state())
@@ -642,12 +695,17 @@ def _train_population(
     for split in task.splits:
         data = task.dataset(split).to(device)
         split_metrics[split] = _val_metrics(
-            task, final, data, pop.attn_scale, token_counts(data, d_vocab) if eval_counts else None
+            task,
+            pop.forward_params(final),
+            data,
+            pop.attn_scale,
+            token_counts(data, d_vocab) if eval_counts else None,
+            pooling=pop.pooling,
         )
     results = []
     wall = time.time() - started
     for k, (spec, c, model, out, r) in enumerate(zip(specs, cfgs, pop.models, outs, pop.records)):
-        model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in PARAMS}})
+        model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in pop.names}})
         model.eval()
         metrics = {split: split_metrics[split][k] for split in task.splits}
         prov = r.provenance(

@@ -92,8 +92,18 @@ def batch_loss(
     if qpos is not None:
         logits = logits_at(model, batch.tokens, qpos, dropout=dropout, embed_dropout=dropout_at != "attention")
         return task_loss(logits, batch.targets.gather(1, qpos), dtype)
-    with model.hooks(fwd_hooks=hooks):
+    with model.hooks(fwd_hooks=hooks), fast_attention_where_possible(model):
         return task_loss(model(batch.tokens), batch.targets, dtype)
+
+
+def fast_attention_where_possible(model: HookedTransformer):
+    """:func:`interp.fast_attention.fast_attention` for a model whose every layer has a fast form (sparse masks,
+    linear attention), else nothing: the O(n·W) / O(n) forwards train the same model as TransformerLens' forward."""
+    from contextlib import nullcontext
+
+    from .fast_attention import fast_attention, has_fast_path
+
+    return fast_attention(model) if has_fast_path(model) else nullcontext()
 
 
 def resume_path(out: Path) -> Path:
