@@ -296,8 +296,10 @@ def _rank_hooks(n_layers: int, head: tuple[int, int] | None, k: int, cache: dict
             svd = cache.get(key) if cache is not None and hook.layer() == 0 else None
             if svd is None:
                 svd = _svd(pattern, chunk.lengths)
-                if cache is not None and hook.layer() == 0 and pattern.numel() <= CACHE_LIMIT - sum(
-                    u.numel() for u, _, _ in cache.values()
+                if (
+                    cache is not None
+                    and hook.layer() == 0
+                    and pattern.numel() <= CACHE_LIMIT - sum(u.numel() for u, _, _ in cache.values())
                 ):
                     cache[key] = svd
             return _low_rank(pattern, chunk.lengths, k, svd)
@@ -322,4 +324,3 @@ def _metric(model, data: TaskData, task, hooks_for, budget: int) -> tuple[float,
         return float(m["accuracy"]), float(m.get("loss", float("nan")))
     has = data.targets != IGNORE
     return float((out["preds"] == data.targets)[has].float().mean()), float(out["loss"][has].mean())
-
