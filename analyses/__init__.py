@@ -64,6 +64,7 @@ _NAMES = {
     ],
     "analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
+    "analyses.spectrum": ["AttentionSpectrum", "attention_spectrum"],
     "analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
     "analyses.pattern_scores": [
         "HeadScores",

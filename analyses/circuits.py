@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.attention import refuse_pooling
 from interp.device import model_device
 from interp.errors import ConfigError, InterpError, TokenError
 from interp.evaluation import check_tokens
@@ -95,6 +96,7 @@ class Circuit(Result):
 def full_qk_circuit(model: HookedTransformer, head, vocab=None) -> Circuit:
     """``W_E W_QK W_Eᵀ`` of one head ``[query token, key token]`` (tokens named by ``vocab`` if given)."""
     l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
+    refuse_pooling(model, "the QK circuit", [l])
     labels = _token_labels(vocab, model.cfg.d_vocab)
     fm = model.W_E @ model.QK[l, h] @ model.W_E.T
     return Circuit(f"full QK circuit of {head_label(l, h)}", fm, labels, labels, "query token", "key token")
@@ -104,6 +106,7 @@ def positional_qk_circuit(model: HookedTransformer, head, n_pos: int | None = No
     """``W_pos W_QK W_posᵀ`` of one head ``[query pos, key pos]`` (first ``n_pos`` positions); entries with
     key > query never matter (causal mask)."""
     l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
+    refuse_pooling(model, "the positional QK circuit", [l])
     if model.cfg.positional_embedding_type not in ("standard", "shortformer"):
         raise ConfigError(
             f"positional QK circuit needs a learned W_pos, this model uses {model.cfg.positional_embedding_type!r}"
@@ -150,6 +153,7 @@ def k_composition_circuit(model: HookedTransformer, earlier, later, vocab=None) 
         raise InterpError(
             f"K-composition needs the later head in a later layer, got {head_label(la, ha)} -> {head_label(lb, hb)}"
         )
+    refuse_pooling(model, "the K-composition circuit (through the later head's QK circuit)", [lb])
     labels = _token_labels(vocab, model.cfg.d_vocab)
     fm = model.W_E @ model.QK[lb, hb] @ model.OV[la, ha].T @ model.W_E.T
     return Circuit(

@@ -12,6 +12,7 @@ model's shapes (``d_model x d_head`` times ``d_head x d_model``) and scores them
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.attention import layer_attention
 from interp.device import model_device
 from interp.errors import InterpError
 from interp.heads import head_label
@@ -99,6 +101,7 @@ class CompositionScores(Result):
                 "z": (float(s[a + b]) - self.baseline_mean) / max(self.baseline_std, 1e-12),
             }
             for a, b in self.pairs()
+            if not math.isnan(float(s[a + b]))  # Q/K scores into a layer whose pooling is not q·k are undefined
         ]
         return sorted(rows, key=lambda r: -r["score"])[:k]
 
@@ -161,8 +164,14 @@ class CompositionScores(Result):
 
 def composition_scores(model: HookedTransformer, n_baseline: int = 1000, seed: int = 0) -> CompositionScores:
     """Q/K/V composition scores of every head pair (TransformerLens ``all_composition_scores``) plus the
-    random baseline for ``d_model`` and ``d_head``."""
+    random baseline for ``d_model`` and ``d_head``. Q- and K-composition read the later head's bilinear score
+    ``W_QK``; into a layer with linear or additive pooling (:mod:`interp.attention`), whose scores are no ``q·k``,
+    they are undefined: NaN (V-composition stays defined)."""
     with torch.inference_mode():
         s = {m: model.all_composition_scores(m).detach().clone() for m in MODES}
+        for l in range(model.cfg.n_layers):
+            if layer_attention(model, l).pooling != "softmax":  # its scores are no bilinear form q·k: Q/K undefined
+                for m in ("Q", "K"):
+                    s[m][:, :, l] = float("nan")
     mean, std = random_baseline(model.cfg.d_model, model.cfg.d_head, n_baseline, seed=seed, device=model_device(model))
     return CompositionScores(**s, baseline_mean=mean, baseline_std=std)

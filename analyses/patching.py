@@ -40,6 +40,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.attention import is_variant
 from interp.device import model_device
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.evaluation import DEFAULT_BUDGET, check_tokens
@@ -217,7 +218,7 @@ def _stacked_run(
 def _query_rows_apply(model: HookedTransformer, split_ok: bool = False) -> bool:
     """Whether :func:`_last_layer_rows` computes this model's last layer exactly: plain causal softmax attention
     with learned or shortformer positions (no rotary, ALiBi, grouped or local attention, score caps, QK norm,
-    post-norms or parallel MLP)."""
+    post-norms, parallel MLP or attention variant of :mod:`interp.attention` other than a Q/K/V shape)."""
     cfg = model.cfg
     return bool(
         cfg.positional_embedding_type in ("standard", "shortformer")
@@ -232,6 +233,7 @@ def _query_rows_apply(model: HookedTransformer, split_ok: bool = False) -> bool:
         and getattr(cfg, "n_key_value_heads", None) in (None, cfg.n_heads)
         and getattr(cfg, "attn_scores_soft_cap", -1.0) in (-1.0, None, 0)
         and getattr(cfg, "original_architecture", None) not in _post_norm_architectures()
+        and not is_variant(model)  # sparse masks, linear or additive pooling: the hooked forward computes them
     )
 
 

@@ -73,6 +73,9 @@ def save_checkpoint(
     and its TransformerLens config."""
     from safetensors.torch import save_file
 
+    from .attention import sync
+
+    sync(model)  # low-rank Q/K/V: TransformerLens' matrices hold the product of the factors
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     tl_config = {k: v for k, v in spec.tl_config_kwargs(None).items() if k != "device"}
     metadata = {
@@ -180,6 +183,9 @@ def verify_tensors(path, tensors: dict[str, torch.Tensor], spec: ModelSpec, chec
                 f"{path}: tensor {name} is fixed by the model spec ({_what_fixed(name)}) but holds "
                 "other values: the file is corrupt or was edited"
             )
+    from .attention import verify_tensors as verify_attention
+
+    verify_attention(path, tensors, spec)  # Q/K/V zeros and low-rank products
 
 
 def _what_fixed(name: str) -> str:

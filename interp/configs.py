@@ -14,6 +14,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .options import option
+from .variants import ATTENTION_SPELLINGS, QKV_SPELLINGS, parse_attention, parse_qkv
 
 POSITIONAL = ("none", "standard", "shortformer", "rotary", "random", "abacus")  # see interp.positions
 OUTPUT_MATRIX = ("identity", "learned")
@@ -62,6 +63,13 @@ class ModelSpec:
         ),
     )
     act_fn: str = field(default="relu", metadata=option("MLP activation (TransformerLens act_fn)"))
+    attention: str = field(
+        default="softmax", metadata=option(f"attention variant (see interp.variants): {ATTENTION_SPELLINGS}")
+    )
+    qkv: str = field(default="full", metadata=option(f"shape of W_Q, W_K, W_V (see interp.variants): {QKV_SPELLINGS}"))
+    attention_seed: int = field(
+        default=0, metadata=option("seed of the random keys (random:R) and of the sparse:F pattern of Q/K/V")
+    )
     init_seed: int = 0
     digit_tokens: tuple[int, ...] | list[int] | None = None  # positional="abacus": the token ids that form numbers
     max_position_offset: int = 0  # positional="abacus": training offsets are drawn from 0 .. this
@@ -88,11 +96,25 @@ class ModelSpec:
             raise ConfigError(f"max_position_offset must be an integer in [0, n_ctx), got {self.max_position_offset!r}")
         if self.normalization not in NORMALIZATION:
             raise ConfigError(f"normalization must be one of {NORMALIZATION}, got {self.normalization!r}")
+        self._check_attention()
         if self.output_matrix == "identity" and self.n_heads * self.d_head != self.d_model:
             raise ConfigError(
                 f"output_matrix='identity' needs n_heads * d_head == d_model, got {self.n_heads} * {self.d_head} "
                 f"!= {self.d_model}; use output_matrix='learned'"
             )
+
+    def _check_attention(self) -> None:
+        """The attention variant's spellings (one line naming the valid ones) and what they need of the shape."""
+        parse_attention(self.attention)
+        qkv = parse_qkv(self.qkv)
+        width = min(self.d_model, self.n_heads * self.d_head)
+        if qkv.kind == "lowrank" and qkv.rank >= width:
+            raise ConfigError(
+                f"qkv={self.qkv!r}: a rank-{qkv.rank} factorisation does not constrain a [d_model, n_heads * d_head] "
+                f"= [{self.d_model}, {self.n_heads * self.d_head}] matrix; use lowrank:R with R < {width}"
+            )
+        if not isinstance(self.attention_seed, int) or isinstance(self.attention_seed, bool) or self.attention_seed < 0:
+            raise ConfigError(f"attention_seed must be a non-negative integer, got {self.attention_seed!r}")
 
     @property
     def w_o(self) -> str:
@@ -137,7 +159,15 @@ class ModelSpec:
             seed=self.init_seed,
             device=device,
             **({"rotary_dim": self.d_head} if self.positional == "rotary" else {}),
+            **self._local_attention_kwargs(),
         )
+
+    def _local_attention_kwargs(self) -> dict[str, Any]:
+        """TransformerLens' own local attention, where the variant is one sliding window (``window:W``)."""
+        w = parse_attention(self.attention).tl_window
+        if w is None:
+            return {}
+        return dict(use_local_attn=True, window_size=w, attn_types=["local"] * self.n_layers)
 
 
 STRATEGIES = ("random", "svc", "learned", "shapley-svc", "shapley-learned", "mask-all-but-one")

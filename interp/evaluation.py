@@ -112,9 +112,16 @@ def _cat_padded(chunks: list[Tensor]) -> Tensor:
 def predictions_and_loss(model: HookedTransformer, data: TaskData, fwd_hooks=()) -> dict[str, Tensor]:
     """Per-position argmax ``preds [batch, pos]`` and cross-entropy ``loss [batch, pos]`` (0 where no target)."""
 
+    from .fast_attention import fast_logits, has_fast_path
+
+    fast = has_fast_path(model) and not fwd_hooks  # sparse masks, linear attention: O(n·W) / O(n) forwards
+
     def one(chunk: TaskData) -> dict[str, Tensor]:
         with torch.inference_mode():
-            logits = model.run_with_hooks(chunk.tokens, fwd_hooks=list(fwd_hooks)) if fwd_hooks else model(chunk.tokens)
+            if fwd_hooks:
+                logits = model.run_with_hooks(chunk.tokens, fwd_hooks=list(fwd_hooks))
+            else:
+                logits = fast_logits(model, chunk.tokens) if fast else model(chunk.tokens)
         return {"preds": logits.argmax(-1), "loss": per_position_loss(logits, chunk.targets)}
 
     return map_chunks(model, data, one)

@@ -124,6 +124,13 @@ class Halving:
     # -- the schedule ---------------------------------------------------------------------------------------------
     def start(self, model: HookedTransformer, optimizer=None) -> None:
         """Before the first epoch: ``mask-all-but-one`` keeps one head drawn with the seed."""
+        from .attention import has_factors
+
+        if has_factors(model):
+            raise ConfigError(
+                "halving heads zeroes a head's own W_Q, W_K, W_V; under qkv='lowrank:R' the heads share the low-rank "
+                "factors: train without halving, or with another qkv shape"
+            )
         if self.strategy == "mask-all-but-one" and not self.steps and len(self.active) > 1:
             scores = random_scores(len(self.active), self.seed, 0)
             self._record(0, None, scores, keep_best(self.active, scores, 1))

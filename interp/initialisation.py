@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .attention import is_plain
 from .configs import ModelSpec
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -49,6 +51,11 @@ def initialise(model: HookedTransformer, spec: ModelSpec, init: str = "tl", scal
     ``init="tl"`` with ``scale=1`` leaves the model as TransformerLens built it)."""
     if init == "tl" and scale == 1.0:
         return
+    if not is_plain(model):
+        raise ConfigError(
+            f"init={init!r} / init_scale={scale} redraws TransformerLens' parameters only; attention variants "
+            f"(attention={spec.attention!r}, qkv={spec.qkv!r}) have their own: use init='tl' and init_scale=1"
+        )
     gen = torch.Generator().manual_seed(0x5EED_0000 + int(spec.init_seed))
     layers = spec.n_layers
     with torch.no_grad():

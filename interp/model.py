@@ -12,6 +12,9 @@ expressed with the config plus frozen parameters, never a forked model class:
   and a learned ``W_O`` otherwise (the thesis's 64-head model with d = 2): see :attr:`ModelSpec.w_o`.
 - ``attn_bias=False``: ``b_Q, b_K, b_V, b_O`` are zero and frozen. The unembedding bias ``b_U`` (the
   seed's ``b_H``) stays trainable unless ``unembed_bias=False``.
+- ``attention`` / ``qkv`` other than ``softmax`` / ``full``: the attention variant's masks, pooling scores and Q/K/V
+  constraints, installed by :func:`interp.attention.install` (a lone ``window:W`` is TransformerLens' own local
+  attention, set in the config).
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ def build_model(spec: ModelSpec, device: str | None = None) -> HookedTransformer
         from .positions import install
 
         install(model, spec.positional, spec.digit_tokens or (), spec.max_position_offset)
+    if spec.attention != "softmax" or spec.qkv != "full":
+        from .attention import install as install_attention
+
+        install_attention(model, spec)
     return model
 
 

@@ -17,8 +17,13 @@ weights and history for K = 1, 3 and 8). Each model is saved as an ordinary chec
 TransformerLens) whose provenance says it was trained in a population of K.
 
 Only the shape the exact query-restricted forward covers is batched (one layer, attention only, no LayerNorm):
-the thesis's models. On CUDA the masks are still drawn by per-model CPU generators (so the numbers match a CPU run
-of the same seed up to float error, not a solo CUDA run, whose dropout uses the CUDA generator).
+the thesis's models, with any pooling (softmax, linear, additive: in a model without positions each scores a pair of
+tokens, so the token-count forward covers them too) and any Q/K/V shape, but no sparse mask (masks depend on
+positions: those models train one at a time). On CUDA the dropout masks are still drawn by per-model CPU generators
+(so the numbers match a CPU run of the same seed up to float error, not a solo CUDA run, whose dropout uses the CUDA
+generator). Linear attention with ``relu`` features is the exception to equality: where a query's features have one
+positive coordinate its pattern does not depend on that coordinate's size, so the gradient there is 0 up to rounding
+noise, which Adam scales to full steps; the population and the solo run then drift apart in those directions.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
 from .checkpoint import save_checkpoint
 from .configs import SELF_SCORED
 from .device import pick_device
@@ -56,6 +62,7 @@ from .query_forward import supports_query_forward
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .training import TrainConfig
+from .variants import parse_attention
 
 if TYPE_CHECKING:
     from .task import Task
@@ -110,6 +117,17 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
         )
     if cfgs[0].padding == "left" and s.positional != "none":
         raise ConfigError("batched training with padding='left' covers models without positional embedding")
+    if parse_attention(s.attention).masks:
+        raise ConfigError(
+            f"batched training covers dense attention; attention={s.attention!r} masks keys by position: train "
+            "these one at a time with `interp train`"
+        )
+    variant = parse_attention(s.attention).pooling != "softmax" or s.qkv != "full"
+    if variant and forward_of(s, cfgs[0]) == "prefix counts":
+        raise ConfigError(
+            f"the prefix-count forward (objective='lm') covers softmax attention with full Q/K/V; got attention="
+            f"{s.attention!r}, qkv={s.qkv!r}: train these one at a time with `interp train`"
+        )
 
 
 def stacked_logits_at(
@@ -119,10 +137,12 @@ def stacked_logits_at(
     attn_scale: float,
     emb_mask: Float[Tensor, "K batch pos d_model"] | None = None,
     out_mask: Float[Tensor, "K batch k d_model"] | None = None,
+    pooling: str = "softmax",
 ) -> Float[Tensor, "K batch k vocab_out"]:
     """Logits at ``query_pos`` of K one-layer attention-only models at once (``P[name]`` is ``[K, ...]``): the
     query-restricted forward of :func:`interp.query_forward.logits_at` with a model axis. ``emb_mask`` /
-    ``out_mask`` are dropout multipliers (0 or 1/(1-p)) for the embedding and the attention output."""
+    ``out_mask`` are dropout multipliers (0 or 1/(1-p)) for the embedding and the attention output; ``pooling`` is
+    the models' (:func:`interp.attention.pair_scores`; additive takes ``v`` from ``P``)."""
     K, b, t = tokens.shape
     ks = torch.arange(K, device=tokens.device)[:, None, None]
     x = P["embed.W_E"][ks, tokens] + P["pos_embed.W_pos"][:, None, :t]  # [K, b, t, d]
@@ -133,10 +153,11 @@ def stacked_logits_at(
     q = torch.einsum("Kbkd,Khde->Kbhke", xq, P["blocks.0.attn.W_Q"]) + P["blocks.0.attn.b_Q"][:, None, :, None]
     keys = torch.einsum("Kbtd,Khde->Kbhte", x, P["blocks.0.attn.W_K"]) + P["blocks.0.attn.b_K"][:, None, :, None]
     vals = torch.einsum("Kbtd,Khde->Kbhte", x, P["blocks.0.attn.W_V"]) + P["blocks.0.attn.b_V"][:, None, :, None]
-    scores = torch.einsum("Kbhke,Kbhte->Kbhkt", q, keys) / attn_scale
+    additive_v = P[f"blocks.0.attn.{ADDITIVE}"][:, None] if pooling == "additive" else None  # [K, 1, h, e]
+    scores = pair_scores(pooling, q, keys, attn_scale, additive_v)
     future = torch.arange(t, device=tokens.device)[None, None, None, :] > query_pos[..., None]  # [K, b, k, t]
     scores = scores.masked_fill(future[:, :, None], float("-inf"))
-    z = torch.einsum("Kbhkt,Kbhte->Kbkhe", scores.softmax(-1), vals)
+    z = torch.einsum("Kbhkt,Kbhte->Kbkhe", attention_pattern(scores), vals)
     out = torch.einsum("Kbkhe,Khed->Kbkd", z, P["blocks.0.attn.W_O"]) + P["blocks.0.attn.b_O"][:, None, None]
     if out_mask is not None:
         out = out * out_mask
@@ -187,6 +208,7 @@ def stacked_count_logits(
     attn_scale: float,
     out_mask: Float[Tensor, "K batch k d_model"] | None = None,
     norm: Norm = NO_NORM,
+    pooling: str = "softmax",
 ) -> Float[Tensor, "K batch k vocab_out"]:
     """The same logits as :func:`stacked_logits_at` for models without positional embedding and without dropout
     before attention, from token counts (:class:`TokenCounts`): attention to a token is shared by all its
@@ -199,7 +221,12 @@ def stacked_count_logits(
     and picked per query by a one-hot product, and each head's value of each token is carried through ``W_O``
     (``OV[head, key token, d_model]``), so the attention output is one ``[query, head x token] @ [head x token,
     d_model]`` product. The softmax runs over the tokens as the second-to-last axis (PyTorch's CPU softmax is ~10x
-    slower over a short last axis)."""
+    slower over a short last axis).
+
+    Other poolings score a pair of tokens as well: additive pooling fills the table with ``v·tanh(q + k)``, linear
+    attention with ``log φ(k)·φ(q)`` (so the softmax weighs a token by ``count x φ(q)·φ(k)``, normalised, as the
+    per-position forward's softmax of log-kernels does; a zero kernel is ABSENT, and a query whose present keys all
+    weigh 0 attends to nothing, as there)."""
     K, b, k = query_tok.shape
     N = b * k
     W_E, W_Q, W_K, W_V, W_O = (
@@ -218,13 +245,22 @@ def stacked_count_logits(
     q = per_head(E_in, W_Q, P["blocks.0.attn.b_Q"])  # [K, H, vocab, e]
     keys = per_head(E_keys, W_K, P["blocks.0.attn.b_K"])  # [K, H, present, e]
     vals = per_head(E_keys, W_V, P["blocks.0.attn.b_V"])  # [K, H, present, e]
-    QK = torch.matmul(keys, q.transpose(-1, -2)) / attn_scale  # [K, H, present, vocab]
+    if pooling.startswith("linear"):  # log φ(k)·φ(q), with ABSENT for a zero kernel (finite: see ABSENT)
+        kernel = torch.matmul(features(pooling, keys), features(pooling, q).transpose(-1, -2))
+        QK = torch.where(kernel > 0, kernel.clamp_min(torch.finfo(kernel.dtype).tiny).log(), ABSENT)
+    elif pooling == "additive":  # [K, H, present, vocab], from the [vocab, present] table of v·tanh(q + k)
+        QK = pair_scores("additive", q, keys, attn_scale, P[f"blocks.0.attn.{ADDITIVE}"]).transpose(-1, -2)
+    else:
+        QK = torch.matmul(keys, q.transpose(-1, -2)) / attn_scale  # [K, H, present, vocab]
     # scores = QK picked at each query's token, plus log counts: one product [QK | I] @ [one-hot ; log counts]
     eye = torch.eye(Vp, dtype=W_E.dtype, device=W_E.device).expand(K, H, Vp, Vp)
     left = torch.cat([QK, eye], -1).reshape(K, H * Vp, V + Vp)
     onehot = torch.zeros(K, V, N, device=W_E.device, dtype=W_E.dtype).scatter_(1, query_tok.reshape(K, 1, N), 1.0)
     right = torch.cat([onehot, log_counts.reshape(K, N, Vp).transpose(1, 2)], 1)
-    attn = torch.bmm(left, right).view(K, H, Vp, N).softmax(-2)  # [K, H, present, N]
+    scores = torch.bmm(left, right).view(K, H, Vp, N)
+    attn = scores.softmax(-2)  # [K, H, present, N]
+    if pooling.startswith("linear"):  # a query whose present keys all weigh 0 attends to nothing
+        attn = attn * (scores > ABSENT / 2).any(-2, keepdim=True)
     OV = torch.matmul(vals, W_O).reshape(K, H * Vp, d)  # [K, H x present, d]
     out = torch.baddbmm(P["blocks.0.attn.b_O"][:, :, None], OV.transpose(1, 2), attn.view(K, H * Vp, N))  # [K, d, N]
     out = out.transpose(1, 2).reshape(K, b, k, d)
@@ -244,12 +280,14 @@ def _mean_losses(
 
 
 def _count_losses(
-    P, query_tok, log_counts, present, attn_scale, out_mask, targets, norm=NO_NORM
+    P, query_tok, log_counts, present, attn_scale, out_mask, targets, norm=NO_NORM, pooling="softmax"
 ) -> Float[Tensor, " K"]:
     """One training step's losses through the token-count forward (what ``compile=True`` compiles). The plain
     functions are called (``inspect.unwrap``): a runtime type checker's wrapper, as the test run puts on every
     annotated function, cannot be traced by ``torch.compile``."""
-    logits = inspect.unwrap(stacked_count_logits)(P, query_tok, log_counts, present, attn_scale, out_mask, norm)
+    logits = inspect.unwrap(stacked_count_logits)(
+        P, query_tok, log_counts, present, attn_scale, out_mask, norm, pooling
+    )
     return inspect.unwrap(_mean_losses)(logits, targets)
 
 
@@ -331,6 +369,7 @@ def _val_metrics(
     budget: int = 1 << 24,
     norm: Norm = NO_NORM,
     cfg: TrainConfig | None = None,
+    pooling: str = "softmax",
 ) -> list[dict[str, float]]:
     """The task's metrics of each model on ``data``, as :func:`interp.evaluation.evaluate` computes them (from token
     counts when ``counted`` = :func:`token_counts` of ``data`` is given), in chunks of rows whose largest
@@ -355,15 +394,22 @@ def _val_metrics(
             if counted is not None:
                 qtok, logc = counted.select(idx[None])
                 logits = stacked_count_logits(
-                    P, qtok.expand(K, -1, -1), logc.expand(K, -1, -1, -1), counted.present, attn_scale, None, norm
+                    P,
+                    qtok.expand(K, -1, -1),
+                    logc.expand(K, -1, -1, -1),
+                    counted.present,
+                    attn_scale,
+                    None,
+                    norm,
+                    pooling,
                 )
             else:
                 chunk = data.select(idx)
                 tok, qp = chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1)
                 logits = (
-                    stacked_logits_at(P, tok, qp, attn_scale)
+                    stacked_logits_at(P, tok, qp, attn_scale, pooling=pooling)
                     if norm.kind is None
-                    else stacked_position_logits(P, tok, qp, attn_scale, norm)
+                    else stacked_position_logits(P, tok, qp, attn_scale, norm, pooling=pooling)
                 )
             preds[:, idx] = logits.argmax(-1)
             losses[:, idx] = F.cross_entropy(
@@ -451,7 +497,6 @@ class _Population:
         for spec, cfg, model in zip(specs, cfgs, self.models):  # the recipe's initialisation (the global RNG untouched)
             initialise(model, spec, cfg.init, cfg.init_scale)
         self.norm = Norm.of(self.models[0])
-        self.names = PARAMS + self.norm.param_names()  # the parameters stacked, in state-dict names
         self.identity_w_o = specs[0].w_o == "identity"
         self.records = [RunRecord(c.keep, c.patience) for c in cfgs]
         if self.cfg.halving is not None:
@@ -464,6 +509,11 @@ class _Population:
                 r.halving = Halving(c.halving, c.halving_threshold, s.n_layers, s.n_heads, c.seed)
                 r.halving.start(m)  # mask-all-but-one masks all heads but one before the first step
         trainable = {n for n, p in self.models[0].named_parameters() if p.requires_grad}
+        # the parameters stacked, in state-dict names: TransformerLens' (LayerNorm's where the model has it), then the
+        # attention variant's own (additive v, low-rank factors)
+        self.names = PARAMS + self.norm.param_names() + tuple(extra_parameters(self.models[0]))
+        self.pooling = parse_attention(specs[0].attention).pooling
+        self.qkv_masks = qkv_masks(self.models[0])  # diagonal / sparse Q/K/V: the free entries
         sd = [m.state_dict() for m in self.models]
         self.P = {
             n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in self.names
@@ -486,7 +536,11 @@ class _Population:
 
     @property
     def detached(self) -> dict[str, Tensor]:
-        return {n: v.detach() for n, v in self.P.items()}
+        return self.forward_params({n: v.detach() for n, v in self.P.items()})
+
+    def forward_params(self, P: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``P`` with the Q/K/V matrices the models project with (masked, or the low-rank factors' product)."""
+        return stacked_qkv(P, self.specs[0].n_heads, self.qkv_masks)
 
     # -- one training step ----------------------------------------------------------------------------------------
     def count_batch(
@@ -513,7 +567,8 @@ class _Population:
                 _dropout_mask(out_mask.shape[1:], p, g, "cpu", out=out_mask[m])
             out_mask = out_mask.to(self.device)
         targets = self.train_targets[idx]
-        return count_losses(self.P, qtok, logc, counted.present, self.attn_scale, out_mask, targets, self.norm)
+        P = self.forward_params(self.P)
+        return count_losses(P, qtok, logc, counted.present, self.attn_scale, out_mask, targets, self.norm, self.pooling)
 
     def position_batch(self, data, idx: Int[Tensor, "K b"], losses_fn=None) -> Float[Tensor, " K"]:
         """Each model's mean loss on its batch ``idx`` through the per-position forward (vectorised over the
@@ -526,7 +581,7 @@ class _Population:
         W_Q = self.P["blocks.0.attn.W_Q"]
         kw = {"losses_fn": losses_fn} if losses_fn is not None else {}
         return position_losses(
-            self.P,
+            self.forward_params(self.P),
             lay,
             cfg,
             W_Q.shape[2],
@@ -538,6 +593,7 @@ class _Population:
             seeds=[c.seed for c in self.cfgs],
             epoch=self.epoch,
             sentences=idx,
+            pooling=self.pooling,
             **kw,
         )
 
@@ -711,7 +767,9 @@ def _train_population(
                 losses = pop.position_batch(train_data, idx, position_fn)
             pop.update(losses)
             totals += losses.detach().double().cpu() * idx.shape[1]
-        val = _val_metrics(task, pop.detached, val_data, pop.attn_scale, val_counted, norm=pop.norm, cfg=cfg)
+        val = _val_metrics(
+            task, pop.detached, val_data, pop.attn_scale, val_counted, norm=pop.norm, cfg=cfg, pooling=pop.pooling
+        )
         pop.end_epoch((totals / n).tolist(), val, train_data, val_data)
         if resume_file is not None and cfg.save_every and pop.epoch % cfg.save_every == 0 and pop.epoch < cfg.epochs:
             _save_resume(Path(resume_file), pop.identity(), *pop.state())
@@ -730,12 +788,13 @@ def _train_population(
         data = task.dataset(split).to(device)
         split_metrics[split] = _val_metrics(
             task,
-            final,
+            pop.forward_params(final),
             data,
             pop.attn_scale,
             _eval_counts(data, d_vocab, cfg) if eval_counts else None,
             norm=pop.norm,
             cfg=cfg,
+            pooling=pop.pooling,
         )
     results = []
     wall = time.time() - started

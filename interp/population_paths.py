@@ -93,6 +93,7 @@ def _position_losses(
     emb_mask,
     pattern_mask,
     out_mask,
+    pooling: str = "softmax",
 ) -> Float[Tensor, " K"]:
     logits = inspect.unwrap(stacked_position_logits)(
         P,
@@ -105,6 +106,7 @@ def _position_losses(
         emb_mask=emb_mask,
         pattern_mask=pattern_mask,
         out_mask=out_mask,
+        pooling=pooling,
     )
     return inspect.unwrap(mean_losses)(logits, targets)
 
@@ -124,6 +126,7 @@ def position_losses(
     epoch: int,
     sentences: Int[Tensor, "K b"],
     losses_fn=_position_losses,
+    pooling: str = "softmax",
 ) -> Float[Tensor, " K"]:
     """Each model's loss on its laid-out batch through the per-position forward, with its solo run's masks
     (:func:`interp.position_forward.draw_masks`)."""
@@ -151,6 +154,7 @@ def position_losses(
         emb,
         pat,
         out,
+        pooling,
     )
 
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .attention import ADDITIVE, attention_pattern, pair_scores
 from .dropout_masks import generator_mask, pattern_mask, position_mask, row_keys, run_keys
 from .errors import ConfigError
 from .task import IGNORE
@@ -94,12 +95,14 @@ def stacked_position_logits(
     emb_mask: Float[Tensor, "K batch pos d_model"] | None = None,
     pattern_mask: Float[Tensor, "K batch k heads pos"] | None = None,
     out_mask: Float[Tensor, "K batch k d_model"] | None = None,
+    pooling: str = "softmax",
 ) -> Float[Tensor, "K batch k vocab_out"]:
     """Logits at ``query_pos`` of K one-layer attention-only models (``P[name]`` is ``[K, ...]``, state-dict
     names). Keys are the positions at or before each query that ``key_valid`` allows (all where None). Dropout
     multipliers: ``emb_mask`` on the embedding (before ``ln1``: the residual stream keeps it too), ``pattern_mask``
     on the attention probabilities, ``out_mask`` on the attention output. ``identity_w_o``: ``W_O`` is the frozen
-    identity (skipped: multiplying by it is exact anyway)."""
+    identity (skipped: multiplying by it is exact anyway). ``pooling``: the models' attention pooling
+    (:func:`interp.attention.pair_scores`; additive takes ``v`` from ``P``)."""
     K, b, t = tokens.shape
     k = query_pos.shape[-1]
     W_Q, W_K, W_V = P["blocks.0.attn.W_Q"], P["blocks.0.attn.W_K"], P["blocks.0.attn.W_V"]
@@ -111,14 +114,19 @@ def stacked_position_logits(
     xn = norm.apply(P, "blocks.0.ln1", x)
     rows = torch.arange(b, device=tokens.device)[None, :, None]
     q = torch.einsum("Kbkd,Khde->Kbkhe", xn[ks, rows, query_pos], W_Q) + P["blocks.0.attn.b_Q"][:, None, None]
-    u = torch.einsum("Kbkhe,Khde->Kbkhd", q, W_K).reshape(K, b, k * H, d)  # every head's query folded into W_K
-    q_bias = (q * P["blocks.0.attn.b_K"][:, None, None]).sum(-1).reshape(K, b, k * H, 1)
-    scores = (torch.matmul(u, xn.transpose(-1, -2)) + q_bias) / attn_scale  # [K, b, k x H, t]
+    if pooling == "softmax":
+        u = torch.einsum("Kbkhe,Khde->Kbkhd", q, W_K).reshape(K, b, k * H, d)  # every head's query folded into W_K
+        q_bias = (q * P["blocks.0.attn.b_K"][:, None, None]).sum(-1).reshape(K, b, k * H, 1)
+        scores = ((torch.matmul(u, xn.transpose(-1, -2)) + q_bias) / attn_scale).view(K, b, k, H, t)
+    else:  # other poolings score each query against each key from the per-head keys
+        keys = torch.einsum("Kbtd,Khde->Kbhte", xn, W_K) + P["blocks.0.attn.b_K"][:, None, :, None]
+        additive_v = P[f"blocks.0.attn.{ADDITIVE}"][:, None] if pooling == "additive" else None  # [K, 1, H, e]
+        scores = pair_scores(pooling, q.transpose(2, 3), keys, attn_scale, additive_v).transpose(2, 3)
     hidden = torch.arange(t, device=tokens.device)[None, None, None, :] > query_pos[..., None]  # [K, b, k, t]
     if key_valid is not None:
         hidden = hidden | ~key_valid[:, :, None, :]
-    scores = scores.view(K, b, k, H, t).masked_fill(hidden[:, :, :, None], float("-inf"))
-    pattern = scores.softmax(-1)
+    scores = scores.masked_fill(hidden[:, :, :, None], float("-inf"))
+    pattern = scores.softmax(-1) if pooling == "softmax" else attention_pattern(scores)
     if pattern_mask is not None:
         pattern = pattern * pattern_mask
     y = torch.matmul(pattern.view(K, b, k * H, t), xn).view(K, b, k, H, d)  # attention-weighted inputs

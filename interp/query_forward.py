@@ -41,7 +41,6 @@ def supports_query_forward(model: HookedTransformer) -> bool:
         and cfg.positional_embedding_type == "standard"
         and getattr(cfg, "attn_scores_soft_cap", -1.0) in (-1.0, None, 0)
         and cfg.attention_dir == "causal"
-        and not getattr(cfg, "use_local_attn", False)
         and getattr(cfg, "n_key_value_heads", None) in (None, cfg.n_heads)
     )
 
@@ -89,23 +88,25 @@ def query_attention(
     Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head k pos"], Float[Tensor, "batch head pos d_head"]
 ]:
     """The layer-0 attention inputs of the queries at ``query_pos`` only: the residual input ``x``
-    (embedding, with ``dropout`` if > 0), the scaled attention scores (``-inf`` on future keys) and the
-    value vectors of every position."""
+    (embedding, with ``dropout`` if > 0), the attention scores (``-inf`` on future keys; under an attention variant
+    its pooling's logits, ``-inf`` outside its mask: :func:`interp.attention.scores_at`) and the value vectors of
+    every position."""
     if not supports_query_forward(model):
         raise ConfigError(
             "the query-restricted forward needs a one-layer, attention-only, causal model with standard/no positional "
             "embedding"
         )
+    from .attention import layer_attention, qkv_weights, scores_at
+
     attn = model.blocks[0].attn
-    b, t = tokens.shape
+    b, _t = tokens.shape
     x, h = layer0_inputs(model, tokens, dropout)  # [b, t, d]
     rows = torch.arange(b, device=tokens.device)[:, None]
-    q = torch.einsum("bkd,hde->bhke", h[rows, query_pos], attn.W_Q) + attn.b_Q[None, :, None, :]
-    keys = torch.einsum("btd,hde->bhte", h, attn.W_K) + attn.b_K[None, :, None, :]
-    vals = torch.einsum("btd,hde->bhte", h, attn.W_V) + attn.b_V[None, :, None, :]
-    scores = torch.einsum("bhke,bhte->bhkt", q, keys) / attn.attn_scale
-    future = torch.arange(t, device=tokens.device)[None, None, :] > query_pos[:, :, None]  # [b, k, t]
-    return x, scores.masked_fill(future[:, None], float("-inf")), vals
+    W_Q, W_K, W_V = qkv_weights(attn)
+    q = torch.einsum("bkd,hde->bhke", h[rows, query_pos], W_Q) + attn.b_Q[None, :, None, :]
+    keys = torch.einsum("btd,hde->bhte", h, W_K) + attn.b_K[None, :, None, :]
+    vals = torch.einsum("btd,hde->bhte", h, W_V) + attn.b_V[None, :, None, :]
+    return x, scores_at(attn, q, keys, query_pos, layer_attention(model, 0)), vals
 
 
 def logits_at(
@@ -118,9 +119,11 @@ def logits_at(
     """Logits at ``query_pos`` of a one-layer attention-only model, exactly as ``model(tokens)`` gives them
     (with ``dropout`` > 0: dropout after the embedding, unless ``embed_dropout`` is False, and after the attention
     output, as in training)."""
+    from .attention import attention_pattern
+
     attn = model.blocks[0].attn
     x, scores, vals = query_attention(model, tokens, query_pos, dropout if embed_dropout else 0.0)
-    z = torch.einsum("bhkt,bhte->bkhe", scores.softmax(-1), vals)
+    z = torch.einsum("bhkt,bhte->bkhe", attention_pattern(scores), vals)
     out = torch.einsum("bkhe,hed->bkd", z, attn.W_O) + attn.b_O
     if dropout:
         out = F.dropout(out, p=dropout, training=True)

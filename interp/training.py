@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,11 +38,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .attention import is_plain
 from .checkpoint import save_checkpoint
 from .configs import TrainConfig
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
 from .evaluation import evaluate, evaluate_splits, target_positions
+from .fast_attention import fast_attention, has_fast_path
 from .files import AtomicFile, atomic_write
 from .halving import Halving, Scorer
 from .initialisation import initialise
@@ -96,7 +99,7 @@ def batch_loss(
     if qpos is not None:
         logits = logits_at(model, batch.tokens, qpos, dropout=dropout, embed_dropout=dropout_at != "attention")
         return task_loss(logits, batch.targets.gather(1, qpos), dtype)
-    with model.hooks(fwd_hooks=hooks):
+    with model.hooks(fwd_hooks=hooks), fast_attention_where_possible(model):
         return task_loss(model(batch.tokens), batch.targets, dtype)
 
 
@@ -111,6 +114,11 @@ def _recipe_path(cfg: TrainConfig) -> bool:
 
 def _check_recipe(model: HookedTransformer, cfg: TrainConfig) -> None:
     """Refuse, before training, recipe options a model's forward cannot carry out (one line naming them)."""
+    if _recipe_path(cfg) and not is_plain(model):
+        raise ConfigError(
+            "the language-model objective, left padding, pattern dropout and counter-drawn masks train through the "
+            "per-position forward, which covers softmax attention with full Q/K/V; this model is an attention variant"
+        )
     if supports_query_forward(model):
         return
     other = [
@@ -131,6 +139,12 @@ def _evaluate(model: HookedTransformer, task: Task, data: TaskData, cfg: TrainCo
     if cfg.padding == "left":
         return evaluate_left_padded(model, task, data, cfg.batch_size)
     return evaluate(model, task, data)
+
+
+def fast_attention_where_possible(model: HookedTransformer):
+    """:func:`interp.fast_attention.fast_attention` for a model whose every layer has a fast form (sparse masks,
+    linear attention), else nothing: the O(n·W) / O(n) forwards train the same model as TransformerLens' forward."""
+    return fast_attention(model) if has_fast_path(model) else nullcontext()
 
 
 def resume_path(out: Path) -> Path:

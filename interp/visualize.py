@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .errors import InterpError
@@ -67,11 +67,20 @@ def notebook_figure_html(fig) -> str:
     )
 
 
+HOLE = -1.0  # the value a sparse mask's hole takes in a view (drawn in HOLE_COLOR, apart from zero attention)
+HOLE_COLOR = "#8a8f98"
+
+
 def attention_props(
-    tokens: Sequence[str], pattern: Float[Tensor, "heads dest src"], head_names: Sequence[str] | None = None
+    tokens: Sequence[str],
+    pattern: Float[Tensor, "heads dest src"],
+    head_names: Sequence[str] | None = None,
+    holes: Bool[Tensor, "heads dest src"] | None = None,
 ) -> dict:
     """Validated props for circuitsvis' ``AttentionHeads``. Tokens are passed as plain text: React renders
-    them as text (escaping them would show ``&lt;``); :func:`render_call` keeps ``</script>`` out of the JSON."""
+    them as text (escaping them would show ``&lt;``); :func:`render_call` keeps ``</script>`` out of the JSON.
+    ``holes`` marks keys a sparse attention mask hides from a query (before it, so not the causal mask's): they
+    show as :data:`HOLE` in grey, apart from keys that are seen and get no weight (white)."""
     pattern = torch.as_tensor(pattern).detach().float().cpu()
     if pattern.ndim == 2:
         pattern = pattern[None]
@@ -86,10 +95,18 @@ def attention_props(
     names = list(head_names) if head_names is not None else [f"H{h}" for h in range(pattern.shape[0])]
     if len(names) != pattern.shape[0]:
         raise InterpError(f"{len(names)} head names were given for {pattern.shape[0]} heads")
+    extra = {}
+    if holes is not None and bool(torch.as_tensor(holes).any()):
+        holes = torch.as_tensor(holes, dtype=torch.bool).cpu()
+        if holes.shape != pattern.shape:
+            raise InterpError(f"holes of shape {tuple(holes.shape)} for a pattern of shape {tuple(pattern.shape)}")
+        pattern = pattern.masked_fill(holes, HOLE)
+        extra = {"minValue": HOLE, "maxValue": 1.0, "negativeColor": HOLE_COLOR}
     return {
         "attention": [[[round(float(v), 5) for v in row] for row in head] for head in pattern.tolist()],
         "tokens": [str(t) for t in tokens],
         "attentionHeadNames": names,
+        **extra,
     }
 
 
@@ -111,7 +128,7 @@ class AttentionView:
     """Interactive attention patterns of several heads on one sequence (circuitsvis ``AttentionHeads``).
 
     Displays itself in Jupyter (offline: the bundle is inlined), ``.save(path)`` writes a self-contained
-    HTML file, ``.pattern`` keeps the numbers."""
+    HTML file, ``.pattern`` keeps the numbers (``.holes`` the keys a sparse mask hides, where it has one)."""
 
     def __init__(
         self,
@@ -119,8 +136,10 @@ class AttentionView:
         pattern: Float[Tensor, "heads dest src"],
         head_names: Sequence[str] | None = None,
         title: str = "",
+        holes: Bool[Tensor, "heads dest src"] | None = None,
     ):
-        self.props = attention_props(tokens, pattern, head_names)
+        self.props = attention_props(tokens, pattern, head_names, holes)
+        self.holes = None if holes is None else torch.as_tensor(holes).detach().cpu()
         self.tokens = list(tokens)
         self.pattern = torch.as_tensor(pattern).detach().cpu()
         self.head_names = self.props["attentionHeadNames"]
@@ -198,7 +217,26 @@ def attention_view(
     pattern = torch.stack([pats[l, h, :shown, :shown] for l, h in heads])
     if token_strs is None:
         token_strs = vocab.decode(tokens[:shown]) if vocab is not None else [str(int(t)) for t in tokens[:shown]]
-    return AttentionView(list(token_strs)[:shown], pattern, [head_label(*h) for h in heads], title=title)
+    holes = mask_holes(model, shown)
+    return AttentionView(
+        list(token_strs)[:shown],
+        pattern,
+        [head_label(*h) for h in heads],
+        title=title,
+        holes=None if holes is None else torch.stack([holes[l] for l, _ in heads]),
+    )
+
+
+def mask_holes(model: HookedTransformer, n: int) -> Bool[Tensor, "layer query key"] | None:
+    """Per layer, the earlier keys a sparse attention mask hides from each of ``n`` queries (None: no layer has a
+    mask; :mod:`interp.attention`)."""
+    from .attention import layer_attention
+
+    layers = [layer_attention(model, l) for l in range(model.cfg.n_layers)]
+    if not any(a.masks for a in layers):
+        return None
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return torch.stack([causal & ~a.allowed(n) for a in layers])
 
 
 def heatmap(
@@ -206,7 +244,7 @@ def heatmap(
     x_labels: Sequence[str],
     y_labels: Sequence[str],
     title: str = "",
-    colorscale: str = "RdBu",
+    colorscale: str | Sequence = "RdBu",
     zmid: float | None = 0.0,
     zmin: float | None = None,
     zmax: float | None = None,

@@ -83,6 +83,7 @@ def _rt_results(ck):
     from analyses.pattern_scores import ablation_induction_test, head_scores
     from analyses.repeated_tokens import corrupted_pair, probe_tokens
     from analyses.repeated_tokens.suite import analyze
+    from analyses.spectrum import attention_spectrum
 
     toks = probe_tokens(ck.task, n_seqs=8)
     clean, corrupted = corrupted_pair(ck.task, 4, kind="key")
@@ -96,6 +97,7 @@ def _rt_results(ck):
         "LogitDecomposition": logit_decomposition(ck.model, ck.task.dataset("test").select(slice(0, 4))),
         "CompositionScores": composition_scores(ck.model, n_baseline=50),
         "InductionAnalysis": analyze(ck),
+        "AttentionSpectrum": attention_spectrum(ck.model, ck.task.dataset("test"), ck.task, n_inputs=4, per_head=True),
     }
 
 

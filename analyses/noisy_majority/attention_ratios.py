@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.attention import ADDITIVE, layer_attention, pair_scores
 from interp.errors import ConfigError, TaskError
 from interp.heads import all_heads, head_label
 from interp.query_forward import token_inputs
@@ -204,7 +205,10 @@ def measured_attention_ratios(model: HookedTransformer, data) -> AttentionRatios
 
 def query_key_scores(model: HookedTransformer, vocab=None) -> Float[Tensor, "head vocab"]:
     """Exact attention scores of the ``=`` query to every token, for a one-layer model without positional
-    embedding (refused otherwise): ``(x_= W_Q + b_Q) . (x_t W_K + b_K) / attn_scale``, ``x = ln1(W_E)``."""
+    embedding and without a sparse mask (refused otherwise): ``(x_= W_Q + b_Q) . (x_t W_K + b_K) / attn_scale``,
+    ``x = ln1(W_E)``; under another pooling its scores of the same ``q`` and ``k`` (:func:`interp.attention.
+    pair_scores`: the log of linear attention's kernel, additive pooling's ``v·tanh(q + k)``), whose softmax the
+    attention is."""
     cfg = model.cfg
     if cfg.n_layers != 1:
         raise ConfigError(
@@ -218,6 +222,12 @@ def query_key_scores(model: HookedTransformer, vocab=None) -> Float[Tensor, "hea
             f"exact attention ratios need a model without positional embedding (scores would depend "
             f"on positions); this model has a {pos_type!r} positional embedding: use measured_attention_ratios"
         )
+    layer = layer_attention(model, 0)
+    if layer.masks:
+        raise ConfigError(
+            f"exact attention ratios hold where every token of a kind gets the same weight; this model's sparse mask "
+            f"({'+'.join(map(str, layer.masks))}) hides tokens by position: use measured_attention_ratios"
+        )
     vocab = vocab or VOCAB
     eq = task_token_ids(vocab)[3]
     attn = model.blocks[0].attn
@@ -225,7 +235,9 @@ def query_key_scores(model: HookedTransformer, vocab=None) -> Float[Tensor, "hea
         x = token_inputs(model, list(range(model.cfg.d_vocab)))  # [vocab, d]
         q = torch.einsum("d,hde->he", x[eq], attn.W_Q) + attn.b_Q  # [h, e]
         k = torch.einsum("vd,hde->hve", x, attn.W_K) + attn.b_K[:, None]  # [h, vocab, e]
-        return torch.einsum("he,hve->hv", q, k) / attn.attn_scale
+        # the pooling's scores (softmax logits): q·k / sqrt(d_head), or log φ(q)·φ(k), or v·tanh(q + k)
+        v = getattr(attn, ADDITIVE) if layer.pooling == "additive" else None
+        return pair_scores(layer.pooling, q[:, None], k, attn.attn_scale, v)[:, 0]
 
 
 def exact_attention_ratios(

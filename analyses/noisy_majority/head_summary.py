@@ -173,6 +173,11 @@ class HeadSummary(Result):
 
     def ratio_note(self) -> str:
         """Where w01/w02 come from, computed from this model (the caption of Figure 7)."""
+        if self.exact_ratios and self.ratio_difference is None:
+            return (
+                "Measured on the test split; no head has a finite measured ratio to compare with the exact values "
+                "from the QK circuit (a class of tokens gets no attention)."
+            )
         if self.exact_ratios:
             return (
                 "Measured on the test split. This model has one layer and no positional embedding, so every 0 (1, 2) "
@@ -181,8 +186,8 @@ class HeadSummary(Result):
             )
         return (
             "Measured on the test split (geometric mean over sequences of the per-token ratio). This model has more "
-            "than one layer or a positional embedding, so the ratios vary between sequences and have no exact "
-            "value from the QK circuit alone."
+            "than one layer, a positional embedding or a sparse attention mask, so the ratios vary between sequences "
+            "and have no exact value from the QK circuit alone."
         )
 
     def table(self) -> str:

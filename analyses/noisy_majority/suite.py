@@ -139,7 +139,8 @@ def add_patching_section(ckpt: Checkpoint, report) -> None:
     from .corrupt import corrupted_pair
 
     model, task = ckpt.model, ckpt.task
-    clean, corr = corrupted_pair(task, PATCH_SEQS, n_digits=PATCH_DIGITS, device=next(model.parameters()).device)
+    n_digits = min(PATCH_DIGITS, task.n_ctx - 4)  # a task of shorter sentences: as long as they get
+    clean, corr = corrupted_pair(task, PATCH_SEQS, n_digits=n_digits, device=next(model.parameters()).device)
 
     def run(**kw):
         return activation_patching(model, clean, corr, "logit_diff", **kw)
@@ -150,7 +151,7 @@ def add_patching_section(ckpt: Checkpoint, report) -> None:
     weakest = min(noised.top(len(noised.values.flatten())), key=lambda r: r["normalized"])
     report.section(
         "Activation patching",
-        f"{PATCH_SEQS} sequences of {PATCH_DIGITS} digits near a tie (|n0 - n1| <= 1) and the same with one 0 "
+        f"{PATCH_SEQS} sequences of {n_digits} digits near a tie (|n0 - n1| <= 1) and the same with one 0 "
         "and 1 swapped, which flips the answer. Metric: logit of the clean answer minus the corrupted answer "
         f"at '=': clean {heads.clean:.2f}, corrupted {heads.corrupted:.2f}; 1 = clean, 0 = corrupted. "
         "Each head's output (hook_z at every position) patched from the clean run into the corrupted one "

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from interp.checkpoint import Checkpoint
+from interp.errors import ConfigError
 from interp.evaluation import evaluate
 from interp.heads import head_label
 from interp.results import Result, jsonable
@@ -223,12 +224,18 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
         f"W_E W_QK W_OV^T W_E^T through the pair (a diagonal means: attend where the previous token equals the "
         f"current token).",
     )
-    report.figure(
-        positional_qk_circuit(model, prev).figure(),
-        caption="Entries above the diagonal (key after query) are never used (causal mask) and are left blank.",
-    )
+    try:
+        report.figure(
+            positional_qk_circuit(model, prev).figure(),
+            caption="Entries above the diagonal (key after query) are never used (causal mask) and are left blank.",
+        )
+    except ConfigError as e:  # no learned positions, or a pooling whose scores are not q·k
+        report.text(f"No positional QK circuit: {e}.")
     report.figure(full_ov_circuit(model, ind, vocab=task.vocab).figure())
-    report.figure(k_composition_circuit(model, prev, ind, vocab=task.vocab).figure())
+    try:
+        report.figure(k_composition_circuit(model, prev, ind, vocab=task.vocab).figure())
+    except ConfigError as e:
+        report.text(f"No K-composition circuit: {e}.")
     view = attention_view(
         model,
         toks[0],

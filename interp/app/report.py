@@ -38,7 +38,7 @@ def write_report(checkpoint, out, device: str | None = None, progress: bool = Tr
     return output.path
 
 
-STEPS = ("model card", "analyses", "attention patterns")
+STEPS = ("model card", "analyses", "attention spectrum", "attention patterns")
 EXAMPLE_TOKENS = 28  # length of the examples shown in the attention views
 
 
@@ -52,7 +52,7 @@ def build_report(ckpt, progress: bool = True) -> Report:
     )
     bar = tqdm(total=len(STEPS), desc="report", unit="step", disable=not progress, file=sys.stderr, leave=False)
     try:
-        for step, fn in zip(STEPS, (add_model_card, add_suite_sections, add_attention_views)):
+        for step, fn in zip(STEPS, (add_model_card, add_suite_sections, add_attention_spectrum, add_attention_views)):
             bar.set_postfix_str(step)
             report.on_section = lambda title, step=step: bar.set_postfix_str(
                 step if title.lower() == step else f"{step}: {title}"
@@ -99,7 +99,8 @@ def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
     n_trainable = sum(p.numel() for p in ckpt.model.parameters() if p.requires_grad)
     spec_table = render_table(
         [{"field": k, "value": _short(v)} for k, v in spec.items()]
-        + [{"field": "parameters (trainable)", "value": f"{n_params} ({n_trainable})"}],
+        + [{"field": "parameters (trainable)", "value": f"{n_params} ({n_trainable})"}]
+        + _attention_counts(ckpt),
         caption="Model spec (interp.model.ModelSpec -> HookedTransformer)",
     )
     training = meta.get("training", {})
@@ -115,6 +116,15 @@ def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
     )
     report.add_html(f'<div class="cards">{spec_table}{prov_table}</div>')
     add_learning_curve(training, report)
+
+
+def _attention_counts(ckpt) -> list[dict[str, Any]]:
+    """Model-card rows for the attention's shape: free parameters (fixed zeros of a diagonal or sparse Q/K/V not
+    counted), and the free and dense Q/K/V entries per layer where the checkpoint's spec is known."""
+    from interp.attention import parameter_counts
+
+    counts = parameter_counts(ckpt.model, ckpt.spec)
+    return [{"field": k, "value": str(v)} for k, v in counts.items() if k != "variant's extra parameters" or v]
 
 
 def add_learning_curve(training: Mapping[str, Any], report: Report) -> None:
@@ -146,6 +156,30 @@ def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
         report.text(f"No analysis sections: {e}.")
         return
     suite.add_report_sections(ckpt, report, progress)
+
+
+def add_attention_spectrum(ckpt, report: Report, progress: bool = False, n_inputs: int = 32) -> None:
+    """Every task's section on the spectrum of the heads' attention patterns (``analyses.attention_spectrum``)."""
+    from analyses import attention_spectrum
+
+    task = ckpt.task
+    split = task.splits[-1]
+    spec = attention_spectrum(ckpt.model, task.dataset(split), task, n_inputs=n_inputs)
+    needed, near = spec.rank_needed(), spec.rank_needed(0.01)
+    report.section(
+        "Attention spectrum",
+        f"Is attention low-rank (Wang et al. 2020, Linformer; Conti, The Math behind transformers, §2.1.3)? The "
+        f"singular values of every head's attention matrix P on the first {spec.n_inputs} {split} inputs (mean "
+        f"length {spec.mean_length:.0f} tokens), as the share of P's energy (sum of squared singular values) its "
+        f"best rank-k approximation keeps; and the causal test: every head's P replaced at hook_pattern by its best "
+        f"rank-k approximation, with the task's accuracy measured ({spec.full_accuracy:.3f} unmodified). "
+        + (
+            f"Smallest tested rank that keeps the accuracy: {needed}; within 0.01 of it: {near}."
+            if needed is not None
+            else "No tested rank keeps the unmodified accuracy."
+        ),
+    )
+    report.result(spec)
 
 
 def pick_examples(task: Task, n: int = 3, target_len: int = EXAMPLE_TOKENS, max_len: int = 64):
@@ -209,6 +243,7 @@ def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples
         "to see where it attends.",
     )
     device = next(model.parameters()).device
+    add_mask_figure(model, report, min(max_len, EXAMPLE_TOKENS))
     for split, i, ex in examples:
         length = int(ex.lengths[0])
         tokens = ex.tokens[0, :length].to(device)
@@ -227,6 +262,39 @@ def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples
             attention_view(model, tokens, vocab=task.vocab, title=f"{split} example {i}", max_len=max_len),
             caption=f"{split} example {i}: {length} tokens; answer at position {pos}: expected "
             f"{task.vocab.tokens[label]!r}, the model predicts {task.vocab.tokens[pred]!r} ({verdict}).{note}",
+        )
+
+
+def add_mask_figure(model, report: Report, n: int) -> None:
+    """For a model with a sparse attention mask: which keys each query may see in each layer (the holes of its
+    patterns below are grey), and a note."""
+    import torch
+
+    from interp.attention import layer_attention
+    from interp.visualize import heatmap
+
+    layers = [layer_attention(model, l) for l in range(model.cfg.n_layers)]
+    if not any(a.masks for a in layers):
+        return
+    later = ~torch.ones(n, n, dtype=torch.bool).tril()
+    for a in layers:
+        names = "+".join(map(str, a.masks)) or "dense"
+        allowed = a.allowed(n).float() - later.float()  # 1 seen, 0 hidden, -1 after the query
+        report.figure(
+            heatmap(
+                allowed,
+                [str(i) for i in range(n)],
+                [str(i) for i in range(n)],
+                title=f"layer {a.layer}: keys each query may see ({names}, {a.pooling})",
+                colorscale=[[0.0, "#ffffff"], [0.5, "#8a8f98"], [1.0, "#1f77b4"]],
+                zmid=None,
+                zmin=-1,
+                zmax=1,
+                x_title="key position",
+                y_title="query position",
+            ),
+            caption="Blue: keys the sparse mask lets the query see; grey: earlier keys it hides (the holes, grey "
+            "in the attention views below); white: later keys (causal).",
         )
 
 
