@@ -84,6 +84,8 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
         if key in grid:
             raise ConfigError(f"--grid {key} is given twice; give its values once: {key}=V1,V2,...")
         texts = [v.strip() for v in values.split(",")]
+        if key == "attention":  # dilated:W,D and bigbird:W,G,R have commas of their own: rejoin their arguments
+            texts = _rejoin_arguments(texts)
         if key == "halving":
             texts = ["none" if t == "normal" else t for t in texts]
         parsed = [known[key].parse(t) for t in texts]
@@ -100,6 +102,18 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
             raise ConfigError(f"--grid {key}: the value(s) {', '.join(dups)} are given more than once")
         grid[key] = parsed
     return grid
+
+
+def _rejoin_arguments(texts: list[str]) -> list[str]:
+    """``["dilated:2", "2", "window:4"]`` -> ``["dilated:2,2", "window:4"]``: no attention spelling starts with a
+    digit, so a piece that does is the next argument of the term before it."""
+    out: list[str] = []
+    for t in texts:
+        if t[:1].isdigit() and out:
+            out[-1] += f",{t}"
+        else:
+            out.append(t)
+    return out
 
 
 def parse_strategies(text: str) -> list[str | None]:
