@@ -27,8 +27,8 @@ a fresh process forked from this one (which has only imported and run the checks
 the model and the tokens, runs one step at 8 tokens (code pages and autograd's set-up), resets its resident-set
 peak (``/proc/self/clear_refs``), runs the steps and reads the peak (``VmHWM``) back. The peak minus the resident
 set just before the steps (the baseline: the same process with the model built, having run nothing at length
-``n``) is what the step itself needed. Allocations of 128 KiB and more are pinned to ``mmap`` in the child
-(``mallopt``), so a freed tensor's pages go back to the system and the next one's are counted. Peaks under 1 MiB
+``n``) is what the step itself needed. Before the reset the free pages of the heap, many inherited from this
+process, go back to the system (``malloc_trim``), so a step that reuses them is charged for them. Peaks under 1 MiB
 are within the resident-set counter's noise (about 0.5 MiB either way): no memory ratio is formed from them. On
 CUDA: ``torch.cuda.max_memory_allocated`` minus the memory allocated before the steps, in this process.
 
@@ -128,11 +128,11 @@ def _status_bytes(field: str) -> int:
     raise OSError(f"no {field} in /proc/self/status")
 
 
-def _pin_mmap_threshold() -> None:
-    """glibc: allocations of 128 KiB and more always by ``mmap`` (no dynamic threshold), so freed tensors leave the
-    resident set and a later tensor's pages count towards the peak."""
+def _trim_heap() -> None:
+    """glibc: give the free pages of the heap back to the system (``malloc_trim``), so that a step reusing them (the
+    forked process inherits its parent's free heap) faults them in again and they count towards the peak."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _memory_start(device: str) -> int:
@@ -142,6 +142,7 @@ def _memory_start(device: str) -> int:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         return torch.cuda.memory_allocated()
+    _trim_heap()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     return _status_bytes("VmRSS")
@@ -182,7 +183,6 @@ def measure(attention: str, fast: bool, n: int, args, device: str) -> dict:
 def _child(conn, attention: str, fast: bool, n: int, args, device: str) -> None:
     try:
         torch.set_num_threads(args.threads)
-        _pin_mmap_threshold()
         conn.send(("ok", measure(attention, fast, n, args, device)))
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
