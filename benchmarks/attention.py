@@ -4,7 +4,7 @@ forward, which builds the ``[query, key]`` score matrix (``O(n²)``), and the fa
 :mod:`interp.fast_attention`, which never do.
 
     .venv/bin/python benchmarks/attention.py [--max-len 16384] [--budget-s 30] [--window 32] [--threads 1]
-        [--device auto] [--json OUT]
+        [--device auto] [--malloc mmap|default] [--json OUT]
 
 Paths, each on its own freshly built model (2 attention-only layers, d_model 64, 4 heads of d_head 16, no
 positional embedding, ``n_ctx`` = ``--max-len``, one sequence of random tokens):
@@ -28,7 +28,11 @@ the model and the tokens, runs one step at 8 tokens (code pages and autograd's s
 peak (``/proc/self/clear_refs``), runs the steps and reads the peak (``VmHWM``) back. The peak minus the resident
 set just before the steps (the baseline: the same process with the model built, having run nothing at length
 ``n``) is what the step itself needed. Before the reset the free pages of the heap, many inherited from this
-process, go back to the system (``malloc_trim``), so a step that reuses them is charged for them. Peaks under 1 MiB
+process, go back to the system (``malloc_trim``), so a step that reuses them is charged for them. With
+``--malloc mmap`` (the default) every allocation of 128 KiB and more is its own ``mmap`` (``mallopt``), so the
+peak follows the live tensors at every length; with ``--malloc default`` glibc moves tensors of up to 32 MiB into
+its heap once one that size is freed, and the peak includes the heap's fragmentation (a change of regime in the
+middle of the sweep, where the pattern passes 32 MiB, that bends both slopes). Peaks under 1 MiB
 are within the resident-set counter's noise (about 0.5 MiB either way): no memory ratio is formed from them. On
 CUDA: ``torch.cuda.max_memory_allocated`` minus the memory allocated before the steps, in this process.
 
@@ -135,6 +139,13 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def _pin_mmap_threshold() -> None:
+    """glibc: every allocation of 128 KiB and more by its own ``mmap``, returned to the system when freed (no
+    dynamic threshold, which would move tensors of up to 32 MiB into the heap once one of that size is freed)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+
+
 def _memory_start(device: str) -> int:
     """Reset the peak and return the baseline (bytes in use now)."""
     gc.collect()
@@ -183,6 +194,8 @@ def measure(attention: str, fast: bool, n: int, args, device: str) -> dict:
 def _child(conn, attention: str, fast: bool, n: int, args, device: str) -> None:
     try:
         torch.set_num_threads(args.threads)
+        if args.malloc == "mmap":
+            _pin_mmap_threshold()
         conn.send(("ok", measure(attention, fast, n, args, device)))
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -271,6 +284,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="time the best of this many steps")
     p.add_argument("--fit-from", type=int, default=512, help="fit the slopes over the lengths from this one")
+    p.add_argument(
+        "--malloc",
+        choices=["mmap", "default"],
+        default="mmap",
+        help="CPU: tensors of 128 KiB and more each in its own mmap (peaks follow live tensors) or glibc's default",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="auto")
     p.add_argument("--json", type=Path, help="write the measurements here")
@@ -282,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"{args.layers} attention-only layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab}, batch "
         f"{args.batch}, n_ctx {args.max_len}; on {device}, {torch.get_num_threads()} thread(s); best of "
-        f"{args.repeats}; budget {args.budget_s:g} s per step"
+        f"{args.repeats}; budget {args.budget_s:g} s per step; malloc {args.malloc}"
     )
 
     checks = {}
