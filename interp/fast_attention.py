@@ -117,20 +117,25 @@ class _FastForward:
 @contextmanager
 def fast_attention(model: HookedTransformer):
     """Inside this block ``model``'s attention layers use the fast forwards (one ConfigError where a layer has
-    none: see :func:`has_fast_path`); TransformerLens' forward is restored on exit, also after an exception."""
+    none: see :func:`has_fast_path`); on exit, also after an exception, the forward from before is restored
+    (TransformerLens', or an enclosing block's fast one)."""
     if not has_fast_path(model):
         raise ConfigError(
             "this model has no fast attention path: every layer needs a sparse mask (window, dilated, global, random) "
             "or linear attention (dense softmax and additive attention see every key)"
         )
     attns = [b.attn for b in model.blocks]
+    before = [a.__dict__.get("forward") for a in attns]  # an enclosing fast_attention's forward, or none
     for l, a in enumerate(attns):
         a.forward = _FastForward(a, layer_attention(model, l))
     try:
         yield model
     finally:
-        for a in attns:
-            a.__dict__.pop("forward", None)
+        for a, f in zip(attns, before):
+            if f is None:
+                a.__dict__.pop("forward", None)
+            else:
+                a.forward = f
 
 
 def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab_out"]:

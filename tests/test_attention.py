@@ -215,6 +215,19 @@ def test_the_fast_paths_fire_the_hooks_before_and_after_attention_and_refuse_den
     )
 
 
+def test_a_nested_fast_attention_block_leaves_the_enclosing_one_fast():
+    from interp.fast_attention import _FastForward, fast_attention
+
+    m = build_model(_spec(attention="window:3"), device="cpu")
+    attn = m.blocks[0].attn
+    with fast_attention(m):
+        outer = attn.__dict__["forward"]
+        with fast_attention(m):
+            pass
+        assert attn.__dict__.get("forward") is outer and isinstance(outer, _FastForward)
+    assert "forward" not in attn.__dict__  # TransformerLens' own forward again
+
+
 def test_the_trainer_and_evaluation_use_the_fast_paths_for_deeper_models(tiny_task, tiny_cfg, tmp_path):
     from interp.evaluation import predictions_and_loss
     from interp.training import train
