@@ -89,3 +89,35 @@ def test_shipped_rows_name_their_checkpoints_relative_to_their_directory():
         for line in path.read_text().splitlines():
             row = json.loads(line)
             assert row["checkpoint"] == f"runs/{row['name']}.safetensors", (path, row["checkpoint"])
+
+
+STATS = {"runs", "mean_test_accuracy"}
+MEASURED = sorted(
+    p.parent
+    for area in ("seed_regime", "attention")
+    for p in (ROOT / "examples" / "results" / area).glob("*/results.jsonl")
+)
+
+
+@pytest.mark.parametrize("directory", MEASURED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_interp_table_of_each_shipped_measurement_is_a_recount_of_its_rows(directory):
+    """Every shipped measurement (the seed-regime hypotheses, the attention-variant questions) is printed by `interp
+    table` from its rows; each cell's run count, share at 100% test accuracy and mean are recounted here."""
+    out = subprocess.run(
+        [sys.executable, "-m", "interp.app", "table", str(directory), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-800:]
+    table = json.loads(out.stdout)
+    rows = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines() if line.strip()]
+    assert sum(t["runs"] for t in table) == len(rows)
+    for t in table:
+        keys = [k for k in t if k not in STATS and not k.startswith("share_") and k != "strategy"]
+        cell = [r for r in rows if all(r.get(k) == t[k] for k in keys)]
+        accs = [r["accuracy"]["test"] for r in cell]
+        assert t["runs"] == len(cell) > 0
+        assert t["share_test_at_1"] == pytest.approx(sum(a >= 1.0 for a in accs) / len(cell))
+        assert t["mean_test_accuracy"] == pytest.approx(sum(accs) / len(accs), abs=5e-5)
