@@ -484,3 +484,20 @@ def test_prefix_count_populations_refuse_attention_variants(tiny_task, tiny_spec
         spec = replace(tiny_spec, attention=attention, qkv=qkv)
         with pytest.raises(ConfigError, match="prefix-count forward"):
             check_population(*seed_population(tiny_task, spec, tiny_cfg(objective="lm", dropout=0.0), [0, 1]))
+
+
+@pytest.mark.parametrize(
+    "attention,normalization,dropout_at",
+    [("linear:elu", "LN", "attention"), ("additive", "LNPre", "embedding+attention")],
+)
+def test_populations_of_a_pooling_with_layernorm_equal_their_solo_runs(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, attention, normalization, dropout_at
+):
+    """LayerNorm (the seed-regime recipe) and a non-softmax pooling together, through the token-count and the
+    per-position population forwards."""
+    from tests.test_population import _population_equals_solo
+
+    spec = replace(tiny_spec, attention=attention, normalization=normalization)
+    pairs = _population_equals_solo(tmp_path, tiny_task, spec, tiny_cfg(epochs=3, dropout_at=dropout_at), [0, 1])
+    expect = "token counts" if dropout_at == "attention" else "positions"
+    assert all(pop["population"]["forward"] == expect for pop, _ in pairs)
