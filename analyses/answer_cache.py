@@ -25,7 +25,6 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.attention import attention_pattern
 from interp.errors import InterpError, TaskError
 from interp.evaluation import DEFAULT_BUDGET, check_finite_parameters, check_tokens, map_chunks
 from interp.query_forward import query_attention, resolve_method
@@ -150,8 +149,10 @@ def _query_chunk(model: HookedTransformer, chunk: TaskData, attention: bool) -> 
     ap = chunk.answer_pos
     x, scores, v = query_attention(model, chunk.tokens, ap[:, None])  # [b,t,d], [b,h,1,t], [b,h,t,e]
     log_attn = scores.float().log_softmax(-1)  # log space keeps tiny attention weights exact for w01/w02
-    # a row with no key (a sparse mask's or a relu kernel's) attends to nothing, as in TransformerLens
-    z = torch.einsum("bhkt,bhte->bkhe", attention_pattern(scores).to(v.dtype), v)  # [b, 1 (layer), h, e]
+    # the pattern as exp(log_softmax), the numbers every cached path was tested with; a row with no key (a sparse
+    # mask's or a relu kernel's: NaN here) attends to nothing, as in TransformerLens
+    pattern = log_attn.exp().nan_to_num(nan=0.0)
+    z = torch.einsum("bhkt,bhte->bkhe", pattern.to(v.dtype), v)  # [b, 1 (layer), h, e]
     out = {"z": z, "resid_pre": x[torch.arange(len(chunk), device=ap.device), ap]}
     if attention:
         out["log_attn"] = log_attn.permute(0, 3, 2, 1)  # [b, t, layer, head]
