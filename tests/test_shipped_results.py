@@ -21,6 +21,17 @@ CELLS = (
 )
 
 
+def _interp_table(directory, *flags):
+    """`interp table DIRECTORY FLAGS` in a fresh interpreter, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "interp.app", "table", str(directory), *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 def _rows():
     return [json.loads(line) for line in (TABLE1 / "results.jsonl").read_text().splitlines() if line.strip()]
 
@@ -36,13 +47,7 @@ def test_shipped_table1_has_every_cell_with_the_same_number_of_runs():
 
 
 def test_interp_table_prints_table1_from_the_shipped_results():
-    out = subprocess.run(
-        [sys.executable, "-m", "interp.app", "table", str(TABLE1), "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    out = _interp_table(TABLE1, "--json")
     assert out.returncode == 0, out.stderr[-800:]
     table = json.loads(out.stdout)
     assert {(t["d_model"], t["n_heads"], t["strategy"]) for t in table} == CELLS
@@ -65,13 +70,7 @@ def test_interp_table_prints_table1_from_the_shipped_results():
         )
         assert t["share_test_at_1_low"] == pytest.approx(0.0 if hits == 0 else centre - half, abs=1e-12)
         assert t["share_test_at_1_high"] == pytest.approx(1.0 if hits == n else centre + half, abs=1e-12)
-    text = subprocess.run(
-        [sys.executable, "-m", "interp.app", "table", str(TABLE1)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    text = _interp_table(TABLE1)
     assert text.returncode == 0 and "shapley-svc" in text.stdout and "[" in text.stdout
 
 
@@ -103,13 +102,7 @@ MEASURED = sorted(
 def test_interp_table_of_each_shipped_measurement_is_a_recount_of_its_rows(directory):
     """Every shipped measurement (the seed-regime hypotheses, the attention-variant questions) is printed by `interp
     table` from its rows; each cell's run count, share at 100% test accuracy and mean are recounted here."""
-    out = subprocess.run(
-        [sys.executable, "-m", "interp.app", "table", str(directory), "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    out = _interp_table(directory, "--json")
     assert out.returncode == 0, out.stderr[-800:]
     table = json.loads(out.stdout)
     rows = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines() if line.strip()]
