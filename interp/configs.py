@@ -197,6 +197,7 @@ WARMUP_SHAPES = ("linear", "exp")
 PADDING = ("right", "left")
 INITS = ("tl", "torch", "thesis")
 DROPOUT_RNGS = ("torch", "counter")
+OPTIMIZERS = ("adamw", "adam")
 
 
 def _int(v: Any) -> bool:
@@ -302,6 +303,15 @@ class TrainConfig:
             choices=DROPOUT_RNGS,
         ),
     )
+    optimizer: str = field(
+        default="adamw",
+        metadata=option(
+            "adamw (torch.optim.AdamW: weight decay applied to the weights, decoupled from the gradient; Loshchilov "
+            "and Hutter, Decoupled weight decay regularization) or adam (torch.optim.Adam with the weight decay added "
+            "to the gradient before the moments, L2 regularisation: the update Fraknói 2024 §2.3 describes in words)",
+            choices=OPTIMIZERS,
+        ),
+    )
 
     def __post_init__(self):
         positive, fraction = "a positive integer", "a number in [0, 1)"
@@ -331,6 +341,7 @@ class TrainConfig:
             "init": (self.init in INITS, f"one of {', '.join(INITS)}"),
             "init_scale": (_number(self.init_scale) and self.init_scale > 0, "a positive number"),
             "dropout_rng": (self.dropout_rng in DROPOUT_RNGS, f"one of {', '.join(DROPOUT_RNGS)}"),
+            "optimizer": (self.optimizer in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
         }
         bad = [f"{k}={getattr(self, k)!r} (expected {what})" for k, (ok, what) in checks.items() if not ok]
         if bad:

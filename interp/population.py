@@ -327,12 +327,20 @@ def _dropout_mask(shape, p: float, gen: torch.Generator, device, out: Tensor | N
 
 
 class _AdamW:
-    """``torch.optim.AdamW`` (amsgrad off) on stacked parameters with a learning rate per model."""
+    """``torch.optim.AdamW`` (amsgrad off) on stacked parameters with a learning rate per model; with
+    ``decoupled=False``, ``torch.optim.Adam`` (the weight decay added to the gradient, L2)."""
 
     def __init__(
-        self, params: dict[str, Tensor], lr: Tensor, betas: tuple[float, float], weight_decay: float, eps: float = 1e-8
+        self,
+        params: dict[str, Tensor],
+        lr: Tensor,
+        betas: tuple[float, float],
+        weight_decay: float,
+        eps: float = 1e-8,
+        decoupled: bool = True,
     ):
         self.params, self.lr, self.betas, self.wd, self.eps = params, lr, betas, weight_decay, eps
+        self.decoupled = decoupled
         self.exp_avg = {k: torch.zeros_like(v) for k, v in params.items()}
         self.exp_avg_sq = {k: torch.zeros_like(v) for k, v in params.items()}
         self.t = 0
@@ -344,9 +352,13 @@ class _AdamW:
         bc1, bc2_sqrt = 1 - b1**self.t, math.sqrt(1 - b2**self.t)
         for k, p in self.params.items():
             lr = (self.lr * lr_scale).view(-1, *[1] * (p.ndim - 1))
-            p.mul_(1 - lr * self.wd)
-            self.exp_avg[k].lerp_(p.grad, 1 - b1)
-            self.exp_avg_sq[k].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            if self.decoupled:
+                grad = p.grad
+                p.mul_(1 - lr * self.wd)
+            else:
+                grad = p.grad.add(p, alpha=self.wd)
+            self.exp_avg[k].lerp_(grad, 1 - b1)
+            self.exp_avg_sq[k].mul_(b2).addcmul_(grad, grad, value=1 - b2)
             denom = (self.exp_avg_sq[k].sqrt() / bc2_sqrt).add_(self.eps)
             p.sub_(lr / bc1 * self.exp_avg[k] / denom)
             p.grad = None
@@ -523,6 +535,7 @@ class _Population:
             torch.tensor([c.lr for c in cfgs], device=device),
             (self.cfg.beta1, self.cfg.beta2),
             self.cfg.weight_decay,
+            decoupled=self.cfg.optimizer == "adamw",
         )
         self.data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
         self.best_state = {n: self.P[n].detach().clone() for n in self.names}

@@ -447,9 +447,8 @@ def _start(
     model = build_model(spec, device=device)
     initialise(model, spec, cfg.init, cfg.init_scale)  # the recipe's initialisation (the global RNG untouched)
     model.train()
-    opt = torch.optim.AdamW(
-        trainable_parameters(model), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
-    )
+    optimizer = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    opt = optimizer(trainable_parameters(model), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     halving = (
         Halving(cfg.halving, cfg.halving_threshold, spec.n_layers, spec.n_heads, cfg.seed)

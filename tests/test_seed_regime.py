@@ -20,13 +20,14 @@ from tests.test_population import _population_equals_solo
 # -- the options are recorded, checked and default to the old behaviour ----------------------------------------------
 def test_defaults_keep_the_old_recipe_and_bad_values_are_one_line():
     cfg = TrainConfig()
-    assert (cfg.objective, cfg.warmup_shape, cfg.padding, cfg.init, cfg.init_scale, cfg.dropout_rng) == (
+    assert (cfg.objective, cfg.warmup_shape, cfg.padding, cfg.init, cfg.init_scale, cfg.dropout_rng, cfg.optimizer) == (
         "answer",
         "linear",
         "right",
         "tl",
         1.0,
         "torch",
+        "adamw",
     )
     for key, bad, named in (
         ("objective", "next-token", "answer, lm"),
@@ -36,6 +37,7 @@ def test_defaults_keep_the_old_recipe_and_bad_values_are_one_line():
         ("init_scale", 0, "a positive number"),
         ("dropout_rng", "numpy", "torch, counter"),
         ("dropout_at", "pattern", "attention+pattern"),
+        ("optimizer", "sgd", "adamw, adam"),
     ):
         with pytest.raises(ConfigError) as e:
             TrainConfig(**{key: bad})
@@ -47,7 +49,7 @@ def test_every_new_option_is_a_flag_a_grid_key_and_a_column():
     from interp.sweep_directory import config_columns_all, grid_options
 
     opts = options(TrainConfig)
-    for key in ("objective", "warmup_shape", "padding", "init", "init_scale", "dropout_rng"):
+    for key in ("objective", "warmup_shape", "padding", "init", "init_scale", "dropout_rng", "optimizer"):
         assert opts[key].config and key in grid_options() and key in config_columns_all()
     assert opts["objective"].choices == ("answer", "lm")
 
@@ -278,6 +280,7 @@ CASES = {
     "torch initialisation": (dict(init="torch", dropout_at="attention"), {}),
     "thesis initialisation, scaled": (dict(init="thesis", init_scale=2.0, dropout_at="attention"), {}),
     "exponential warmup": (dict(warmup_shape="exp", dropout_at="attention"), {}),
+    "Adam with L2 weight decay": (dict(optimizer="adam", dropout_at="attention"), {}),
     "LayerNorm (token counts)": (dict(dropout_at="attention"), dict(normalization="LN")),
     "LayerNorm, lm (prefix counts)": (
         dict(objective="lm", dropout_at="attention", dropout_rng="counter"),
@@ -289,7 +292,8 @@ FORWARD = {
     "prefix counts": lambda name: "prefix counts" in name,
     "token counts": lambda name: (
         "token counts" in name
-        or name in ("torch initialisation", "thesis initialisation, scaled", "exponential warmup")
+        or name
+        in ("torch initialisation", "thesis initialisation, scaled", "exponential warmup", "Adam with L2 weight decay")
     ),
 }
 
@@ -328,6 +332,7 @@ def test_options_change_the_training(tmp_path, tiny_task, tiny_spec, tiny_cfg):
         dict(init_scale=0.5),
         dict(dropout_at="attention+pattern"),
         dict(dropout_rng="counter"),
+        dict(optimizer="adam"),
     ):
         assert not torch.allclose(weights(**kw), base), kw
 
