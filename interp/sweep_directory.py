@@ -350,7 +350,8 @@ def flat_row(row: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[st
         spec, training = meta.get("model_spec", {}), meta.get("training", {})
         cfg = training.get("config", {})
         for k in opts:
-            out.setdefault(k, spec[k] if k in spec else cfg.get(k))
+            if k in spec or k in cfg:  # an option the checkpoint predates takes its default below
+                out.setdefault(k, spec[k] if k in spec else cfg[k])
         out.setdefault("task", meta.get("task", {}).get("name"))
         out.setdefault("task_params", json.dumps(meta.get("task", {}).get("params", {}), sort_keys=True))
         out.setdefault("best_epoch", training.get("best_epoch"))

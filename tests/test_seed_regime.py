@@ -345,3 +345,12 @@ def test_recipe_options_a_model_cannot_take_are_refused_before_training(tmp_path
     two_layers = replace(tiny_spec, n_layers=2)
     with pytest.raises(ConfigError, match="one-layer attention-only"):
         train(tiny_task, two_layers, tiny_cfg(epochs=1, padding="left"), tmp_path / "x.safetensors", progress=False)
+
+
+def test_rows_of_checkpoints_older_than_an_option_take_its_default():
+    """A checkpoint written before an option existed did what the option's default does: its row says so (not None)."""
+    from interp.sweep_directory import flat_row
+
+    meta = {"model_spec": {"d_model": 8, "n_heads": 4}, "training": {"config": {"lr": 1e-3}}}
+    row = flat_row({"seed": 0}, meta)
+    assert (row["optimizer"], row["objective"], row["lr"], row["d_model"]) == ("adamw", "answer", 1e-3, 8)
