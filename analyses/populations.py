@@ -93,11 +93,14 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
         if k.endswith(("_low", "_high")):
             continue
         columns.append(k)
+    params = _varying_task_params(table)
     for r in table:
         row = []
         for k in columns:
             v = r[k]
-            if k.startswith("share_"):
+            if k == "task_params":
+                row.append(params(v))
+            elif k.startswith("share_"):
                 row.append(f"{v:.2f} [{r[k + '_low']:.2f}, {r[k + '_high']:.2f}]")
             elif isinstance(v, float):
                 row.append(f"{v:.4f}" if k.startswith("mean_") else f"{v:g}")
@@ -106,3 +109,19 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
         cells.append(row)
     heads = [k.replace("share_", "").replace("_at_", " >= ") if k.startswith("share_") else k for k in columns]
     return aligned(heads, cells)
+
+
+def _varying_task_params(table: Sequence[dict[str, Any]]):
+    """``cell(task_params JSON) -> text`` naming only the task parameters that differ between the table's rows (all
+    of them would be a few hundred characters per row), e.g. ``test_size=1500``."""
+    if not table or "task_params" not in table[0]:
+        return str
+    dicts = [json.loads(r["task_params"]) if isinstance(r["task_params"], str) else r["task_params"] for r in table]
+    keys = sorted({k for d in dicts for k in d})
+    varying = [k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in dicts}) > 1]
+
+    def cell(v) -> str:
+        d = json.loads(v) if isinstance(v, str) else v
+        return " ".join(f"{k}={json.dumps(d.get(k))}" for k in varying) or "-"
+
+    return cell

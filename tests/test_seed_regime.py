@@ -354,3 +354,24 @@ def test_rows_of_checkpoints_older_than_an_option_take_its_default():
     meta = {"model_spec": {"d_model": 8, "n_heads": 4}, "training": {"config": {"lr": 1e-3}}}
     row = flat_row({"seed": 0}, meta)
     assert (row["optimizer"], row["objective"], row["lr"], row["d_model"]) == ("adamw", "answer", 1e-3, 8)
+
+
+def test_the_text_table_names_only_the_task_parameters_that_differ():
+    from analyses.populations import format_table, population_table
+
+    def row(seed, test_size, acc):
+        params = {"seed": 0, "test_size": test_size, "train_size": 7500}
+        return {
+            "task": "noisy-majority",
+            "task_params": params,
+            "seed": seed,
+            "d_model": 8,
+            "n_heads": 4,
+            "metrics": {"test": {"accuracy": acc}},
+        }
+
+    rows = [row(0, 1000, 1.0), row(1, 1000, 0.99), row(0, 1500, 1.0)]
+    text = format_table(population_table(rows))
+    lines = text.splitlines()
+    assert "test_size=1000" in lines[1] and "test_size=1500" in lines[2] and "train_size" not in text
+    assert "0.50 [" in lines[1] and "1.00 [" in lines[2]
