@@ -295,3 +295,16 @@ def test_an_output_path_that_cannot_be_written_is_one_clear_line(command, capsys
     assert main([*command, "--out", "/proc/x"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "cannot write" in err and "/proc/x" in err
+
+
+def test_a_sweep_over_several_halving_strategies_from_the_command_line(tmp_path, capsys):
+    """``--halving S1,S2`` is the sweep's grid of strategies, one Table 1 row each (the base run leaves it unset)."""
+    out = tmp_path / "h"
+    args = ["sweep", "noisy-majority", *SET, "--d-model", "4", "--n-heads", "2", "--d-head", "2", "--epochs", "1"]
+    args += ["--batch-size", "32", "--seeds", "0", "--halving", "none,mask-all-but-one,random", "--out", str(out)]
+    assert main([*args, "--quiet"]) == 0
+    strategies = sorted(r["strategy"] for r in population_table(load_results(out)))
+    assert strategies == ["mask-all-but-one", "normal", "random"]
+    capsys.readouterr()
+    assert main(["sweep", "noisy-majority", *args[2:], "--status"]) == 0
+    assert "3 of 3 runs done" in capsys.readouterr().out

@@ -317,15 +317,17 @@ def _set_threads(args) -> None:
         torch.set_num_threads(args.threads)
 
 
-def _new_run(args, seed: int):
-    """(task, spec, config) of a new run from the options given and the task's defaults."""
+def _new_run(args, seed: int, grid_only: tuple[str, ...] = ()):
+    """(task, spec, config) of a new run from the options given and the task's defaults; ``grid_only`` names options
+    whose flag is a sweep grid (``--halving S1,S2``), left at their defaults here."""
     from interp.model import ModelSpec
     from interp.training import TrainConfig
     from tasks import get_task
 
     task = get_task(args.task, **_parse_task_params(args.task_params))
     spec = ModelSpec(**{**task.default_spec(), **_given(args, ModelSpec), "init_seed": seed})
-    cfg = TrainConfig(**{**task.default_train(), **_given(args, TrainConfig), "seed": seed})
+    given = {k: v for k, v in _given(args, TrainConfig).items() if k not in grid_only}
+    cfg = TrainConfig(**{**task.default_train(), **given, "seed": seed})
     return task, spec, cfg
 
 
@@ -538,7 +540,7 @@ def cmd_sweep(args) -> int:
         print(f"{directory}: resumed; `interp table {directory}` summarises it")
         return 0
     seeds, grid = parse_seeds(args.seeds), _sweep_grid(args, parse_grid, parse_strategies)
-    task, spec, cfg = _new_run(args, seeds[0])
+    task, spec, cfg = _new_run(args, seeds[0], grid_only=("halving",))
     rows = run_sweep(task, spec, cfg, seeds, grid, args.out, **run_kw)
     print(f"{args.out}: {len(rows)} runs; `interp table {args.out}` summarises them")
     return 0
@@ -568,7 +570,7 @@ def _sweep_status(args, directory: Path | None) -> int:
     else:
         directory = Path(args.out)
         seeds = parse_seeds(args.seeds)
-        task, spec, cfg = _new_run(args, seeds[0])
+        task, spec, cfg = _new_run(args, seeds[0], grid_only=("halving",))
         runs = plan(task.name, task.params(), spec, cfg, seeds, _sweep_grid(args, parse_grid, parse_strategies))
     status = sweep_status(directory, runs)
     keys = [k for k in status[0] if k not in ("runs", "done", "rows", "todo")] if status else []
