@@ -117,3 +117,11 @@ def test_sweep_records_snapshots_and_a_resume_keeps_writing_them(tmp_path, tiny_
     run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {}, tmp_path, device="cpu", progress=False)
     (plan,) = read_plans(tmp_path)
     assert "snapshot_every" not in plan
+
+
+def test_cli_sweep_snapshots_beyond_the_runs_are_refused_before_training(tmp_path, capsys):
+    from interp.app.cli import main
+
+    out = tmp_path / "s"
+    rc = main(["sweep", "noisy-majority", "--seeds", "0", "--epochs", "2", "--snapshots", "10", "--out", str(out)])
+    assert rc == 1 and "--snapshots 10" in capsys.readouterr().err and not out.exists()
