@@ -364,7 +364,7 @@ class TrainingCensus(Result):
         for c in confs:
             titles += [f"{c}: w01 against w02 over training", "w01 against epoch", "w02 against epoch"]
             titles += ["separation accuracy against epoch"]
-        fig = make_subplots(rows=2 * len(confs), cols=2, subplot_titles=titles, vertical_spacing=0.08 / len(confs))
+        fig = make_subplots(rows=2 * len(confs), cols=2, subplot_titles=titles, vertical_spacing=0.16 / len(confs))
         shown = set()
         for ci, conf in enumerate(confs):
             row = 2 * ci + 1
@@ -419,7 +419,7 @@ class TrainingCensus(Result):
             title="Figure 7 over training (Fraknói 2024, §5.4): every head of every run at every snapshot",
             template="plotly_white",
             width=1000,
-            height=720 * len(confs),
+            height=800 * len(confs),
             legend=dict(title="run outcome"),
         )
         return fig
