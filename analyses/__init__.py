@@ -107,6 +107,7 @@ _NAMES = {
     "analyses.noisy_majority.handbuilt": ["minimal_majority_transformer", "attention_preference_model"],
     "analyses.noisy_majority.corrupt": ["flip_answer"],
     "analyses.noisy_majority.census": ["Census", "census"],
+    "analyses.noisy_majority.training_census": ["TrainingCensus", "census_over_training"],
     # repeated tokens (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*)
     "analyses.repeated_tokens.probe": ["probe_tokens"],
     "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],

@@ -61,7 +61,7 @@ from .prefix_counts import prefix_count_losses, prefix_rows
 from .query_forward import supports_query_forward
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
-from .training import TrainConfig
+from .training import TrainConfig, snapshot_directory, snapshot_name, snapshot_training
 from .variants import parse_attention
 
 if TYPE_CHECKING:
@@ -449,6 +449,7 @@ def train_population(
     compile: bool = False,
     head_scorer: Scorer | None = None,
     resume_file=None,
+    snapshot_every: int | None = None,
 ) -> list[dict[str, Any]]:
     """Train ``len(specs)`` models as one batched computation; write model k to ``outs[k]`` as an ordinary
     checkpoint; return each model's provenance (the keys :func:`interp.training.train` returns, plus
@@ -470,7 +471,12 @@ def train_population(
 
     ``compile=True`` compiles the token-count training step with ``torch.compile`` (fused elementwise kernels;
     ~1.5x faster per step on one CPU core, after ~5-20 s of compilation per batch shape); the models equal the
-    eager ones to float rounding. It applies where the token-count forward is used (see ``dropout_at``)."""
+    eager ones to float rounding. It applies where the token-count forward is used (see ``dropout_at``).
+
+    ``snapshot_every=N`` writes each model's current weights every N epochs as its solo run does
+    (``<out>.snapshots/epoch-00000N.safetensors``, ordinary checkpoints with the epoch, seed, config and that
+    epoch's history record), before any halving step of that epoch and before the resume file; a resumed
+    population rewrites the snapshots of the epochs it replays with the same weights."""
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -484,6 +490,7 @@ def train_population(
             compile=compile,
             head_scorer=head_scorer,
             resume_file=resume_file,
+            snapshot_every=snapshot_every,
         )
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
@@ -619,10 +626,13 @@ class _Population:
         self.step += 1
 
     # -- after each epoch ------------------------------------------------------------------------------------------
-    def end_epoch(self, train_loss: Sequence[float], val: Sequence[dict[str, float]], train_data, val_data) -> None:
+    def end_epoch(
+        self, train_loss: Sequence[float], val: Sequence[dict[str, float]], train_data, val_data, snapshot=None
+    ) -> None:
         """Per model, as the solo run does after its validation: history, best state (with halving only one-head
-        states compete), a halving step when validation reaches the threshold, and the stop (patience or the last
-        epoch) that freezes its last state."""
+        states compete), ``snapshot(k)`` (where given: before halving, as the solo run writes it), a halving step
+        when validation reaches the threshold, and the stop (patience or the last epoch) that freezes its last
+        state."""
         self.epoch += 1
         epoch = self.epoch
         for k, r in enumerate(self.records):
@@ -630,6 +640,8 @@ class _Population:
                 continue
             if r.end_epoch(epoch, self.step, train_loss[k], val[k]):
                 self._copy_model(k, self.best_state)
+            if snapshot is not None:
+                snapshot(k)
             h = r.halving
             if h is not None and not h.done and val[k]["accuracy"] >= h.threshold:
                 self._halve(k, val[k]["accuracy"], train_data, val_data)
@@ -640,6 +652,13 @@ class _Population:
     def _copy_model(self, k: int, into: dict[str, Tensor]) -> None:
         for n in self.names:
             into[n][k] = self.P[n].detach()[k]
+
+    def write_snapshot(self, k: int, path: Path) -> None:
+        """Model ``k``'s current weights as an ordinary checkpoint, with the metadata a solo run's snapshot has."""
+        model = self.models[k]
+        model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in self.names}})
+        training = snapshot_training(self.cfgs[k], self.epoch, self.records[k].history[-1])
+        save_checkpoint(path, model, self.specs[k], self.task, training)
 
     def _halve(self, k: int, acc: float, train_data, val_data) -> None:
         """Score model ``k``'s current weights in a HookedTransformer, as its solo run does, and mask half of its
@@ -717,7 +736,7 @@ class _Population:
 
 
 def _train_population(
-    task: Task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file
+    task: Task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file, snapshot_every=None
 ) -> list[dict[str, Any]]:
     check_population(specs, cfgs)
     device = pick_device(device)
@@ -727,6 +746,7 @@ def _train_population(
     for o in outs:
         with AtomicFile(o, "the checkpoint"):  # every output path checked before any training
             pass
+    snapshot = _snapshot_writer(outs, snapshot_every)
     pop = _Population(task, specs, cfgs, device, head_scorer)
     cfg, K = pop.cfg, pop.K
     train_data, val_data = task.dataset("train").to(device), task.dataset(validation_split(task)).to(device)
@@ -783,7 +803,8 @@ def _train_population(
         val = _val_metrics(
             task, pop.detached, val_data, pop.attn_scale, val_counted, norm=pop.norm, cfg=cfg, pooling=pop.pooling
         )
-        pop.end_epoch((totals / n).tolist(), val, train_data, val_data)
+        # snapshots before the resume file: a kill between the two replays (and rewrites) them, never skips them
+        pop.end_epoch((totals / n).tolist(), val, train_data, val_data, snapshot and (lambda k: snapshot(pop, k)))
         if resume_file is not None and cfg.save_every and pop.epoch % cfg.save_every == 0 and pop.epoch < cfg.epochs:
             _save_resume(Path(resume_file), pop.identity(), *pop.state())
         bar.update(1)
@@ -833,6 +854,26 @@ def _train_population(
     if resume_file is not None:
         Path(resume_file).unlink(missing_ok=True)
     return results
+
+
+def _snapshot_writer(outs: Sequence[Path], snapshot_every: int | None):
+    """``write(pop, k)``: model ``k``'s snapshot every ``snapshot_every`` epochs into its solo run's folder
+    (:func:`interp.training.snapshot_directory` of its checkpoint, created now), or None without snapshots."""
+    if snapshot_every is None:
+        return None
+    if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1:
+        raise ConfigError(
+            f"snapshot_every must be a positive integer (epochs between snapshots), got {snapshot_every!r}"
+        )
+    folders = [snapshot_directory(o) for o in outs]
+    for f in folders:
+        f.mkdir(parents=True, exist_ok=True)
+
+    def write(pop: _Population, k: int) -> None:
+        if pop.epoch % snapshot_every == 0:
+            pop.write_snapshot(k, folders[k] / snapshot_name(pop.epoch))
+
+    return write
 
 
 def _save_resume(path: Path, identity: dict[str, Any], tensors: dict[str, Tensor], progress: dict[str, Any]) -> None:

@@ -214,21 +214,22 @@ def plan_entry(
     base_cfg: TrainConfig,
     seeds: Sequence[int],
     grid: dict[str, list],
+    snapshot_every: int | None = None,
 ) -> dict[str, Any]:
     """A sweep's arguments as ``sweep.json`` keeps them (JSON types; the spec as given, its output matrix unset
-    where it was not asked for)."""
-    return json.loads(
-        json.dumps(
-            {
-                "task": task_name,
-                "task_params": task_params,
-                "spec": asdict(base_spec),
-                "cfg": asdict(base_cfg),
-                "seeds": list(seeds),
-                "grid": grid,
-            }
-        )
-    )
+    where it was not asked for; ``snapshot_every`` only where the sweep writes snapshots, so plans of sweeps
+    without them read as they did)."""
+    entry = {
+        "task": task_name,
+        "task_params": task_params,
+        "spec": asdict(base_spec),
+        "cfg": asdict(base_cfg),
+        "seeds": list(seeds),
+        "grid": grid,
+    }
+    if snapshot_every is not None:
+        entry["snapshot_every"] = snapshot_every
+    return json.loads(json.dumps(entry))
 
 
 def check_task(directory: Path, task_name: str) -> None:
@@ -244,9 +245,12 @@ def check_task(directory: Path, task_name: str) -> None:
 
 def add_plan(directory: Path, entry: dict[str, Any]) -> None:
     """Add a sweep's arguments (:func:`plan_entry`) to ``sweep.json`` (``{"plans": [...]}``, one entry per distinct
-    ``interp sweep`` into the directory)."""
+    ``interp sweep`` into the directory). The same sweep again with other snapshots replaces its entry (one plan per
+    set of runs: a resume then writes the snapshots last asked for)."""
     check_task(directory, entry["task"])
     plans = read_plans(directory) if (directory / PLAN).is_file() else []
+    runs_of = lambda p: {k: v for k, v in p.items() if k != "snapshot_every"}  # noqa: E731
+    plans = [p for p in plans if p == entry or runs_of(p) != runs_of(entry)]
     if entry not in plans:
         atomic_write_text(directory / PLAN, json.dumps({"plans": plans + [entry]}, indent=1) + "\n", "the sweep's plan")
 

@@ -152,6 +152,24 @@ def resume_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".safetensors") + ".resume.safetensors")
 
 
+def snapshot_directory(out) -> Path:
+    """Where a run's snapshots go by default: ``<out without .safetensors>.snapshots/`` (solo runs and populations
+    alike, so a sweep's analyses find every run's snapshots beside its checkpoint)."""
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
+
+
+def snapshot_name(epoch: int) -> str:
+    """A snapshot's file name: ``epoch-00000N.safetensors`` (six digits: sorted by name is sorted by epoch)."""
+    return f"epoch-{epoch:06d}.safetensors"
+
+
+def snapshot_training(cfg: TrainConfig, epoch: int, record: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot checkpoint's ``training`` metadata: its epoch, seed, whole config and that epoch's history record
+    (the same in a solo run and in a population)."""
+    return {"epoch": epoch, "seed": cfg.seed, "config": asdict(cfg), "record": record}
+
+
 class _State:
     """A solo run's mutable state: model, optimizer, data-order generator, epoch and step counters, the kept-so-far
     weights and the :class:`interp.run_record.RunRecord`; (de)serialised to a safetensors resume file."""
@@ -365,11 +383,11 @@ def _train(
                 record.history[-1].update(history_extras(model, state.epoch))
         if snapshot_dir is not None and state.epoch % snapshot_every == 0:
             save_checkpoint(
-                snapshot_dir / f"epoch-{state.epoch:06d}.safetensors",
+                snapshot_dir / snapshot_name(state.epoch),
                 model,
                 spec,
                 task,
-                {"epoch": state.epoch, "seed": cfg.seed, "config": asdict(cfg), "record": record.history[-1]},
+                snapshot_training(cfg, state.epoch, record.history[-1]),
             )
         if halving is not None:
             record.note_halving(
@@ -431,9 +449,7 @@ def _check_outputs(
         rpath.unlink()
     if snapshot_every is None:
         return None
-    snapshot_dir = (
-        Path(snapshot_dir) if snapshot_dir else out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
-    )
+    snapshot_dir = Path(snapshot_dir) if snapshot_dir else snapshot_directory(out)
     snapshot_dir.mkdir(parents=True, exist_ok=True)
     return snapshot_dir
 

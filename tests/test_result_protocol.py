@@ -184,11 +184,19 @@ def _population_results(ck):
         200,
         80,
     )
+    from analyses.noisy_majority.training_census import TrainingCensus, _summarise, snapshot_entry
+
+    snap = snapshot_entry(ck, 200, 80)
+    run = {"name": "r0", "seed": 0, "configuration": "all runs", "d_model": 8, "n_heads": 4, "normalization": None}
+    training = TrainingCensus(
+        [_summarise({**run, "test_accuracy": 0.5, "kept_epoch": 2, "snapshots": [snap, {**snap, "epoch": 2}]})]
+    )
     return {
         "Survival": accuracy_survival(frame),
         "GridAccuracy": grid_accuracy(frame),
         "LearningRateAccuracy": lr_accuracy(frame),
         "Census": census,
+        "TrainingCensus": training,
     }
 
 

@@ -245,7 +245,8 @@ def _shapley_section(ckpt: Checkpoint, report, s: HeadSummary, test, te) -> None
 
 def add_sweep_sections(directory, report, progress: bool = False) -> None:
     """The sweep report's noisy-majority part (``interp report DIR``): the per-head census of every run (cached in
-    DIR/census.jsonl), runs with k good heads, Figure 7 over the population and Figure 9 (right)."""
+    DIR/census.jsonl), runs with k good heads, Figure 7 over the population and Figure 9 (right); and, where runs
+    have snapshots, the census over training (cached in DIR/census_over_training.jsonl)."""
     from .census import census
 
     t0 = time.perf_counter()
@@ -279,6 +280,40 @@ def add_sweep_sections(directory, report, progress: bool = False) -> None:
         c.separation_survival().figure(),
         caption="1 - CDF of the separation accuracy of individual heads, per number of heads in the model "
         "(Fraknói 2024, Figure 9, right: the thesis compares 1-head and 64-head models).",
+    )
+    add_training_census_section(directory, report, progress)
+
+
+def add_training_census_section(directory, report, progress: bool = False) -> None:
+    """The census over training (``interp sweep --snapshots N``): every head at every snapshot, by run outcome;
+    nothing where no run of the sweep has snapshots."""
+    from .training_census import census_over_training, has_snapshots
+
+    if not has_snapshots(directory):
+        return
+    t0 = time.perf_counter()
+    tc = census_over_training(directory, progress=progress)
+    secs = time.perf_counter() - t0
+    report.section(
+        "Heads over training",
+        "The same census at every snapshot of every run that has snapshots (interp sweep --snapshots N): each "
+        "head's w01, w02 and separation accuracy (on the first "
+        f"{tc.train_size} train and {tc.test_size} test sequences) and the snapshot's test accuracy (whole test "
+        "split), with each run's outcome (100% test accuracy at its kept epoch or not): when good heads appear, "
+        "whether a failing run had one and lost it, and where failing heads attend over time. Cached per run in "
+        "census_over_training.jsonl.",
+    )
+    report.text(
+        f"{len(tc.runs)} runs with snapshots, {sum(len(r['snapshots']) for r in tc.runs)} snapshots ({secs:.1f} s, "
+        "cached snapshots included)."
+        + (f" {len(tc.without_snapshots)} runs have no snapshots." if tc.without_snapshots else "")
+    )
+    if not tc.runs:
+        return
+    report.result(
+        tc,
+        caption="Figure 7 over training: each head's path in the (w01, w02) plane (a large dot at the last "
+        "snapshot) and w01, w02 and separation accuracy against the epoch, coloured by the run's outcome.",
     )
 
 

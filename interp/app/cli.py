@@ -280,6 +280,15 @@ def _sweep_parser(sub, task_names) -> None:
         help="torch.compile each population's token-count training step (--dropout-at attention; "
         "~1.5x faster steps after seconds of compilation; needs a C++ compiler)",
     )
+    sw.add_argument(
+        "--snapshots",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="also write every run's checkpoint every N epochs into runs/NAME.snapshots/ (as interp train "
+        "--snapshots; recorded in sweep.json, so --resume keeps writing them; the sweep report then shows the "
+        "task's analyses over training)",
+    )
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(sw)
 
@@ -375,7 +384,7 @@ def _resumed_run(args):
 def cmd_train(args) -> int:
     from analyses import suite_for
     from analyses.halving import scorer
-    from interp.training import train
+    from interp.training import snapshot_directory, train
 
     _set_threads(args)
     if args.resume:
@@ -406,8 +415,7 @@ def cmd_train(args) -> int:
         head_scorer=scorer(cfg.halving) if cfg.halving is not None else None,
     )
     if suite is not None:
-        snapshot_dir = out.with_name(out.name.removesuffix(".safetensors") + ".snapshots")
-        done = suite.finish_run(out, snapshot_dir, device=args.device)
+        done = suite.finish_run(out, snapshot_directory(out), device=args.device)
         if done is not None:
             print(f"{task.name}: {done}")
     acc = prov["accuracy"]
@@ -536,12 +544,17 @@ def cmd_sweep(args) -> int:
                 f"{directory} is a directory: interp sweep DIR takes --status or --resume; a new sweep "
                 "is interp sweep TASK ... --out DIR"
             )
-        resume_sweeps(directory, **run_kw)
+        resume_sweeps(directory, snapshot_every=args.snapshots, **run_kw)
         print(f"{directory}: resumed; `interp table {directory}` summarises it")
         return 0
     seeds, grid = parse_seeds(args.seeds), _sweep_grid(args, parse_grid, parse_strategies)
     task, spec, cfg = _new_run(args, seeds[0], grid_only=("halving",))
-    rows = run_sweep(task, spec, cfg, seeds, grid, args.out, **run_kw)
+    if args.snapshots and args.snapshots > min(grid.get("epochs", [cfg.epochs])):
+        raise ConfigError(
+            f"--snapshots {args.snapshots}: a snapshot every {args.snapshots} epochs in runs of "
+            f"{min(grid.get('epochs', [cfg.epochs]))} epochs writes none; give a smaller N"
+        )
+    rows = run_sweep(task, spec, cfg, seeds, grid, args.out, snapshot_every=args.snapshots, **run_kw)
     print(f"{args.out}: {len(rows)} runs; `interp table {args.out}` summarises them")
     return 0
 

@@ -144,9 +144,12 @@ def train_group(
     scorer_for: ScorerFor = halving_scorer,
     progress: bool = False,
     compile: bool = False,
+    snapshot_every: int | None = None,
 ) -> list[dict[str, Any]]:
     """Train one group of runs: as one population where they can be batched, else one at a time (halving runs get
-    ``scorer_for(strategy)`` as their head scorer). What a sweep runs locally, or as one Ray task."""
+    ``scorer_for(strategy)`` as their head scorer). What a sweep runs locally, or as one Ray task. ``snapshot_every``:
+    each run's snapshots beside its checkpoint (``runs/NAME.snapshots/``), as ``interp train --snapshots`` writes
+    them."""
     import torch
 
     if threads:
@@ -169,6 +172,7 @@ def train_group(
             compile=compile,
             head_scorer=scorer,
             resume_file=group_resume_file(paths),
+            snapshot_every=snapshot_every,
         )
     provs = []
     for s, c, p in zip(specs, cfgs, paths):
@@ -176,7 +180,15 @@ def train_group(
         # a run killed mid-training left its resume file: continue it
         provs.append(
             train(
-                task, s, c, p, device=device, progress=False, head_scorer=scorer, resume=resume_path(Path(p)).is_file()
+                task,
+                s,
+                c,
+                p,
+                device=device,
+                progress=False,
+                head_scorer=scorer,
+                resume=resume_path(Path(p)).is_file(),
+                snapshot_every=snapshot_every,
             )
         )
     return provs
@@ -189,7 +201,9 @@ def group_resume_file(paths: Sequence) -> Path:
     return Path(paths[0]).parent / f".group-{hashlib.sha1(names.encode()).hexdigest()[:16]}.resume"
 
 
-def _ray_train_group(task_name, task_params, specs, cfgs, paths, device, threads, scorer_for, compile=False):
+def _ray_train_group(
+    task_name, task_params, specs, cfgs, paths, device, threads, scorer_for, compile=False, snapshot_every=None
+):
     """:func:`train_group` in a Ray worker (the task is rebuilt there from its name and parameters)."""
     return train_group(
         get_task(task_name, **task_params),
@@ -200,6 +214,7 @@ def _ray_train_group(task_name, task_params, specs, cfgs, paths, device, threads
         threads=threads,
         scorer_for=scorer_for,
         compile=compile,
+        snapshot_every=snapshot_every,
     )
 
 
@@ -219,6 +234,7 @@ def run_sweep(
     threads: int | None = None,
     scorer_for: ScorerFor = halving_scorer,
     compile: bool = False,
+    snapshot_every: int | None = None,
 ) -> list[dict[str, Any]]:
     """Train every run of the sweep not yet in ``directory``; return the results table (one row per run).
 
@@ -226,7 +242,10 @@ def run_sweep(
     and a directory holding another task's sweeps is refused. ``backend="local"`` trains the groups one after
     another in this process; ``"ray"`` submits each group as one Ray task (to the cluster at ``ray_address``, or to
     a local one started here) and writes each group's rows as it finishes. Either way a rerun resumes: finished
-    runs are skipped, and rows missing from ``results.jsonl`` (or damaged there) are rebuilt from their checkpoints."""
+    runs are skipped, and rows missing from ``results.jsonl`` (or damaged there) are rebuilt from their checkpoints.
+
+    ``snapshot_every=N`` also writes every run's snapshots every N epochs (``runs/NAME.snapshots/``); it is recorded
+    in the sweep's plan, so ``interp sweep DIR --resume`` keeps writing them."""
     if group < 1:
         raise ConfigError(f"group must be at least 1, got {group}")
     if backend not in ("local", "ray"):
@@ -235,7 +254,7 @@ def run_sweep(
     runs = plan(task.name, task.params(), base_spec, base_cfg, seeds, grid)  # checks every run's configuration
     check_task(directory, task.name)
     (directory / RUNS).mkdir(parents=True, exist_ok=True)
-    add_plan(directory, plan_entry(task.name, task.params(), base_spec, base_cfg, seeds, grid))
+    add_plan(directory, plan_entry(task.name, task.params(), base_spec, base_cfg, seeds, grid, snapshot_every))
     rows, todo = _rows_and_todo(directory, runs)
     planned = {r["name"] for r in runs}
     others = [name for name in rows if name not in planned]  # rows of earlier sweeps into this directory: kept
@@ -277,10 +296,11 @@ def run_sweep(
                     scorer_for=scorer_for,
                     progress=progress,
                     compile=compile,
+                    snapshot_every=snapshot_every,
                 ),
             )
     elif chunks:
-        _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ray_address, compile)
+        _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ray_address, compile, snapshot_every)
     bar.close()
     return [rows[r["name"]] for r in runs]
 
@@ -302,8 +322,9 @@ def _rows_and_todo(directory: Path, runs: list[dict[str, Any]]) -> tuple[dict[st
     return rows, todo
 
 
-def resume_sweeps(directory, **kw: Any) -> None:
-    """``interp sweep DIR --resume``: continue every sweep saved in ``DIR/sweep.json``, in order."""
+def resume_sweeps(directory, snapshot_every: int | None = None, **kw: Any) -> None:
+    """``interp sweep DIR --resume``: continue every sweep saved in ``DIR/sweep.json``, in order, with the snapshots
+    its plan recorded (``snapshot_every`` given: that instead)."""
     for p in read_plans(directory):
         run_sweep(
             get_task(p["task"], **p["task_params"]),
@@ -312,11 +333,14 @@ def resume_sweeps(directory, **kw: Any) -> None:
             p["seeds"],
             p["grid"],
             directory,
+            snapshot_every=snapshot_every or p.get("snapshot_every"),
             **kw,
         )
 
 
-def _run_on_ray(task: Task, chunks, args_of, finished, device, threads, scorer_for, address, compile=False) -> None:
+def _run_on_ray(
+    task: Task, chunks, args_of, finished, device, threads, scorer_for, address, compile=False, snapshot_every=None
+) -> None:
     try:
         import ray
     except ImportError:
@@ -327,7 +351,9 @@ def _run_on_ray(task: Task, chunks, args_of, finished, device, threads, scorer_f
     try:
         remote = ray.remote(num_cpus=1)(_ray_train_group)
         pending = {
-            remote.remote(task.name, task.params(), *args_of(chunk), device, threads or 1, scorer_for, compile): chunk
+            remote.remote(
+                task.name, task.params(), *args_of(chunk), device, threads or 1, scorer_for, compile, snapshot_every
+            ): chunk
             for chunk in chunks
         }
         while pending:
