@@ -108,9 +108,25 @@ def test_interp_table_of_each_shipped_measurement_is_a_recount_of_its_rows(direc
     rows = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines() if line.strip()]
     assert sum(t["runs"] for t in table) == len(rows)
     for t in table:
-        keys = [k for k in t if k not in STATS and not k.startswith("share_") and k != "strategy"]
-        cell = [r for r in rows if all(r.get(k) == t[k] for k in keys)]
+        keys = [k for k in t if k not in STATS and not k.startswith("share_")]
+        cell = [r for r in rows if all(_config_value(r, k) == t[k] for k in keys)]
         accs = [r["accuracy"]["test"] for r in cell]
         assert t["runs"] == len(cell) > 0
         assert t["share_test_at_1"] == pytest.approx(sum(a >= 1.0 for a in accs) / len(cell))
         assert t["mean_test_accuracy"] == pytest.approx(sum(accs) / len(accs), abs=5e-5)
+
+
+def _config_value(row: dict, key: str):
+    """A row's configuration value as the table prints it: task parameters as sorted JSON text, the halving strategy
+    ("normal" without one); an option the row predates at its default (what the run did)."""
+    from interp.model import ModelSpec
+    from interp.options import options
+    from interp.training import TrainConfig
+
+    if key == "task_params":
+        return json.dumps(row["task_params"], sort_keys=True)
+    if key == "strategy":
+        return row.get("halving") or "normal"
+    if key in row:
+        return row[key]
+    return {**options(ModelSpec), **options(TrainConfig)}[key].default
