@@ -19,7 +19,7 @@ run's shapes, model by model) or from the counter (every model at once). The sol
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -224,6 +224,49 @@ def build_layout(
     return Layout(tokens, query_pos, q_targets, positions, key_valid, offsets, widths, objective == "lm")
 
 
+def sort_rows(layout: Layout, rows: Int[Tensor, "K batch"]) -> Layout:
+    """``layout`` with each model's batch in the order ``rows`` (e.g. ``lengths.argsort(1)``: sentences of similar
+    length side by side, so that :func:`cut_rows` can pad each run of them to its own longest)."""
+
+    def take(x: Tensor) -> Tensor:
+        return x.gather(1, rows.view(*rows.shape, *[1] * (x.ndim - 2)).expand(-1, -1, *x.shape[2:]))
+
+    kv = None if layout.key_valid is None else take(layout.key_valid)
+    return replace(
+        layout,
+        tokens=take(layout.tokens),
+        query_pos=take(layout.query_pos),
+        targets=take(layout.targets),
+        positions=take(layout.positions),
+        key_valid=kv,
+    )
+
+
+def cut_rows(
+    layout: Layout, lengths: Int[Tensor, "K batch"], start: int, stop: int, masks: Sequence[Tensor | None] = ()
+) -> tuple[Layout, list[Tensor | None]]:
+    """Rows ``start:stop`` of every model's batch of a right-padded ``layout`` (and of its dropout ``masks``, as
+    :func:`draw_masks` gives them), cut to the longest of those sentences (``lengths``: in the layout's row order):
+    nothing in a sentence looks at a position past its end (keys come before their query, and under right padding
+    every target sits inside its sentence), so the cut drops only positions no loss depends on. Views, no copies."""
+    if layout.key_valid is not None:
+        raise ConfigError("a layout is cut to its rows' longest sentence only under right padding (left pads count)")
+    w = max(int(lengths[:, start:stop].max()), 1)
+    rows, q = slice(start, stop), slice(0, w) if layout.all_queries else slice(None)  # lm: queries are positions
+    lay = Layout(
+        layout.tokens[:, rows, :w],
+        layout.query_pos[:, rows, q],
+        layout.targets[:, rows, q],
+        layout.positions[:, rows, :w],
+        None,
+        layout.offsets,
+        layout.widths.clamp(max=w),
+        layout.all_queries,
+    )
+    cuts = ((rows, slice(0, w)), (rows, q, slice(None), slice(0, w)), (rows, q))  # embedding, pattern, output
+    return lay, [None if m is None else m[(slice(None), *c)] for m, c in zip(masks, cuts)]
+
+
 def draw_masks(
     layout: Layout,
     sites: frozenset[str],
@@ -236,12 +279,15 @@ def draw_masks(
     seeds: Sequence[int] = (),
     epoch: int = 0,
     sentences: Int[Tensor, "K batch"] | None = None,
+    rows: Int[Tensor, "K batch"] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """The dropout multipliers ``(embedding, pattern, attention output)`` of a laid-out batch (None where
     dropout does not act). ``rng="torch"``: each model's masks, of its solo run's shapes (its own width; every
     position a query under the language-model objective), from its generator (``None``: torch's default), in the
     order embedding, pattern, output; placed where its layout lies. ``rng="counter"``: from each model's seed, the
-    ``epoch`` and the ``sentences`` (indices into the training split), every model at once."""
+    ``epoch`` and the ``sentences`` (indices into the training split), every model at once. ``rows``: the layout
+    holds each model's batch in this order (:func:`sort_rows`); torch masks, drawn in the solo run's order, are put
+    in it too (counter masks follow the ``sentences``, given in the layout's order)."""
     if not sites:
         return None, None, None
     K, b, t = layout.tokens.shape
@@ -259,19 +305,24 @@ def draw_masks(
         pat = pattern_mask(rows("pattern"), q_places, layout.positions, n_heads, p) if "pattern" in sites else None
         out = position_mask(rows("attention"), q_places, d_model, p) if "attention" in sites else None
         return emb, pat, out
-    emb = torch.zeros(K, b, t, d_model, device=dev) if "embedding" in sites else None
+    # the embedding mask is the largest: only the positions outside a model's own layout are zeroed (pads: finite,
+    # never attended)
+    emb = torch.empty(K, b, t, d_model, device=dev) if "embedding" in sites else None
     pat = torch.zeros(K, b, k, n_heads, t, device=dev) if "pattern" in sites else None
     out = torch.zeros(K, b, k, d_model, device=dev) if "attention" in sites else None
     for m, gen in enumerate(generators):
         w, o = int(layout.widths[m]), int(layout.offsets[m])
         qs = slice(o, o + w) if layout.all_queries else slice(0, k)
         nq = w if layout.all_queries else k
+        order = slice(None) if rows is None else rows[m].cpu()
         if emb is not None:
-            emb[m, :, o : o + w] = generator_mask((b, w, d_model), p, gen).to(dev)
+            emb[m, :, :o] = 0
+            emb[m, :, o + w :] = 0
+            emb[m, :, o : o + w] = generator_mask((b, w, d_model), p, gen)[order].to(dev)
         if pat is not None:
-            pat[m, :, qs, :, o : o + w] = generator_mask((b, nq, n_heads, w), p, gen).to(dev)
+            pat[m, :, qs, :, o : o + w] = generator_mask((b, nq, n_heads, w), p, gen)[order].to(dev)
         if out is not None:
-            out[m, :, qs] = generator_mask((b, nq, d_model), p, gen).to(dev)
+            out[m, :, qs] = generator_mask((b, nq, d_model), p, gen)[order].to(dev)
     return emb, pat, out
 
 
