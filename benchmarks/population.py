@@ -16,7 +16,8 @@ extra epochs, so start-up (imports, model building, ``torch.compile``'s compilat
 10,000 sentences, checkpoint writes) is left out of both sides alike; the fixed cost is printed too. Each repeat
 times both sides (solo, then batched) and ``--repeats R`` of them give the median and the range (min-max) of each
 rate and of the ratio (each repeat's solo rate over its batched one), so a machine shared with other work shows as a
-spread instead of one lucky or unlucky figure.
+spread instead of one lucky or unlucky figure. Each rate is given in wall seconds and in the workers' CPU seconds
+(user + system), which other work on the machine disturbs less.
 
 ``--processes P`` splits the population over P processes of one thread each, trained at the same time (one per
 core: ``--processes 2`` on this 2-core machine), and counts wall-clock time; the solo rate is then also P models
@@ -74,11 +75,13 @@ def _worker(args) -> None:
             )
 
 
-def _wall(args, epochs: int, solo: bool) -> float:
+def _wall(args, epochs: int, solo: bool) -> tuple[float, float]:
     """Wall seconds for ``args.processes`` processes training their share for ``epochs`` epochs at the same time
-    (batched: the population split evenly; solo: one model each)."""
+    (batched: the population split evenly; solo: one model each), and the CPU seconds (user + system) they used:
+    on a machine shared with other work the CPU time moves less than the wall time."""
     per = -(-args.models // args.processes)
     procs = []
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     for p in range(args.processes):
         first, count = p * per, (1 if solo else min(per, args.models - p * per))
@@ -102,7 +105,14 @@ def _wall(args, epochs: int, solo: bool) -> float:
     for pr in procs:
         if pr.wait() != 0:
             raise SystemExit("a worker failed")
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _children_cpu() - cpu0
+
+
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _env() -> dict[str, str]:
@@ -131,39 +141,50 @@ def main() -> None:
         return _worker(args)
     E = args.epochs
     sides = (("one at a time (interp train)", True), ("batched population", False))
-    rates: dict[str, list[float]] = {side: [] for side, _ in sides}
-    ratios = []
+    rates: dict[tuple[str, str], list[float]] = {(side, c): [] for side, _ in sides for c in ("wall", "cpu")}
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": []}
     for r in range(args.repeats):
         for side, solo in sides:
-            short, long = _wall(args, E, solo), _wall(args, 3 * E, solo)
+            (short, short_cpu), (long, long_cpu) = _wall(args, E, solo), _wall(args, 3 * E, solo)
             models = args.processes if solo else args.models
             rate = (long - short) / (2 * E * models)  # wall seconds per model-epoch, steady state
-            rates[side].append(rate)
+            rates[side, "wall"].append(rate)
+            rates[side, "cpu"].append((long_cpu - short_cpu) / (2 * E * models))
             print(
                 f"repeat {r + 1}/{args.repeats} {side:30s}: {rate:.4f} s per model-epoch (wall, {args.processes} "
-                f"process(es)); fixed cost {short - rate * E * models:.1f} s per run of {models} model(s)",
+                f"process(es); CPU {rates[side, 'cpu'][-1]:.4f} s); fixed cost {short - rate * E * models:.1f} s "
+                f"per run of {models} model(s)",
                 flush=True,
             )
-        ratios.append(rates[sides[0][0]][-1] / rates[sides[1][0]][-1])
+        for c, values in ratios.items():
+            values.append(rates[sides[0][0], c][-1] / rates[sides[1][0], c][-1])
     print(
         f"seed config (d 32, 16 heads), {args.models} models, dropout at {args.dropout_at} ({args.dropout_rng} masks), "
         f"compile={args.compile}, {args.processes} process(es) x 1 thread, epochs {E} and {3 * E}, {args.repeats} "
         "repeat(s): median (min-max)"
     )
     for side, _ in sides:
-        print(f"{side:30s}: {_spread(rates[side], '.4f')} s per model-epoch")
-    solo, batched = statistics.median(rates[sides[0][0]]), statistics.median(rates[sides[1][0]])
+        print(
+            f"{side:30s}: {_spread(rates[side, 'wall'], '.4f')} s per model-epoch (wall), "
+            f"{_spread(rates[side, 'cpu'], '.4f')} s (CPU)"
+        )
+    solo, batched = statistics.median(rates[sides[0][0], "wall"]), statistics.median(rates[sides[1][0], "wall"])
     print(
-        f"speed-up {_spread(ratios, '.2f')}x; 100 models x 900 epochs: {batched * 100 * 900 / 60:.1f} min batched, "
-        f"{solo * 100 * 900 / 3600:.1f} h one at a time (medians; steady state, plus the fixed cost)"
+        f"speed-up {_spread(ratios['wall'], '.2f')}x (wall), {_spread(ratios['cpu'], '.2f')}x (CPU); 100 models x 900 "
+        f"epochs: {batched * 100 * 900 / 60:.1f} min batched, {solo * 100 * 900 / 3600:.1f} h one at a time (wall "
+        "medians; steady state, plus the fixed cost)"
     )
     print(
         json.dumps(
             {
-                "solo_s_per_model_epoch": rates[sides[0][0]],
-                "batched_s_per_model_epoch": rates[sides[1][0]],
-                "ratio": ratios,
-                "median_ratio": statistics.median(ratios),
+                "solo_s_per_model_epoch": rates[sides[0][0], "wall"],
+                "batched_s_per_model_epoch": rates[sides[1][0], "wall"],
+                "ratio": ratios["wall"],
+                "median_ratio": statistics.median(ratios["wall"]),
+                "solo_cpu_s_per_model_epoch": rates[sides[0][0], "cpu"],
+                "batched_cpu_s_per_model_epoch": rates[sides[1][0], "cpu"],
+                "cpu_ratio": ratios["cpu"],
+                "median_cpu_ratio": statistics.median(ratios["cpu"]),
             }
         )
     )
