@@ -145,12 +145,13 @@ def position_losses(
     """Each model's loss on its laid-out batch through the per-position forward, with its solo run's masks
     (:func:`interp.position_forward.draw_masks`).
 
-    Under right padding with the sentences' ``lengths`` given, each model's batch is cut into
-    :data:`LENGTH_CHUNKS` runs of similar length (:func:`interp.position_forward.length_chunks`), each padded to
-    its own longest sentence rather than the step's: about half the positions of a batch of noisy-majority
-    sentences are pads, and the forward's cost is proportional to the width. Torch-drawn masks are drawn for the
-    whole batch first (each model's in its solo run's shapes and order), then cut with it; counter masks are drawn
-    per run (they depend on the sentence and the position only). A model's loss is its runs' losses weighed by
+    Under right padding with the sentences' ``lengths`` given, each model's batch is sorted by length
+    (:func:`interp.position_forward.sort_rows`) and cut into :data:`LENGTH_CHUNKS` runs of consecutive ranks
+    (:func:`interp.position_forward.cut_rows`), each padded to its own longest sentence rather than the step's:
+    about half the positions of a batch of noisy-majority sentences are pads, and the forward's cost is
+    proportional to the width. Torch-drawn masks are drawn for the whole batch first (each model's in its solo
+    run's shapes and order, then put in the sorted order), then cut with it; counter masks are drawn per run (they
+    depend on the sentence and the position only). A model's loss is its runs' losses weighed by
     their targets: its mean over the batch, up to float rounding."""
     sites, p, rng = cfg.dropout_sites, float(cfg.dropout), cfg.dropout_rng
     mask_kw = dict(generators=generators, seeds=seeds, epoch=epoch)

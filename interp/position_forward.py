@@ -14,6 +14,8 @@ equal to the HookedTransformer forward with the same masks put in by hooks (test
 :func:`build_layout` lays a batch out (right or left padded, the answer positions or every position as queries)
 for K models at once; :func:`draw_masks` draws its dropout masks as a solo run would (torch's generator, the solo
 run's shapes, model by model) or from the counter (every model at once). The solo run is the same code with K = 1.
+A population's step sorts each model's batch by length (:func:`sort_rows`) and runs the forward on slices of it
+padded to their own longest sentence (:func:`cut_rows`; :func:`interp.population_paths.position_losses`).
 """
 
 from __future__ import annotations
