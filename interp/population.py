@@ -613,6 +613,7 @@ class _Population:
             seeds=[c.seed for c in self.cfgs],
             epoch=self.epoch,
             sentences=idx,
+            lengths=data.lengths[idx],
             pooling=self.pooling,
             **kw,
         )

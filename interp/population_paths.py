@@ -29,8 +29,17 @@ from torch import Tensor
 from .configs import ModelSpec, TrainConfig
 from .dropout_masks import run_keys
 from .errors import ConfigError
-from .position_forward import Layout, Norm, draw_masks, mean_losses, stacked_position_logits
+from .position_forward import (
+    Layout,
+    Norm,
+    cut_rows,
+    draw_masks,
+    mean_losses,
+    sort_rows,
+    stacked_position_logits,
+)
 from .prefix_counts import PrefixRows, pack, prefix_count_losses
+from .task import IGNORE
 
 
 def forward_of(spec: ModelSpec, cfg: TrainConfig) -> str:
@@ -111,6 +120,10 @@ def _position_losses(
     return inspect.unwrap(mean_losses)(logits, targets)
 
 
+# runs of sentences (by length) a right-padded per-position step is cut into (see :func:`position_losses`)
+LENGTH_CHUNKS = 8
+
+
 def position_losses(
     P: dict[str, Tensor],
     layout: Layout,
@@ -125,37 +138,53 @@ def position_losses(
     seeds: Sequence[int],
     epoch: int,
     sentences: Int[Tensor, "K b"],
+    lengths: Int[Tensor, "K b"] | None = None,
     losses_fn=_position_losses,
     pooling: str = "softmax",
 ) -> Float[Tensor, " K"]:
     """Each model's loss on its laid-out batch through the per-position forward, with its solo run's masks
-    (:func:`interp.position_forward.draw_masks`)."""
-    emb, pat, out = draw_masks(
-        layout,
-        cfg.dropout_sites,
-        float(cfg.dropout),
-        cfg.dropout_rng,
-        d_model,
-        n_heads,
-        generators=generators,
-        seeds=seeds,
-        epoch=epoch,
-        sentences=sentences,
-    )
-    return losses_fn(
-        P,
-        layout.tokens,
-        layout.query_pos,
-        layout.targets,
-        attn_scale,
-        norm,
-        identity_w_o,
-        layout.key_valid,
-        emb,
-        pat,
-        out,
-        pooling,
-    )
+    (:func:`interp.position_forward.draw_masks`).
+
+    Under right padding with the sentences' ``lengths`` given, each model's batch is sorted by length
+    (:func:`interp.position_forward.sort_rows`) and cut into :data:`LENGTH_CHUNKS` runs of consecutive ranks
+    (:func:`interp.position_forward.cut_rows`), each padded to its own longest sentence rather than the step's:
+    about half the positions of a batch of noisy-majority sentences are pads, and the forward's cost is
+    proportional to the width. Torch-drawn masks are drawn for the whole batch first (each model's in its solo
+    run's shapes and order, then put in the sorted order), then cut with it; counter masks are drawn per run (they
+    depend on the sentence and the position only). A model's loss is its runs' losses weighed by
+    their targets: its mean over the batch, up to float rounding."""
+    sites, p, rng = cfg.dropout_sites, float(cfg.dropout), cfg.dropout_rng
+    mask_kw = dict(generators=generators, seeds=seeds, epoch=epoch)
+
+    def losses(lay, masks):
+        return losses_fn(
+            P,
+            lay.tokens,
+            lay.query_pos,
+            lay.targets,
+            attn_scale,
+            norm,
+            identity_w_o,
+            lay.key_valid,
+            *masks,
+            pooling,
+        )
+
+    if lengths is None or layout.key_valid is not None:
+        return losses(layout, draw_masks(layout, sites, p, rng, d_model, n_heads, sentences=sentences, **mask_kw))
+    order = lengths.argsort(dim=1, stable=True)
+    layout, lengths, sentences = sort_rows(layout, order), lengths.gather(1, order), sentences.gather(1, order)
+    full = draw_masks(layout, sites, p, rng, d_model, n_heads, rows=order, **mask_kw) if rng != "counter" else ()
+    total = counted = 0
+    for chunk in torch.arange(lengths.shape[1]).tensor_split(min(LENGTH_CHUNKS, lengths.shape[1])):
+        start, stop = int(chunk[0]), int(chunk[-1]) + 1
+        lay, masks = cut_rows(layout, lengths, start, stop, full)
+        if rng == "counter":
+            masks = draw_masks(lay, sites, p, rng, d_model, n_heads, sentences=sentences[:, start:stop], **mask_kw)
+        n = (lay.targets != IGNORE).flatten(1).sum(1)
+        total = total + losses(lay, masks) * n
+        counted = counted + n
+    return total / counted.clamp(min=1)
 
 
 def prefix_widths(

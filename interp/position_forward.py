@@ -14,12 +14,14 @@ equal to the HookedTransformer forward with the same masks put in by hooks (test
 :func:`build_layout` lays a batch out (right or left padded, the answer positions or every position as queries)
 for K models at once; :func:`draw_masks` draws its dropout masks as a solo run would (torch's generator, the solo
 run's shapes, model by model) or from the counter (every model at once). The solo run is the same code with K = 1.
+A population's step sorts each model's batch by length (:func:`sort_rows`) and runs the forward on slices of it
+padded to their own longest sentence (:func:`cut_rows`; :func:`interp.population_paths.position_losses`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -107,32 +109,40 @@ def stacked_position_logits(
     k = query_pos.shape[-1]
     W_Q, W_K, W_V = P["blocks.0.attn.W_Q"], P["blocks.0.attn.W_K"], P["blocks.0.attn.W_V"]
     H, d, e = W_Q.shape[1:]
-    ks = torch.arange(K, device=tokens.device)[:, None, None]
-    x = P["embed.W_E"][ks, tokens] + P["pos_embed.W_pos"][:, None, :t]  # [K, b, t, d]
+    W_E = P["embed.W_E"]
+    # each model's embedding as one lookup in the stacked table (an index_select, whose backward is an index_add:
+    # no advanced-indexing index_put, which deterministic mode makes slow)
+    rows_of = (tokens + (torch.arange(K, device=tokens.device) * W_E.shape[1])[:, None, None]).flatten()
+    x = W_E.reshape(-1, W_E.shape[-1]).index_select(0, rows_of).view(K, b, t, -1) + P["pos_embed.W_pos"][:, None, :t]
     if emb_mask is not None:
         x = x * emb_mask
     xn = norm.apply(P, "blocks.0.ln1", x)
-    rows = torch.arange(b, device=tokens.device)[None, :, None]
-    q = torch.einsum("Kbkd,Khde->Kbkhe", xn[ks, rows, query_pos], W_Q) + P["blocks.0.attn.b_Q"][:, None, None]
+    at_queries = query_pos[..., None].expand(-1, -1, -1, x.shape[-1])  # [K, b, k, d]
+    q = torch.einsum("Kbkd,Khde->Kbkhe", xn.gather(2, at_queries), W_Q) + P["blocks.0.attn.b_Q"][:, None, None]
+    hidden = torch.arange(t, device=tokens.device)[None, None, None, :] > query_pos[..., None]  # [K, b, k, t]
+    if key_valid is not None:
+        hidden = hidden | ~key_valid[:, :, None, :]
     if pooling == "softmax":
-        u = torch.einsum("Kbkhe,Khde->Kbkhd", q, W_K).reshape(K, b, k * H, d)  # every head's query folded into W_K
-        q_bias = (q * P["blocks.0.attn.b_K"][:, None, None]).sum(-1).reshape(K, b, k * H, 1)
-        scores = ((torch.matmul(u, xn.transpose(-1, -2)) + q_bias) / attn_scale).view(K, b, k, H, t)
+        # every head's query folded into W_K, and the scale into the query (a [query, d_model] product, not a pass
+        # over the scores); the query-key bias and the hidden keys' -inf are the input the scores' product adds to
+        u = torch.einsum("Kbkhe,Khde->Kbkhd", q / attn_scale, W_K).reshape(K * b, k * H, d)
+        q_bias = (q * P["blocks.0.attn.b_K"][:, None, None]).sum(-1)[..., None] / attn_scale  # [K, b, k, H, 1]
+        added = q_bias + torch.zeros(hidden.shape, device=x.device).masked_fill_(hidden, float("-inf"))[:, :, :, None]
+        scores = torch.baddbmm(added.view(K * b, k * H, t), u, xn.reshape(K * b, t, d).transpose(-1, -2))
+        pattern = scores.view(K, b, k, H, t).softmax(-1)
     else:  # other poolings score each query against each key from the per-head keys
         keys = torch.einsum("Kbtd,Khde->Kbhte", xn, W_K) + P["blocks.0.attn.b_K"][:, None, :, None]
         additive_v = P[f"blocks.0.attn.{ADDITIVE}"][:, None] if pooling == "additive" else None  # [K, 1, H, e]
         scores = pair_scores(pooling, q.transpose(2, 3), keys, attn_scale, additive_v).transpose(2, 3)
-    hidden = torch.arange(t, device=tokens.device)[None, None, None, :] > query_pos[..., None]  # [K, b, k, t]
-    if key_valid is not None:
-        hidden = hidden | ~key_valid[:, :, None, :]
-    scores = scores.masked_fill(hidden[:, :, :, None], float("-inf"))
-    pattern = scores.softmax(-1) if pooling == "softmax" else attention_pattern(scores)
+        pattern = attention_pattern(scores.masked_fill(hidden[:, :, :, None], float("-inf")))
     if pattern_mask is not None:
         pattern = pattern * pattern_mask
     y = torch.matmul(pattern.view(K, b, k * H, t), xn).view(K, b, k, H, d)  # attention-weighted inputs
-    z = (
-        torch.einsum("Kbkhd,Khde->Kbkhe", y, W_V)
-        + pattern.sum(-1, keepdim=True) * P["blocks.0.attn.b_V"][:, None, None]
+    b_V = P["blocks.0.attn.b_V"][:, None, None]
+    # each query's values carry b_V weighed by its pattern's sum: 1 for a softmax (up to rounding) unless dropout
+    # acts on the pattern
+    z = torch.einsum("Kbkhd,Khde->Kbkhe", y, W_V) + (
+        b_V if pooling == "softmax" and pattern_mask is None else pattern.sum(-1, keepdim=True) * b_V
     )
     if identity_w_o:
         out = z.reshape(K, b, k, H * e) + P["blocks.0.attn.b_O"][:, None, None]
@@ -140,7 +150,7 @@ def stacked_position_logits(
         out = torch.einsum("Kbkhe,Khed->Kbkd", z, P["blocks.0.attn.W_O"]) + P["blocks.0.attn.b_O"][:, None, None]
     if out_mask is not None:
         out = out * out_mask
-    resid = norm.apply(P, "ln_final", x[ks, rows, query_pos] + out)
+    resid = norm.apply(P, "ln_final", x.gather(2, at_queries) + out)
     return torch.einsum("Kbkd,Kdv->Kbkv", resid, P["unembed.W_U"]) + P["unembed.b_U"][:, None, None]
 
 
@@ -224,6 +234,49 @@ def build_layout(
     return Layout(tokens, query_pos, q_targets, positions, key_valid, offsets, widths, objective == "lm")
 
 
+def sort_rows(layout: Layout, rows: Int[Tensor, "K batch"]) -> Layout:
+    """``layout`` with each model's batch in the order ``rows`` (e.g. ``lengths.argsort(1)``: sentences of similar
+    length side by side, so that :func:`cut_rows` can pad each run of them to its own longest)."""
+
+    def take(x: Tensor) -> Tensor:
+        return x.gather(1, rows.view(*rows.shape, *[1] * (x.ndim - 2)).expand(-1, -1, *x.shape[2:]))
+
+    kv = None if layout.key_valid is None else take(layout.key_valid)
+    return replace(
+        layout,
+        tokens=take(layout.tokens),
+        query_pos=take(layout.query_pos),
+        targets=take(layout.targets),
+        positions=take(layout.positions),
+        key_valid=kv,
+    )
+
+
+def cut_rows(
+    layout: Layout, lengths: Int[Tensor, "K batch"], start: int, stop: int, masks: Sequence[Tensor | None] = ()
+) -> tuple[Layout, list[Tensor | None]]:
+    """Rows ``start:stop`` of every model's batch of a right-padded ``layout`` (and of its dropout ``masks``, as
+    :func:`draw_masks` gives them), cut to the longest of those sentences (``lengths``: in the layout's row order):
+    nothing in a sentence looks at a position past its end (keys come before their query, and under right padding
+    every target sits inside its sentence), so the cut drops only positions no loss depends on. Views, no copies."""
+    if layout.key_valid is not None:
+        raise ConfigError("a layout is cut to its rows' longest sentence only under right padding (left pads count)")
+    w = max(int(lengths[:, start:stop].max()), 1)
+    rows, q = slice(start, stop), slice(0, w) if layout.all_queries else slice(None)  # lm: queries are positions
+    lay = Layout(
+        layout.tokens[:, rows, :w],
+        layout.query_pos[:, rows, q],
+        layout.targets[:, rows, q],
+        layout.positions[:, rows, :w],
+        None,
+        layout.offsets,
+        layout.widths.clamp(max=w),
+        layout.all_queries,
+    )
+    cuts = ((rows, slice(0, w)), (rows, q, slice(None), slice(0, w)), (rows, q))  # embedding, pattern, output
+    return lay, [None if m is None else m[(slice(None), *c)] for m, c in zip(masks, cuts)]
+
+
 def draw_masks(
     layout: Layout,
     sites: frozenset[str],
@@ -236,12 +289,15 @@ def draw_masks(
     seeds: Sequence[int] = (),
     epoch: int = 0,
     sentences: Int[Tensor, "K batch"] | None = None,
+    rows: Int[Tensor, "K batch"] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """The dropout multipliers ``(embedding, pattern, attention output)`` of a laid-out batch (None where
     dropout does not act). ``rng="torch"``: each model's masks, of its solo run's shapes (its own width; every
     position a query under the language-model objective), from its generator (``None``: torch's default), in the
     order embedding, pattern, output; placed where its layout lies. ``rng="counter"``: from each model's seed, the
-    ``epoch`` and the ``sentences`` (indices into the training split), every model at once."""
+    ``epoch`` and the ``sentences`` (indices into the training split), every model at once. ``rows``: the layout
+    holds each model's batch in this order (:func:`sort_rows`); torch masks, drawn in the solo run's order, are put
+    in it too (counter masks follow the ``sentences``, given in the layout's order)."""
     if not sites:
         return None, None, None
     K, b, t = layout.tokens.shape
@@ -259,20 +315,37 @@ def draw_masks(
         pat = pattern_mask(rows("pattern"), q_places, layout.positions, n_heads, p) if "pattern" in sites else None
         out = position_mask(rows("attention"), q_places, d_model, p) if "attention" in sites else None
         return emb, pat, out
-    emb = torch.zeros(K, b, t, d_model, device=dev) if "embedding" in sites else None
+    # the embedding mask is the largest: only the positions outside a model's own layout are zeroed (pads: finite,
+    # never attended)
+    emb = torch.empty(K, b, t, d_model, device=dev) if "embedding" in sites else None
     pat = torch.zeros(K, b, k, n_heads, t, device=dev) if "pattern" in sites else None
     out = torch.zeros(K, b, k, d_model, device=dev) if "attention" in sites else None
+    rank = (
+        None
+        if rows is None
+        else torch.empty_like(rows).scatter_(1, rows, torch.arange(b, device=rows.device).expand(K, b))
+    )
     for m, gen in enumerate(generators):
         w, o = int(layout.widths[m]), int(layout.offsets[m])
         qs = slice(o, o + w) if layout.all_queries else slice(0, k)
         nq = w if layout.all_queries else k
         if emb is not None:
-            emb[m, :, o : o + w] = generator_mask((b, w, d_model), p, gen).to(dev)
+            emb[m, :, :o] = 0
+            emb[m, :, o + w :] = 0
+            _place(emb[m, :, o : o + w], generator_mask((b, w, d_model), p, gen), rank, m)
         if pat is not None:
-            pat[m, :, qs, :, o : o + w] = generator_mask((b, nq, n_heads, w), p, gen).to(dev)
+            _place(pat[m, :, qs, :, o : o + w], generator_mask((b, nq, n_heads, w), p, gen), rank, m)
         if out is not None:
-            out[m, :, qs] = generator_mask((b, nq, d_model), p, gen).to(dev)
+            _place(out[m, :, qs], generator_mask((b, nq, d_model), p, gen), rank, m)
     return emb, pat, out
+
+
+def _place(into: Tensor, mask: Tensor, rank: Tensor | None, m: int) -> None:
+    """Copy a model's ``mask`` (rows in its solo run's order) into ``into``, row ``i`` to row ``rank[m, i]``."""
+    if rank is None:
+        into.copy_(mask)
+    else:
+        into.index_copy_(0, rank[m], mask.to(into.device))
 
 
 def solo_batch_loss(

@@ -375,3 +375,52 @@ def test_the_text_table_names_only_the_task_parameters_that_differ():
     lines = text.splitlines()
     assert "test_size=1000" in lines[1] and "test_size=1500" in lines[2] and "train_size" not in text
     assert "0.50 [" in lines[1] and "1.00 [" in lines[2]
+
+
+def test_a_step_cut_into_runs_by_length_has_the_losses_of_the_whole_batch(tiny_task, tiny_spec):
+    """A right-padded per-position step sorts each model's batch by length and pads each run of sentences to its own
+    longest (``position_losses`` given the lengths): each model's loss equals its loss over the whole batch padded
+    to the step's longest, with torch masks (drawn in the solo run's order, then sorted) at every site, under both
+    objectives, with attention biases and a learned W_O. (Counter masks, drawn per run, are checked by the
+    populations-equal-solo cases: they compile the hash, seconds on a first call.)"""
+    from dataclasses import replace
+
+    from interp.population_paths import position_losses
+    from interp.position_forward import Norm, build_layout
+
+    data = tiny_task.dataset("train")
+    g = torch.Generator().manual_seed(2)
+    spec = replace(tiny_spec, output_matrix="learned", attn_bias=True)
+    models = [build_model(replace(spec, init_seed=s), device="cpu") for s in range(3)]
+    for m in models:
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn(p.shape, generator=g))
+    P = {
+        n: torch.stack([dict(m.named_parameters())[n] for m in models]).detach()
+        for n, _ in models[0].named_parameters()
+    }
+    idx = torch.stack([torch.randperm(len(data), generator=g)[:40] for _ in range(3)])
+    for objective in ("answer", "lm"):
+        cfg = TrainConfig(objective=objective, dropout_at="embedding+attention+pattern")
+        lay = build_layout(data.tokens[idx], data.targets[idx], data.lengths[idx], objective, "right", None)
+        got = [
+            position_losses(
+                P,
+                lay,
+                cfg,
+                8,
+                4,
+                2**0.5,
+                Norm(),
+                False,
+                generators=[torch.Generator().manual_seed(s) for s in range(3)],
+                seeds=[0, 1, 2],
+                epoch=1,
+                sentences=idx,
+                lengths=lengths,
+            )
+            for lengths in (None, data.lengths[idx])
+        ]
+        torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
