@@ -1,0 +1,61 @@
+"""Which test sentences the runs of a sweep get wrong, by margin |n0 - n1| (the count of 0s minus the count of 1s).
+
+    python examples/results/seed_regime/near_misses.py SWEEP_DIR OUT.json [KEY=VALUE ...]
+
+KEY=VALUE pairs select rows of SWEEP_DIR/results.jsonl (e.g. ``optimizer=adam d_model=32``; a key a row lacks takes
+its option's default); each selected run's checkpoint is loaded, its answers to the test split are taken from the
+model's forward (TransformerLens', at the answer position) and compared with the targets. Prints, per selection, the
+runs with errors, their error counts and the margins of the wrong sentences; writes them per run to OUT.json.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from interp.evaluation import predictions_and_loss
+from interp.model import ModelSpec
+from interp.options import options
+from interp.task import IGNORE
+from interp.training import TrainConfig
+from tasks import load_checkpoint
+
+
+def selected(directory: Path, where: dict[str, str]) -> list[dict]:
+    defaults = {k: o.default for k, o in {**options(ModelSpec), **options(TrainConfig)}.items()}
+    rows = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if all(str(r.get(k, defaults.get(k))) == v for k, v in where.items())]
+
+
+def wrong_margins(path: Path) -> list[int]:
+    """The margin |n0 - n1| of every test sentence the checkpoint answers wrongly."""
+    ckpt = load_checkpoint(path, device="cpu")
+    data = ckpt.task.dataset("test")
+    vocab = ckpt.task.vocab
+    answer = (data.targets != IGNORE).float().argmax(1)  # the first target position: the answer after '='
+    rows = torch.arange(len(data.tokens))
+    preds = predictions_and_loss(ckpt.model, data)["preds"][rows, answer]
+    wrong = (preds != data.targets[rows, answer]).nonzero().flatten()
+    margin = ((data.tokens == vocab.index["0"]).sum(1) - (data.tokens == vocab.index["1"]).sum(1)).abs()
+    return sorted(margin[wrong].tolist())
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    directory, out = Path(argv[0]), Path(argv[1])
+    where = dict(a.split("=", 1) for a in argv[2:])
+    runs = {r["name"]: wrong_margins(directory / r["checkpoint"]) for r in selected(directory, where)}
+    failing = {k: v for k, v in runs.items() if v}
+    margins = collections.Counter(m for v in runs.values() for m in v)
+    counts = sorted(len(v) for v in failing.values())
+    print(f"{len(runs)} runs, {len(failing)} with errors; errors per failing run {counts}")
+    print("errors by margin |n0 - n1|:", dict(sorted(margins.items())))
+    out.write_text(json.dumps({"where": where, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
