@@ -130,3 +130,27 @@ def _config_value(row: dict, key: str):
     if key in row:
         return row[key]
     return {**options(ModelSpec), **options(TrainConfig)}[key].default
+
+
+@pytest.mark.parametrize(
+    ("name", "directory"),
+    [("near_misses_adam900_d8.json", "adam900"), ("near_misses_adam_d32.json", "answer")],
+)
+def test_shipped_near_misses_agree_with_the_rows(name, directory):
+    """Each run's count of wrongly answered test sentences (near_misses.py, from its checkpoint) is what its row's
+    test accuracy says: (1 - accuracy) x the test split's size."""
+    base = ROOT / "examples" / "results" / "seed_regime"
+    doc = json.loads((base / name).read_text())
+    rows = {
+        r["name"]: r
+        for line in (base / directory / "results.jsonl").read_text().splitlines()
+        if line.strip()
+        for r in [json.loads(line)]
+    }
+    assert doc["runs"] and all(
+        all(str(_config_value(rows[n], k)) == v for k, v in doc["where"].items()) for n in doc["runs"]
+    )
+    for run, margins in doc["runs"].items():
+        row = rows[run]
+        assert len(margins) == round((1 - row["accuracy"]["test"]) * row["task_params"]["test_size"]), run
+        assert all(m <= 1 for m in margins)  # every error is a tie or a margin of one
