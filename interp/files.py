@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import InterpError
+from .errors import ConfigError, InterpError
 
 
 class AtomicFile:
@@ -102,3 +102,31 @@ def atomic_write(path, write: Callable[[str], None], what: str = "a file") -> Pa
 
 def atomic_write_text(path, text: str, what: str = "a file") -> Path:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), what)
+
+
+def read_named_rows(path) -> dict[str, dict]:
+    """A JSON-lines cache of per-run entries (each with a ``name``), keyed by name; {} when there is no file. A line
+    that is not JSON is refused naming the file and the line (the caches are written whole and atomically)."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    entries = {}
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigError(
+                    f"{path}:{i} is not a JSON row (the file is written atomically: was it edited?)"
+                ) from None
+            entries[entry["name"]] = entry
+    return entries
+
+
+def write_rows(path, entries, what: str) -> Path:
+    """Write ``entries`` as JSON lines, atomically (the counterpart of :func:`read_named_rows`)."""
+    import json
+
+    return atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in entries), what)

@@ -16,13 +16,13 @@ census resumes where it stopped.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from interp.errors import ConfigError
+from interp.files import read_named_rows, write_rows
 from interp.results import Result, jsonable
 from interp.sweep_directory import checkpoint_path
 
@@ -53,26 +53,12 @@ def run_heads(ckpt, train_size: int | None = TRAIN_SIZE, test_size: int | None =
 
 
 def read_census(directory) -> dict[str, dict[str, Any]]:
-    path = Path(directory) / CENSUS
-    if not path.is_file():
-        return {}
-    entries = {}
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:
-                raise ConfigError(
-                    f"{path}:{i} is not a JSON row (the file is written atomically: was it edited?)"
-                ) from None
-            entries[e["name"]] = e
-    return entries
+    """The cached census entries of a sweep directory (``census.jsonl``), by run name."""
+    return read_named_rows(Path(directory) / CENSUS)
 
 
 def _write_census(directory: Path, entries: list[dict[str, Any]]) -> None:
-    from interp.files import atomic_write_text
-
-    atomic_write_text(directory / CENSUS, "".join(json.dumps(e) + "\n" for e in entries), "the sweep's head census")
+    write_rows(directory / CENSUS, entries, "the sweep's head census")
 
 
 def census(

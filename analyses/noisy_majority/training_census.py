@@ -24,7 +24,6 @@ checkpoints still rebuilds the result.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interp.errors import ConfigError
+from interp.files import read_named_rows, write_rows
 from interp.results import Result, jsonable
 
 from .census import TEST_SIZE, TRAIN_SIZE, _plain
@@ -83,26 +82,11 @@ def snapshot_entry(ckpt, train_size: int | None = TRAIN_SIZE, test_size: int | N
 
 
 def _read_cache(directory: Path) -> dict[str, dict[str, Any]]:
-    path = directory / CACHE
-    if not path.is_file():
-        return {}
-    out = {}
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:
-                raise ConfigError(
-                    f"{path}:{i} is not a JSON row (the file is written atomically: was it edited?)"
-                ) from None
-            out[e["name"]] = e
-    return out
+    return read_named_rows(directory / CACHE)
 
 
 def _write_cache(directory: Path, entries: list[dict[str, Any]]) -> None:
-    from interp.files import atomic_write_text
-
-    atomic_write_text(directory / CACHE, "".join(json.dumps(e) + "\n" for e in entries), "the census over training")
+    write_rows(directory / CACHE, entries, "the census over training")
 
 
 def has_snapshots(directory) -> bool:
