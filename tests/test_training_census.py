@@ -187,3 +187,15 @@ def test_the_shipped_census_over_training_reads_back_to_its_numbers():
         for k, v in want.items():
             assert got[k] == (pytest.approx(v, rel=2e-3) if isinstance(v, float) else v), k
     assert len(tc.figure().data) == 4 * 80
+
+
+def test_a_damaged_census_cache_is_refused_naming_the_line(tmp_path):
+    """Both censuses read their per-run caches through one reader: a line that is not JSON is one clear error."""
+    from analyses.noisy_majority.census import CENSUS, read_census
+    from interp.errors import ConfigError
+
+    (tmp_path / CENSUS).write_text('{"name": "a", "heads": []}\n{not json\n')
+    with pytest.raises(ConfigError, match=rf"{CENSUS}:2 is not a JSON row"):
+        read_census(tmp_path)
+    (tmp_path / CENSUS).write_text('{"name": "a", "heads": []}\n')
+    assert list(read_census(tmp_path)) == ["a"]
