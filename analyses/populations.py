@@ -3,6 +3,12 @@
 Per configuration and halving strategy: the share of runs that reach 100% (and 98%) test accuracy, with Wilson
 95% intervals, and the mean, as Table 1 of Fraknói 2024 (*Solving Mathematical Problems with Transformers*, MSc
 thesis, ELTE) reports them; a halving run that does not end with one head scores 0, as there.
+
+Whether a halving strategy differs from the normal runs of the same configuration (the thesis's question: does
+halving make small models learn the task more often?) is :func:`strategy_differences`: the difference of the two
+shares with Newcombe's hybrid score interval (Newcombe, *Interval estimation for the difference between
+independent proportions: comparison of eleven methods*, Statistics in Medicine 1998, method 10), built from the
+two Wilson intervals, so it behaves at 0 and 100% as they do.
 """
 
 from __future__ import annotations
@@ -25,6 +31,20 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return (0.0 if successes == 0 else max(0.0, centre - half), 1.0 if successes == n else min(1.0, centre + half))
+
+
+def newcombe_interval(
+    successes_a: int, n_a: int, successes_b: int, n_b: int, z: float = 1.959963984540054
+) -> tuple[float, float]:
+    """The 95% interval of the difference of two independent proportions ``a - b`` (Newcombe 1998, method 10: the
+    hybrid score interval from the two Wilson intervals). An interval that excludes 0 is a difference the runs
+    show; one that contains it is not."""
+    if n_a == 0 or n_b == 0:
+        return (math.nan, math.nan)
+    pa, pb = successes_a / n_a, successes_b / n_b
+    (la, ua), (lb, ub) = wilson_interval(successes_a, n_a, z), wilson_interval(successes_b, n_b, z)
+    d = pa - pb
+    return (d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2), d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2))
 
 
 def scores(frame, split: str = "test"):
@@ -82,6 +102,73 @@ def population_table(rows, *, split: str = "test", thresholds: Sequence[float] =
         entry[f"mean_{split}_accuracy"] = float(acc.mean())
         table.append(entry)
     return table
+
+
+def strategy_differences(
+    rows, *, split: str = "test", threshold: float = 1.0, baseline: str = "normal"
+) -> list[dict[str, Any]]:
+    """Each halving strategy against the ``baseline`` runs (the normal runs) of the same configuration: both shares
+    of runs whose ``split`` accuracy reaches ``threshold`` (a failed halving run scores 0, as in the table), the
+    difference ``strategy - baseline`` and its 95% interval (:func:`newcombe_interval`), and ``differs``: whether
+    the interval excludes 0. The two cells are treated as independent samples, as the thesis's comparison of its
+    Table 1 cells does; runs of a sweep that share a seed start alike (initialisation, data order) until the first
+    halving step, a pairing this interval does not use."""
+    import pandas as pd
+
+    frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
+    if frame.empty:
+        return []
+    keys, shown = config_columns(frame)
+    score = scores(frame, split)
+    cells = {}
+    for config, members in groups(frame, keys):
+        acc = score.loc[members.index]
+        rest = json.dumps([config[k] for k in keys if k != "strategy"], default=str)
+        cells.setdefault(rest, {})[config["strategy"]] = (config, int((acc >= threshold).sum()), len(acc))
+    out = []
+    for by_strategy in cells.values():
+        if baseline not in by_strategy:
+            continue
+        _, hits_b, n_b = by_strategy[baseline]
+        for strategy, (config, hits, n) in by_strategy.items():
+            if strategy == baseline:
+                continue
+            lo, hi = newcombe_interval(hits, n, hits_b, n_b)
+            entry = {k: config[k] for k in shown}
+            entry.update(
+                {
+                    "runs": n,
+                    "baseline_runs": n_b,
+                    "share": hits / n,
+                    "baseline_share": hits_b / n_b,
+                    "difference": hits / n - hits_b / n_b,
+                    "difference_low": lo,
+                    "difference_high": hi,
+                    "differs": bool(lo > 0 or hi < 0),
+                }
+            )
+            out.append(entry)
+    return out
+
+
+def format_differences(differences: Sequence[dict[str, Any]], baseline: str = "normal") -> str:
+    """:func:`strategy_differences` as aligned text, e.g. ``+0.10 [-0.03, +0.22]``."""
+    if not differences:
+        return f"(no strategy with {baseline} runs of the same configuration to compare with)"
+    skip = {"runs", "baseline_runs", "share", "baseline_share", "difference", "difference_low", "difference_high"}
+    columns = [k for k in differences[0] if k not in skip and k != "differs"]
+    params = _varying_task_params(differences)
+    cells = [
+        [
+            *(params(d[k]) if k == "task_params" else str(d[k]) for k in columns),
+            f"{d['share']:.2f} ({d['runs']})",
+            f"{d['baseline_share']:.2f} ({d['baseline_runs']})",
+            f"{d['difference']:+.3f} [{d['difference_low']:+.3f}, {d['difference_high']:+.3f}]",
+            "yes" if d["differs"] else "no",
+        ]
+        for d in differences
+    ]
+    return aligned([*columns, "share (runs)", f"{baseline} (runs)", f"minus {baseline}, 95%", "differs"], cells)
 
 
 def format_table(table: Sequence[dict[str, Any]]) -> str:

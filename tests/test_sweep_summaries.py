@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyses.populations import population_table
+from analyses.populations import newcombe_interval, population_table, strategy_differences, wilson_interval
 from interp.app.cli import build_parser, main
 from interp.app.sweeps import run_sweep
 from interp.sweep_directory import config_columns_all, load_results, sweep_status
@@ -158,6 +158,53 @@ def test_table_against_hand_computed_values(tmp_path, capsys):
     assert "no finished runs" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html")]) == 1
     assert not (tmp_path / "r.html").exists()
+
+
+# Newcombe 1998 (Interval estimation for the difference between independent proportions), Table II, method 10:
+# the published 95% intervals of his eight examples a/m - b/n
+NEWCOMBE_TABLE_II = [
+    ((56, 70, 48, 80), (0.0524, 0.3339)),
+    ((9, 10, 3, 10), (0.1705, 0.8090)),
+    ((6, 7, 2, 7), (0.0582, 0.8062)),
+    ((5, 56, 0, 29), (-0.0381, 0.1926)),
+    ((0, 10, 0, 20), (-0.1611, 0.2775)),
+    ((0, 10, 0, 10), (-0.2775, 0.2775)),
+    ((10, 10, 0, 20), (0.6791, 1.0)),
+    ((10, 10, 0, 10), (0.6075, 1.0)),
+]
+
+
+@pytest.mark.parametrize(("counts", "published"), NEWCOMBE_TABLE_II)
+def test_newcombe_interval_equals_the_published_values(counts, published):
+    assert newcombe_interval(*counts) == pytest.approx(published, abs=5e-5)  # published to 4 decimals
+
+
+def test_strategies_compared_with_the_normal_runs_of_their_configuration(tmp_path, capsys):
+    normal = [1.0, 1.0, 1.0, 0.99, 0.985, 0.5, 0.2, 0.97, 0.6, 0.3]  # 3/10 at 100%
+    rows = _hand_rows([(a, None) for a in normal], strategy="normal", halving=None)
+    rows += _hand_rows([(1.0, False), (1.0, True)], strategy="svc", halving="svc")  # 1/2: a failed run scores 0
+    rows += _hand_rows([(1.0, True)], strategy="svc", halving="svc", lr=1e-2)  # no normal runs at this lr
+    for i, r in enumerate(rows):
+        r["name"] = f"run{i}"
+    [d] = strategy_differences(rows)
+    assert (d["strategy"], d["lr"], d["runs"], d["baseline_runs"]) == ("svc", 1e-3, 2, 10)
+    assert (d["share"], d["baseline_share"]) == (0.5, 0.3) and d["difference"] == pytest.approx(0.2)
+    # by hand from the two Wilson intervals: d - sqrt((p1 - l1)^2 + (u2 - p2)^2), d + sqrt((u1 - p1)^2 + (p2 - l2)^2)
+    (l1, u1), (l2, u2) = wilson_interval(1, 2), wilson_interval(3, 10)
+    low, high = 0.2 - math.hypot(0.5 - l1, u2 - 0.3), 0.2 + math.hypot(u1 - 0.5, 0.3 - l2)
+    assert (d["difference_low"], d["difference_high"]) == pytest.approx((low, high), abs=1e-12)
+    assert d["differs"] is False and low < 0 < high
+    [d98] = strategy_differences(rows, threshold=0.98)  # 5/10 normal runs reach 98%
+    assert d98["baseline_share"] == 0.5 and d98["difference"] == pytest.approx(0.0)
+    assert strategy_differences(rows, baseline="svc")[0]["strategy"] == "normal"
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(["table", str(tmp_path), "--compare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["differences"] == json.loads(json.dumps([d])) and len(out["table"]) == 3
+    assert main(["table", str(tmp_path), "--compare"]) == 0
+    text = capsys.readouterr().out
+    assert "strategy - normal" in text and f"+0.200 [{low:+.3f}, {high:+.3f}]" in text and text.rstrip().endswith("no")
 
 
 def test_status_resume_and_option_aliases(sweep, tmp_path, capsys):

@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)",
     )
     tb.add_argument("--json", action="store_true", help="print JSON rows")
+    tb.add_argument(
+        "--compare",
+        action="store_true",
+        help="also each halving strategy against the normal runs of the same configuration: the difference of "
+        "the shares at the first threshold with its Newcombe 95%% interval, and whether it excludes 0 (with "
+        '--json: {"table": [...], "differences": [...]})',
+    )
 
     sub.add_parser("list", help="list tasks and shipped checkpoints")
     _shapley_parser(sub)
@@ -601,7 +608,7 @@ def _sweep_status(args, directory: Path | None) -> int:
 
 
 def cmd_table(args) -> int:
-    from analyses.populations import format_table, population_table
+    from analyses.populations import format_differences, format_table, population_table, strategy_differences
     from interp.sweep_directory import load_results
 
     frame = load_results(args.directory)
@@ -612,8 +619,18 @@ def cmd_table(args) -> int:
             f"--split {args.split!r}: the rows have no {args.split}_accuracy; splits: "
             + ", ".join(c[:-9] for c in frame.columns if c.endswith("_accuracy") and "_" not in c[:-9])
         )
-    table = population_table(frame, split=args.split, thresholds=tuple(args.thresholds or (1.0, 0.98)))
-    print(json.dumps(table) if args.json else format_table(table))
+    thresholds = tuple(args.thresholds or (1.0, 0.98))
+    table = population_table(frame, split=args.split, thresholds=thresholds)
+    if not args.compare:
+        print(json.dumps(table) if args.json else format_table(table))
+        return 0
+    differences = strategy_differences(frame, split=args.split, threshold=thresholds[0])
+    if args.json:
+        print(json.dumps({"table": table, "differences": differences}))
+    else:
+        print(format_table(table))
+        print(f"\nstrategy - normal, share of runs at {args.split} accuracy >= {thresholds[0]:g}:")
+        print(format_differences(differences))
     return 0
 
 
