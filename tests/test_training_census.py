@@ -199,3 +199,15 @@ def test_a_damaged_census_cache_is_refused_naming_the_line(tmp_path):
         read_census(tmp_path)
     (tmp_path / CENSUS).write_text('{"name": "a", "heads": []}\n')
     assert list(read_census(tmp_path)) == ["a"]
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", '{"x": 1}', '"a"', '{"name": [1]}'])
+def test_a_cache_line_that_is_json_but_not_a_named_row_is_refused_naming_the_line(tmp_path, line):
+    """Valid JSON that is not an object with a name is the same one clear error as a line that is not JSON."""
+    from interp.errors import ConfigError
+    from interp.files import read_named_rows
+
+    path = tmp_path / "cache.jsonl"
+    path.write_text(f'{{"name": "a"}}\n{line}\n')
+    with pytest.raises(ConfigError, match=r'cache\.jsonl:2 is not a JSON row \(expected an object with a "name"'):
+        read_named_rows(path)
