@@ -112,6 +112,25 @@ def test_census_over_training_against_plain_transformer_lens(snapshot_runs):
     assert "census over training of 2 runs" in repr(tc)
 
 
+def test_census_over_training_takes_one_checkpoint_and_refuses_what_is_not_a_source(snapshot_runs, tmp_path):
+    """A checkpoint path (str or Path) is one run, as a list of it; a path that is neither a directory nor a file,
+    a list holding something that is not a path, or a number is one ConfigError naming the source."""
+    from analyses.noisy_majority.training_census import census_over_training
+    from interp.errors import ConfigError
+
+    one = census_over_training([snapshot_runs[0]], progress=False).rows()
+    assert len(one) == 1
+    assert census_over_training(snapshot_runs[0], progress=False).rows() == one
+    assert census_over_training(str(snapshot_runs[0]), progress=False).rows() == one
+    missing = str(tmp_path / "no-such-sweep")
+    with pytest.raises(ConfigError, match=rf"source '{missing}' is neither a directory nor a file; expected a sweep"):
+        census_over_training(missing, progress=False)
+    with pytest.raises(ConfigError, match=r"source holds 3, not a checkpoint path"):
+        census_over_training([snapshot_runs[0], 3], progress=False)
+    with pytest.raises(ConfigError, match=r"source 3 \(int\) is not a path; expected a sweep directory"):
+        census_over_training(3, progress=False)
+
+
 def test_lost_good_heads_and_the_summary_by_hand():
     """The run-level story from hand-made snapshots: the first good epoch, a good head lost, medians."""
     from analyses.noisy_majority.training_census import TrainingCensus, _summarise

@@ -25,12 +25,14 @@ checkpoints still rebuilds the result.
 from __future__ import annotations
 
 import math
+import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from interp.errors import ConfigError
 from interp.files import read_named_rows, write_rows
 from interp.results import Result, jsonable
 
@@ -104,18 +106,19 @@ def census_over_training(
     progress: bool = True,
 ) -> TrainingCensus:
     """The census over training of every run with snapshots: ``source`` is a sweep directory (runs from its
-    results, cached in ``DIR/census_over_training.jsonl``) or a sequence of checkpoint paths (each with its
-    ``.snapshots/`` folder; nothing cached). Runs without snapshots are left out (counted in ``without_snapshots``)."""
+    results, cached in ``DIR/census_over_training.jsonl``), one checkpoint file or a sequence of checkpoint paths
+    (each with its ``.snapshots/`` folder; nothing cached). Runs without snapshots are left out (counted in
+    ``without_snapshots``). Anything else is a ConfigError naming ``source``."""
     from tqdm.auto import tqdm
 
     from interp.checkpoint import read_metadata
     from tasks import load_checkpoint
 
-    if isinstance(source, (str, Path)) and Path(source).is_dir():
-        directory, runs = Path(source), _directory_runs(Path(source))
-        cached = _read_cache(directory)
+    directory, paths = _source(source)
+    if directory is not None:
+        runs, cached = _directory_runs(directory), _read_cache(directory)
     else:
-        directory, runs, cached = None, [_checkpoint_run(Path(p)) for p in source], {}
+        runs, cached = [_checkpoint_run(p) for p in paths], {}
     sizes = {"train_size": train_size, "test_size": test_size}
     done, without = [], []
     for run, path in tqdm(runs, desc="census over training", unit="run", disable=not progress):
@@ -142,6 +145,27 @@ def census_over_training(
             cached[run["name"]] = {"name": run["name"], **sizes, "snapshots": snaps}
             _write_cache(directory, list(cached.values()))
     return TrainingCensus([_summarise(r) for r in done], train_size, test_size, without)
+
+
+def _source(source) -> tuple[Path | None, list[Path]]:
+    """(the sweep directory, []) or (None, the checkpoint paths) that ``source`` names; a ConfigError otherwise
+    (a path that is neither a directory nor a file, a sequence holding something that is not a path, anything
+    else)."""
+    expected = "expected a sweep directory, a checkpoint file or a sequence of checkpoint paths"
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            return path, []
+        if path.is_file():
+            return None, [path]
+        raise ConfigError(f"census over training: source {str(source)!r} is neither a directory nor a file; {expected}")
+    if isinstance(source, Iterable) and not isinstance(source, (bytes, Mapping)):
+        paths = list(source)
+        bad = [p for p in paths if not isinstance(p, (str, os.PathLike))]
+        if bad:
+            raise ConfigError(f"census over training: source holds {bad[0]!r}, not a checkpoint path; {expected}")
+        return None, [Path(p) for p in paths]
+    raise ConfigError(f"census over training: source {source!r} ({type(source).__name__}) is not a path; {expected}")
 
 
 def _directory_runs(directory: Path) -> list[tuple[dict[str, Any], Path]]:
