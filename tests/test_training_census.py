@@ -171,6 +171,29 @@ def test_lost_good_heads_and_the_summary_by_hand():
     assert not math.isnan(tc.ratios_over_epochs()[0]["w01"])
 
 
+def test_a_halving_run_left_with_more_than_one_head_is_a_failure_as_table_1_scores_it(tmp_path):
+    """At 100% test accuracy, a halving run that did not end with one head is a failure, as
+    analyses.populations.scores scores it 0; one that did, and a normal run, are successes."""
+    from analyses.noisy_majority.training_census import _directory_runs, _summarise
+    from analyses.populations import scores
+    from interp.sweep_directory import load_results, write_results
+
+    def row(name, halving=None):
+        return {"name": name, "checkpoint": f"runs/{name}.safetensors", "accuracy": {"test": 1.0}, **(halving or {})}
+
+    write_results(
+        tmp_path,
+        [
+            row("two-heads-left", {"halving_result": {"success": False, "active": [0, 1]}}),
+            row("one-head-left", {"halving_result": {"success": True, "active": [0]}}),
+            row("normal"),
+        ],
+    )
+    outcomes = [_summarise({**run, "snapshots": []})["outcome"] for run, _ in _directory_runs(tmp_path)]
+    assert outcomes == ["failure", "success", "success"]
+    assert outcomes == ["success" if s >= 1 else "failure" for s in scores(load_results(tmp_path))]
+
+
 def test_sweep_report_shows_heads_over_training_only_with_snapshots(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     from analyses.noisy_majority.training_census import CACHE
     from interp.app.report import build_sweep_report

@@ -10,9 +10,10 @@ accuracy (the model with every other head zeroed) and its grade (good at separat
 summary's rule), on the **first** ``train_size`` train and ``test_size`` test sentences (default 2000 / 500, as the
 end-state census); plus the snapshot's test accuracy on the **whole** test split (what Table 1 counts).
 
-Per run: the outcome (``success``: 100% test accuracy at the kept epoch, the run's row in the sweep), the first
-snapshot epoch with a good head, the first with 100% test accuracy, and whether the run had a good head at some
-snapshot and none at its last one (``lost_good``). A probe can read the answer from a head the model does not use
+Per run: the outcome (``success``: 100% test accuracy at the kept epoch, the run's row in the sweep, and for a
+halving run one head left at the end, as Table 1 counts it), the first snapshot epoch with a good head, the first
+with 100% test accuracy, and whether the run had a good head at some snapshot and none at its last one
+(``lost_good``). A probe can read the answer from a head the model does not use
 (the head summary's warning), so the same is given for a good head the model reads (``first_used_epoch``,
 ``lost_used``: separation and learned accuracy both >= 0.95). Snapshots are the model at that epoch, not the kept
 model, so the last snapshot of a run whose kept epoch is earlier can differ from the end-state census.
@@ -182,6 +183,7 @@ def _directory_runs(directory: Path) -> list[tuple[dict[str, Any], Path]]:
             "configuration": ", ".join(f"{c}={_plain(row[c])}" for c in varying) or "all runs",
             **{c: _plain(row.get(c)) for c in ("d_model", "n_heads", "normalization")},
             "test_accuracy": _plain(row.get("test_accuracy")),
+            "halving_success": _plain(row.get("halving_success")),
             "kept_epoch": _plain(row.get("kept_epoch")),
         }
         runs.append((run, checkpoint_path(directory, row)))
@@ -199,6 +201,7 @@ def _checkpoint_run(path: Path) -> tuple[dict[str, Any], Path]:
         "configuration": f"d_model={spec.get('d_model')}, n_heads={spec.get('n_heads')}",
         **{c: spec.get(c) for c in ("d_model", "n_heads", "normalization")},
         "test_accuracy": (training.get("accuracy") or {}).get("test"),
+        "halving_success": (training.get("halving") or {}).get("success"),
         "kept_epoch": training.get("kept_epoch"),
     }
     return run, path
@@ -211,11 +214,10 @@ def _summarise(run: dict[str, Any]) -> dict[str, Any]:
     snaps = sorted(run["snapshots"], key=lambda s: s["epoch"])
     good = [any(h["grade"] == "good" for h in s["heads"]) for s in snaps]
     used = [any(_used(h) for h in s["heads"]) for s in snaps]
-    acc = run.get("test_accuracy")
     return {
         **run,
         "snapshots": snaps,
-        "outcome": "success" if acc is not None and acc >= 1.0 else "failure",
+        "outcome": "success" if _succeeded(run) else "failure",
         "first_good_epoch": next((s["epoch"] for s, g in zip(snaps, good) if g), None),
         "good_snapshots": sum(good),
         "good_at_last": bool(good[-1]) if good else False,
@@ -224,6 +226,17 @@ def _summarise(run: dict[str, Any]) -> dict[str, Any]:
         "lost_used": any(used) and not used[-1],
         "first_perfect_epoch": next((s["epoch"] for s in snaps if s["test_accuracy"] >= 1.0), None),
     }
+
+
+def _succeeded(run: dict[str, Any]) -> bool:
+    """100% test accuracy, and for a halving run one head left at the end: Table 1's rule
+    (:func:`analyses.populations.scores`, which scores a halving run that did not end with one head 0)."""
+    import pandas as pd
+
+    from analyses.populations import scores
+
+    row = {"test_accuracy": run.get("test_accuracy"), "halving_success": run.get("halving_success")}
+    return bool(scores(pd.DataFrame([row])).iloc[0] >= 1.0)
 
 
 def _used(head: dict[str, Any]) -> bool:
