@@ -131,6 +131,22 @@ def test_census_over_training_takes_one_checkpoint_and_refuses_what_is_not_a_sou
         census_over_training(3, progress=False)
 
 
+def test_snapshots_of_a_checkpoint_outside_runs_are_found(snapshot_runs, tmp_path):
+    """A row naming its checkpoint by an absolute path outside DIR/runs (rows of older sweeps): has_snapshots sees
+    its snapshots, and the census over the directory takes them, as checkpoint_path finds the checkpoint."""
+    from analyses.noisy_majority.training_census import census_over_training, has_snapshots
+    from interp.sweep_directory import write_results
+
+    assert not has_snapshots(tmp_path)
+    accuracy = read_metadata(snapshot_runs[0])["training"]["accuracy"]
+    write_results(
+        tmp_path, [{"name": "elsewhere", "checkpoint": str(snapshot_runs[0].resolve()), "accuracy": accuracy}]
+    )
+    assert not (tmp_path / "runs").exists() and has_snapshots(tmp_path)
+    tc = census_over_training(tmp_path, progress=False)
+    assert [len(r["snapshots"]) for r in tc.runs] == [2] and tc.without_snapshots == []
+
+
 def test_lost_good_heads_and_the_summary_by_hand():
     """The run-level story from hand-made snapshots: the first good epoch, a good head lost, medians."""
     from analyses.noisy_majority.training_census import TrainingCensus, _summarise

@@ -93,9 +93,14 @@ def _write_cache(directory: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def has_snapshots(directory) -> bool:
-    """Whether a sweep directory has anything for the census over training: a run's snapshots or the cache."""
+    """Whether a sweep directory has anything for the census over training: the cache, or snapshots beside the
+    checkpoint of one of its rows (wherever :func:`interp.sweep_directory.checkpoint_path` finds it)."""
+    from interp.sweep_directory import checkpoint_path, read_results
+
     directory = Path(directory)
-    return (directory / CACHE).is_file() or any((directory / "runs").glob("*.snapshots/epoch-*.safetensors"))
+    if (directory / CACHE).is_file():
+        return True
+    return any(snapshot_files(checkpoint_path(directory, r)) for r in read_results(directory) if r.get("checkpoint"))
 
 
 def census_over_training(
