@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
 from .checkpoint import save_checkpoint
-from .configs import SELF_SCORED
+from .configs import SELF_SCORED, check_snapshot_every
 from .device import pick_device
 from .dropout_masks import position_mask, row_keys, run_keys
 from .errors import CheckpointError, ConfigError
@@ -740,6 +740,7 @@ def _train_population(
     task: Task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file, snapshot_every=None
 ) -> list[dict[str, Any]]:
     check_population(specs, cfgs)
+    check_snapshot_every(snapshot_every, cfgs[0].epochs)  # the models share their epochs (check_population)
     device = pick_device(device)
     outs = [Path(o) for o in outs]
     if len(outs) != len(specs) or len(set(outs)) != len(outs):
@@ -858,14 +859,11 @@ def _train_population(
 
 
 def _snapshot_writer(outs: Sequence[Path], snapshot_every: int | None):
-    """``write(pop, k)``: model ``k``'s snapshot every ``snapshot_every`` epochs into its solo run's folder
-    (:func:`interp.training.snapshot_directory` of its checkpoint, created now), or None without snapshots."""
+    """``write(pop, k)``: model ``k``'s snapshot every ``snapshot_every`` epochs (checked by
+    :func:`interp.configs.check_snapshot_every`) into its solo run's folder (:func:`interp.training.snapshot_directory`
+    of its checkpoint, created now), or None without snapshots."""
     if snapshot_every is None:
         return None
-    if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1:
-        raise ConfigError(
-            f"snapshot_every must be a positive integer (epochs between snapshots), got {snapshot_every!r}"
-        )
     folders = [snapshot_directory(o) for o in outs]
     for f in folders:
         f.mkdir(parents=True, exist_ok=True)
