@@ -1,8 +1,8 @@
 """Many models of one shape trained as one batched computation.
 
 ``train_population(task, specs, cfgs, outs)`` trains K one-layer attention-only models (the thesis's shape) with
-stacked parameters ``[K, ...]``: one batched forward, one backward and one AdamW step for all K per training
-step. Each model gets exactly what :func:`interp.training.train` would give it alone:
+stacked parameters ``[K, ...]``: one batched forward, one backward and one optimiser step (AdamW, or Adam with
+L2) for all K per training step. Each model gets exactly what :func:`interp.training.train` would give it alone:
 
 - its own initialisation (``build_model(spec_k)``, seeded by ``spec_k.init_seed``),
 - its own data order (``torch.randperm`` from a generator seeded by ``cfg_k.seed``, one permutation per epoch),
@@ -326,9 +326,10 @@ def _dropout_mask(shape, p: float, gen: torch.Generator, device, out: Tensor | N
     return noise.div_(1 - p).to(device)
 
 
-class _AdamW:
-    """``torch.optim.AdamW`` (amsgrad off) on stacked parameters with a learning rate per model; with
-    ``decoupled=False``, ``torch.optim.Adam`` (the weight decay added to the gradient, L2)."""
+class _Adam:
+    """Adam on stacked parameters with a learning rate per model: ``torch.optim.AdamW`` (amsgrad off; weight decay
+    decoupled from the gradient), or with ``decoupled=False`` ``torch.optim.Adam`` (the weight decay added to the
+    gradient, L2), as ``TrainConfig.optimizer`` asks."""
 
     def __init__(
         self,
@@ -497,7 +498,7 @@ def train_population(
 
 
 class _Population:
-    """K models of one shape in training: stacked parameters ``P[name]`` (``[K, ...]``), one AdamW, each model's
+    """K models of one shape in training: stacked parameters ``P[name]`` (``[K, ...]``), one optimiser, each model's
     generators (data order, dropout), best and last states, :class:`interp.run_record.RunRecord` and head mask.
     Everything a resume file holds (:meth:`state` / :meth:`load_state`)."""
 
@@ -537,7 +538,7 @@ class _Population:
         self.P = {
             n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in self.names
         }
-        self.opt = _AdamW(
+        self.opt = _Adam(
             {n: self.P[n] for n in self.names if n in trainable},
             torch.tensor([c.lr for c in cfgs], device=device),
             (self.cfg.beta1, self.cfg.beta2),
@@ -619,7 +620,7 @@ class _Population:
         )
 
     def update(self, losses: Float[Tensor, " K"]) -> None:
-        """One backward and one AdamW step for all models (each model's own loss drives only its parameters)."""
+        """One backward and one optimiser step for all models (each model's own loss drives only its parameters)."""
         losses.sum().backward()
         self.opt.step(warmup_factor(self.cfg, self.step))
         if self.head_on is not None:
