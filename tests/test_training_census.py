@@ -210,6 +210,15 @@ def test_a_halving_run_left_with_more_than_one_head_is_a_failure_as_table_1_scor
     assert outcomes == ["success" if s >= 1 else "failure" for s in scores(load_results(tmp_path))]
 
 
+def test_the_training_census_docstring_names_every_key_a_run_gets():
+    """Each key the run-level story adds (first_used_epoch and lost_used included) is named in TrainingCensus."""
+    from analyses.noisy_majority.training_census import TrainingCensus, _summarise
+
+    run = {"test_accuracy": 1.0, "snapshots": []}
+    for key in set(_summarise(run)) - set(run):
+        assert f"``{key}``" in TrainingCensus.__doc__, key
+
+
 def test_sweep_report_shows_heads_over_training_only_with_snapshots(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     from analyses.noisy_majority.training_census import CACHE
     from interp.app.report import build_sweep_report

@@ -267,10 +267,11 @@ def _clip(w: float | None) -> float:
 
 @dataclass
 class TrainingCensus(Result):
-    """``runs``: per run its configuration label, seed, test accuracy and kept epoch (from the sweep), outcome,
-    ``first_good_epoch``, ``good_snapshots``, ``good_at_last``, ``lost_good``, ``first_perfect_epoch`` and
-    ``snapshots`` (per snapshot: ``epoch``, ``test_accuracy``, ``heads``: ``w01``, ``w02``, separation and learned
-    accuracy, grade)."""
+    """``runs``: per run its configuration label, seed, test accuracy, halving success and kept epoch (from the
+    sweep), ``outcome``, ``first_good_epoch``, ``good_snapshots``, ``good_at_last``, ``lost_good``,
+    ``first_used_epoch`` and ``lost_used`` (the same for a good head the model uses: learned accuracy >= 0.95 too),
+    ``first_perfect_epoch`` and ``snapshots`` (per snapshot: ``epoch``, ``test_accuracy``, ``heads``: ``w01``,
+    ``w02``, separation and learned accuracy, grade)."""
 
     runs: list[dict[str, Any]]
     train_size: int | None = TRAIN_SIZE
