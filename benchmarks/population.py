@@ -122,15 +122,30 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root + (":" + os.environ["PYTHONPATH"] if "PYTHONPATH" in os.environ else "")}
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a positive integer, or argparse's one-line usage error naming the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=int, default=100)
-    parser.add_argument("--epochs", type=int, default=20, help="E: each side is timed at E and 3E epochs")
-    parser.add_argument("--processes", type=int, default=1, help="processes (one thread each) trained at once")
+    parser.add_argument("--models", type=_positive_int, default=100)
+    parser.add_argument("--epochs", type=_positive_int, default=20, help="E: each side is timed at E and 3E epochs")
+    parser.add_argument(
+        "--processes", type=_positive_int, default=1, help="processes (one thread each) trained at once"
+    )
     parser.add_argument("--dropout-at", default="attention", choices=["embedding+attention", "attention"])
     parser.add_argument("--dropout-rng", default="torch", choices=["torch", "counter"])
     parser.add_argument("--compile", action="store_true", help="train the population with compile=True")
-    parser.add_argument("--repeats", type=int, default=3, help="timings of both sides; median and range printed")
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=3, help="timings of both sides; median and range printed"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--solo-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
@@ -139,6 +154,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return _worker(args)
+    if args.processes > args.models:
+        parser.error(f"--processes {args.processes} is more than --models {args.models}: each process needs a model")
     E = args.epochs
     sides = (("one at a time (interp train)", True), ("batched population", False))
     rates: dict[tuple[str, str], list[float]] = {(side, c): [] for side, _ in sides for c in ("wall", "cpu")}

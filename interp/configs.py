@@ -356,3 +356,20 @@ class TrainConfig:
     def dropout_sites(self) -> frozenset[str]:
         """Where dropout acts (``embedding``, ``attention``, ``pattern``): none when ``dropout`` is 0."""
         return frozenset(self.dropout_at.split("+")) if self.dropout else frozenset()
+
+
+def check_snapshot_every(snapshot_every: Any, epochs: int) -> None:
+    """``snapshot_every`` (epochs between snapshots) as training, populations and sweeps take it, checked before
+    anything is written: None (no snapshots) or a positive integer (not a bool) of at most ``epochs`` (the shortest
+    run's: a larger one writes no snapshot). A ConfigError naming the value and what was expected otherwise."""
+    if snapshot_every is None:
+        return
+    if not (_int(snapshot_every) and snapshot_every >= 1):
+        raise ConfigError(
+            f"snapshot_every must be None or a positive integer (epochs between snapshots), got {snapshot_every!r}"
+        )
+    if snapshot_every > epochs:
+        raise ConfigError(
+            f"snapshot_every={snapshot_every}: a snapshot every {snapshot_every} epochs in a run of {epochs} epochs "
+            f"writes none; expected at most {epochs}"
+        )

@@ -106,7 +106,8 @@ def atomic_write_text(path, text: str, what: str = "a file") -> Path:
 
 def read_named_rows(path) -> dict[str, dict]:
     """A JSON-lines cache of per-run entries (each with a ``name``), keyed by name; {} when there is no file. A line
-    that is not JSON is refused naming the file and the line (the caches are written whole and atomically)."""
+    that is not a JSON object with a ``name`` is refused naming the file and the line (the caches are written whole
+    and atomically)."""
     import json
 
     path = Path(path)
@@ -118,9 +119,12 @@ def read_named_rows(path) -> dict[str, dict]:
             try:
                 entry = json.loads(line)
             except json.JSONDecodeError:
+                entry = None
+            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)):
                 raise ConfigError(
-                    f"{path}:{i} is not a JSON row (the file is written atomically: was it edited?)"
-                ) from None
+                    f'{path}:{i} is not a JSON row (expected an object with a "name"; the file is written '
+                    "atomically: was it edited?)"
+                )
             entries[entry["name"]] = entry
     return entries
 

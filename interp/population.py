@@ -1,8 +1,8 @@
 """Many models of one shape trained as one batched computation.
 
 ``train_population(task, specs, cfgs, outs)`` trains K one-layer attention-only models (the thesis's shape) with
-stacked parameters ``[K, ...]``: one batched forward, one backward and one AdamW step for all K per training
-step. Each model gets exactly what :func:`interp.training.train` would give it alone:
+stacked parameters ``[K, ...]``: one batched forward, one backward and one optimiser step (AdamW, or Adam with
+L2) for all K per training step. Each model gets exactly what :func:`interp.training.train` would give it alone:
 
 - its own initialisation (``build_model(spec_k)``, seeded by ``spec_k.init_seed``),
 - its own data order (``torch.randperm`` from a generator seeded by ``cfg_k.seed``, one permutation per epoch),
@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
 from .checkpoint import save_checkpoint
-from .configs import SELF_SCORED
+from .configs import SELF_SCORED, check_snapshot_every
 from .device import pick_device
 from .dropout_masks import position_mask, row_keys, run_keys
 from .errors import CheckpointError, ConfigError
@@ -326,9 +326,10 @@ def _dropout_mask(shape, p: float, gen: torch.Generator, device, out: Tensor | N
     return noise.div_(1 - p).to(device)
 
 
-class _AdamW:
-    """``torch.optim.AdamW`` (amsgrad off) on stacked parameters with a learning rate per model; with
-    ``decoupled=False``, ``torch.optim.Adam`` (the weight decay added to the gradient, L2)."""
+class _Adam:
+    """Adam on stacked parameters with a learning rate per model: ``torch.optim.AdamW`` (amsgrad off; weight decay
+    decoupled from the gradient), or with ``decoupled=False`` ``torch.optim.Adam`` (the weight decay added to the
+    gradient, L2), as ``TrainConfig.optimizer`` asks."""
 
     def __init__(
         self,
@@ -497,7 +498,7 @@ def train_population(
 
 
 class _Population:
-    """K models of one shape in training: stacked parameters ``P[name]`` (``[K, ...]``), one AdamW, each model's
+    """K models of one shape in training: stacked parameters ``P[name]`` (``[K, ...]``), one optimiser, each model's
     generators (data order, dropout), best and last states, :class:`interp.run_record.RunRecord` and head mask.
     Everything a resume file holds (:meth:`state` / :meth:`load_state`)."""
 
@@ -537,7 +538,7 @@ class _Population:
         self.P = {
             n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in self.names
         }
-        self.opt = _AdamW(
+        self.opt = _Adam(
             {n: self.P[n] for n in self.names if n in trainable},
             torch.tensor([c.lr for c in cfgs], device=device),
             (self.cfg.beta1, self.cfg.beta2),
@@ -619,7 +620,7 @@ class _Population:
         )
 
     def update(self, losses: Float[Tensor, " K"]) -> None:
-        """One backward and one AdamW step for all models (each model's own loss drives only its parameters)."""
+        """One backward and one optimiser step for all models (each model's own loss drives only its parameters)."""
         losses.sum().backward()
         self.opt.step(warmup_factor(self.cfg, self.step))
         if self.head_on is not None:
@@ -740,6 +741,7 @@ def _train_population(
     task: Task, specs, cfgs, outs, *, device, progress, compile, head_scorer, resume_file, snapshot_every=None
 ) -> list[dict[str, Any]]:
     check_population(specs, cfgs)
+    check_snapshot_every(snapshot_every, cfgs[0].epochs)  # the models share their epochs (check_population)
     device = pick_device(device)
     outs = [Path(o) for o in outs]
     if len(outs) != len(specs) or len(set(outs)) != len(outs):
@@ -858,14 +860,11 @@ def _train_population(
 
 
 def _snapshot_writer(outs: Sequence[Path], snapshot_every: int | None):
-    """``write(pop, k)``: model ``k``'s snapshot every ``snapshot_every`` epochs into its solo run's folder
-    (:func:`interp.training.snapshot_directory` of its checkpoint, created now), or None without snapshots."""
+    """``write(pop, k)``: model ``k``'s snapshot every ``snapshot_every`` epochs (checked by
+    :func:`interp.configs.check_snapshot_every`) into its solo run's folder (:func:`interp.training.snapshot_directory`
+    of its checkpoint, created now), or None without snapshots."""
     if snapshot_every is None:
         return None
-    if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1:
-        raise ConfigError(
-            f"snapshot_every must be a positive integer (epochs between snapshots), got {snapshot_every!r}"
-        )
     folders = [snapshot_directory(o) for o in outs]
     for f in folders:
         f.mkdir(parents=True, exist_ok=True)

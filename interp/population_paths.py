@@ -150,9 +150,10 @@ def position_losses(
     (:func:`interp.position_forward.cut_rows`), each padded to its own longest sentence rather than the step's:
     about half the positions of a batch of noisy-majority sentences are pads, and the forward's cost is
     proportional to the width. Torch-drawn masks are drawn for the whole batch first (each model's in its solo
-    run's shapes and order, then put in the sorted order), then cut with it; counter masks are drawn per run (they
-    depend on the sentence and the position only). A model's loss is its runs' losses weighed by
-    their targets: its mean over the batch, up to float rounding."""
+    run's shapes and order, then put in the sorted order), then cut with it; counter masks are drawn per run of
+    rows (they depend on the training run's seed, the epoch, the site, the sentence, the position in it and the
+    unit, not on the batch's order or width). A model's loss is its runs' losses weighed by their targets: its mean
+    over the batch, up to float rounding."""
     sites, p, rng = cfg.dropout_sites, float(cfg.dropout), cfg.dropout_rng
     mask_kw = dict(generators=generators, seeds=seeds, epoch=epoch)
 

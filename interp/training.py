@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from .attention import is_plain
 from .checkpoint import save_checkpoint
-from .configs import TrainConfig
+from .configs import TrainConfig, check_snapshot_every
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
 from .evaluation import evaluate, evaluate_splits, target_positions
@@ -429,10 +429,7 @@ def _check_outputs(
     """Everything a run will write, checked before any training: the checkpoint path (a directory, a missing
     folder or an unwritable path fails now), the resume file's state against ``resume`` / ``restart``, and the
     snapshot folder (returned, created)."""
-    if snapshot_every is not None and (not isinstance(snapshot_every, int) or snapshot_every < 1):
-        raise ConfigError(
-            f"snapshot_every must be a positive integer (epochs between snapshots), got {snapshot_every!r}"
-        )
+    check_snapshot_every(snapshot_every, cfg.epochs)
     with AtomicFile(out, "the checkpoint"):
         pass
     rpath = resume_path(out)

@@ -125,3 +125,43 @@ def test_cli_sweep_snapshots_beyond_the_runs_are_refused_before_training(tmp_pat
     out = tmp_path / "s"
     rc = main(["sweep", "noisy-majority", "--seeds", "0", "--epochs", "2", "--snapshots", "10", "--out", str(out)])
     assert rc == 1 and "--snapshots 10" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("bad", [0, True, 3])
+def test_a_bad_snapshot_every_is_refused_before_anything_is_written(tmp_path, tiny_task, tiny_spec, tiny_cfg, bad):
+    """One check for the solo run, the population and the sweep (the library, not only the CLI): 0, a bool or more
+    than the 2 epochs is a ConfigError before a checkpoint, a snapshot folder, a sweep directory or a change to
+    sweep.json is written; a resume asked for 0 snapshots is refused too, not read as "the plan's". (A str is the
+    same check's error; the test run's type checker refuses it at these functions' annotations first.)"""
+    from interp.app.sweeps import resume_sweeps, run_sweep
+    from interp.configs import check_snapshot_every
+    from interp.errors import ConfigError
+    from interp.sweep_directory import PLAN
+
+    with pytest.raises(ConfigError, match=r"positive integer \(epochs between snapshots\), got '2'"):
+        check_snapshot_every("2", 2)
+
+    cfg = tiny_cfg(epochs=2, dropout_at="attention")
+    kw = dict(device="cpu", progress=False, snapshot_every=bad)
+    expected = "at most 2" if bad == 3 else r"snapshot_every must be None or a positive integer"
+    out = tmp_path / "solo.safetensors"
+    with pytest.raises(ConfigError, match=expected):
+        train(tiny_task, tiny_spec, cfg, out, **kw)
+    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, [0, 1])
+    outs = [tmp_path / f"pop{s}.safetensors" for s in (0, 1)]
+    with pytest.raises(ConfigError, match=expected):
+        train_population(tiny_task, specs, cfgs, outs, **kw)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ConfigError, match=expected):
+        run_sweep(tiny_task, tiny_spec, cfg, [0], {}, fresh, **kw)
+    assert not fresh.exists()
+    swept = tmp_path / "swept"
+    run_sweep(tiny_task, tiny_spec, cfg, [0], {}, swept, device="cpu", progress=False)
+    plan = (swept / PLAN).read_text()
+    with pytest.raises(ConfigError, match=expected):
+        run_sweep(tiny_task, tiny_spec, cfg, [0, 1], {}, swept, **kw)
+    if bad == 0:
+        with pytest.raises(ConfigError, match=expected):
+            resume_sweeps(swept, snapshot_every=0, device="cpu", progress=False)
+    assert (swept / PLAN).read_text() == plan and len(list((swept / "runs").glob("*.safetensors"))) == 1

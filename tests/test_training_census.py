@@ -112,6 +112,41 @@ def test_census_over_training_against_plain_transformer_lens(snapshot_runs):
     assert "census over training of 2 runs" in repr(tc)
 
 
+def test_census_over_training_takes_one_checkpoint_and_refuses_what_is_not_a_source(snapshot_runs, tmp_path):
+    """A checkpoint path (str or Path) is one run, as a list of it; a path that is neither a directory nor a file,
+    a list holding something that is not a path, or a number is one ConfigError naming the source."""
+    from analyses.noisy_majority.training_census import census_over_training
+    from interp.errors import ConfigError
+
+    one = census_over_training([snapshot_runs[0]], progress=False).rows()
+    assert len(one) == 1
+    assert census_over_training(snapshot_runs[0], progress=False).rows() == one
+    assert census_over_training(str(snapshot_runs[0]), progress=False).rows() == one
+    missing = str(tmp_path / "no-such-sweep")
+    with pytest.raises(ConfigError, match=rf"source '{missing}' is neither a directory nor a file; expected a sweep"):
+        census_over_training(missing, progress=False)
+    with pytest.raises(ConfigError, match=r"source holds 3, not a checkpoint path"):
+        census_over_training([snapshot_runs[0], 3], progress=False)
+    with pytest.raises(ConfigError, match=r"source 3 \(int\) is not a path; expected a sweep directory"):
+        census_over_training(3, progress=False)
+
+
+def test_snapshots_of_a_checkpoint_outside_runs_are_found(snapshot_runs, tmp_path):
+    """A row naming its checkpoint by an absolute path outside DIR/runs (rows of older sweeps): has_snapshots sees
+    its snapshots, and the census over the directory takes them, as checkpoint_path finds the checkpoint."""
+    from analyses.noisy_majority.training_census import census_over_training, has_snapshots
+    from interp.sweep_directory import write_results
+
+    assert not has_snapshots(tmp_path)
+    accuracy = read_metadata(snapshot_runs[0])["training"]["accuracy"]
+    write_results(
+        tmp_path, [{"name": "elsewhere", "checkpoint": str(snapshot_runs[0].resolve()), "accuracy": accuracy}]
+    )
+    assert not (tmp_path / "runs").exists() and has_snapshots(tmp_path)
+    tc = census_over_training(tmp_path, progress=False)
+    assert [len(r["snapshots"]) for r in tc.runs] == [2] and tc.without_snapshots == []
+
+
 def test_lost_good_heads_and_the_summary_by_hand():
     """The run-level story from hand-made snapshots: the first good epoch, a good head lost, medians."""
     from analyses.noisy_majority.training_census import TrainingCensus, _summarise
@@ -150,6 +185,38 @@ def test_lost_good_heads_and_the_summary_by_hand():
     assert s["failure"]["lost_good"] == 1 and s["success"]["ever_good"] == 1
     assert s["failure"]["w02_last"] == 0.01 and s["success"]["w02_first"] == 50
     assert not math.isnan(tc.ratios_over_epochs()[0]["w01"])
+
+
+def test_a_halving_run_left_with_more_than_one_head_is_a_failure_as_table_1_scores_it(tmp_path):
+    """At 100% test accuracy, a halving run that did not end with one head is a failure, as
+    analyses.populations.scores scores it 0; one that did, and a normal run, are successes."""
+    from analyses.noisy_majority.training_census import _directory_runs, _summarise
+    from analyses.populations import scores
+    from interp.sweep_directory import load_results, write_results
+
+    def row(name, halving=None):
+        return {"name": name, "checkpoint": f"runs/{name}.safetensors", "accuracy": {"test": 1.0}, **(halving or {})}
+
+    write_results(
+        tmp_path,
+        [
+            row("two-heads-left", {"halving_result": {"success": False, "active": [0, 1]}}),
+            row("one-head-left", {"halving_result": {"success": True, "active": [0]}}),
+            row("normal"),
+        ],
+    )
+    outcomes = [_summarise({**run, "snapshots": []})["outcome"] for run, _ in _directory_runs(tmp_path)]
+    assert outcomes == ["failure", "success", "success"]
+    assert outcomes == ["success" if s >= 1 else "failure" for s in scores(load_results(tmp_path))]
+
+
+def test_the_training_census_docstring_names_every_key_a_run_gets():
+    """Each key the run-level story adds (first_used_epoch and lost_used included) is named in TrainingCensus."""
+    from analyses.noisy_majority.training_census import TrainingCensus, _summarise
+
+    run = {"test_accuracy": 1.0, "snapshots": []}
+    for key in set(_summarise(run)) - set(run):
+        assert f"``{key}``" in TrainingCensus.__doc__, key
 
 
 def test_sweep_report_shows_heads_over_training_only_with_snapshots(tmp_path, tiny_task, tiny_spec, tiny_cfg):
@@ -199,3 +266,15 @@ def test_a_damaged_census_cache_is_refused_naming_the_line(tmp_path):
         read_census(tmp_path)
     (tmp_path / CENSUS).write_text('{"name": "a", "heads": []}\n')
     assert list(read_census(tmp_path)) == ["a"]
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", '{"x": 1}', '"a"', '{"name": [1]}'])
+def test_a_cache_line_that_is_json_but_not_a_named_row_is_refused_naming_the_line(tmp_path, line):
+    """Valid JSON that is not an object with a name is the same one clear error as a line that is not JSON."""
+    from interp.errors import ConfigError
+    from interp.files import read_named_rows
+
+    path = tmp_path / "cache.jsonl"
+    path.write_text(f'{{"name": "a"}}\n{line}\n')
+    with pytest.raises(ConfigError, match=r'cache\.jsonl:2 is not a JSON row \(expected an object with a "name"'):
+        read_named_rows(path)

@@ -299,9 +299,9 @@ def add_training_census_section(directory, report, progress: bool = False) -> No
         "The same census at every snapshot of every run that has snapshots (interp sweep --snapshots N): each "
         "head's w01, w02 and separation accuracy (on the first "
         f"{tc.train_size} train and {tc.test_size} test sequences) and the snapshot's test accuracy (whole test "
-        "split), with each run's outcome (100% test accuracy at its kept epoch or not): when good heads appear, "
-        "whether a failing run had one and lost it, and where failing heads attend over time. Cached per run in "
-        "census_over_training.jsonl.",
+        "split), with each run's outcome (100% test accuracy at its kept epoch, and one head left for a halving "
+        "run, or not): when good heads appear, whether a failing run had one and lost it, and where failing heads "
+        "attend over time. Cached per run in census_over_training.jsonl.",
     )
     report.text(
         f"{len(tc.runs)} runs with snapshots, {sum(len(r['snapshots']) for r in tc.runs)} snapshots ({secs:.1f} s, "

@@ -10,9 +10,10 @@ accuracy (the model with every other head zeroed) and its grade (good at separat
 summary's rule), on the **first** ``train_size`` train and ``test_size`` test sentences (default 2000 / 500, as the
 end-state census); plus the snapshot's test accuracy on the **whole** test split (what Table 1 counts).
 
-Per run: the outcome (``success``: 100% test accuracy at the kept epoch, the run's row in the sweep), the first
-snapshot epoch with a good head, the first with 100% test accuracy, and whether the run had a good head at some
-snapshot and none at its last one (``lost_good``). A probe can read the answer from a head the model does not use
+Per run: the outcome (``success``: 100% test accuracy at the kept epoch, the run's row in the sweep, and for a
+halving run one head left at the end, as Table 1 counts it), the first snapshot epoch with a good head, the first
+with 100% test accuracy, and whether the run had a good head at some snapshot and none at its last one
+(``lost_good``). A probe can read the answer from a head the model does not use
 (the head summary's warning), so the same is given for a good head the model reads (``first_used_epoch``,
 ``lost_used``: separation and learned accuracy both >= 0.95). Snapshots are the model at that epoch, not the kept
 model, so the last snapshot of a run whose kept epoch is earlier can differ from the end-state census.
@@ -25,12 +26,14 @@ checkpoints still rebuilds the result.
 from __future__ import annotations
 
 import math
+import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from interp.errors import ConfigError
 from interp.files import read_named_rows, write_rows
 from interp.results import Result, jsonable
 
@@ -90,9 +93,14 @@ def _write_cache(directory: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def has_snapshots(directory) -> bool:
-    """Whether a sweep directory has anything for the census over training: a run's snapshots or the cache."""
+    """Whether a sweep directory has anything for the census over training: the cache, or snapshots beside the
+    checkpoint of one of its rows (wherever :func:`interp.sweep_directory.checkpoint_path` finds it)."""
+    from interp.sweep_directory import checkpoint_path, read_results
+
     directory = Path(directory)
-    return (directory / CACHE).is_file() or any((directory / "runs").glob("*.snapshots/epoch-*.safetensors"))
+    if (directory / CACHE).is_file():
+        return True
+    return any(snapshot_files(checkpoint_path(directory, r)) for r in read_results(directory) if r.get("checkpoint"))
 
 
 def census_over_training(
@@ -104,18 +112,19 @@ def census_over_training(
     progress: bool = True,
 ) -> TrainingCensus:
     """The census over training of every run with snapshots: ``source`` is a sweep directory (runs from its
-    results, cached in ``DIR/census_over_training.jsonl``) or a sequence of checkpoint paths (each with its
-    ``.snapshots/`` folder; nothing cached). Runs without snapshots are left out (counted in ``without_snapshots``)."""
+    results, cached in ``DIR/census_over_training.jsonl``), one checkpoint file or a sequence of checkpoint paths
+    (each with its ``.snapshots/`` folder; nothing cached). Runs without snapshots are left out (counted in
+    ``without_snapshots``). Anything else is a ConfigError naming ``source``."""
     from tqdm.auto import tqdm
 
     from interp.checkpoint import read_metadata
     from tasks import load_checkpoint
 
-    if isinstance(source, (str, Path)) and Path(source).is_dir():
-        directory, runs = Path(source), _directory_runs(Path(source))
-        cached = _read_cache(directory)
+    directory, paths = _source(source)
+    if directory is not None:
+        runs, cached = _directory_runs(directory), _read_cache(directory)
     else:
-        directory, runs, cached = None, [_checkpoint_run(Path(p)) for p in source], {}
+        runs, cached = [_checkpoint_run(p) for p in paths], {}
     sizes = {"train_size": train_size, "test_size": test_size}
     done, without = [], []
     for run, path in tqdm(runs, desc="census over training", unit="run", disable=not progress):
@@ -144,6 +153,27 @@ def census_over_training(
     return TrainingCensus([_summarise(r) for r in done], train_size, test_size, without)
 
 
+def _source(source) -> tuple[Path | None, list[Path]]:
+    """(the sweep directory, []) or (None, the checkpoint paths) that ``source`` names; a ConfigError otherwise
+    (a path that is neither a directory nor a file, a sequence holding something that is not a path, anything
+    else)."""
+    expected = "expected a sweep directory, a checkpoint file or a sequence of checkpoint paths"
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            return path, []
+        if path.is_file():
+            return None, [path]
+        raise ConfigError(f"census over training: source {str(source)!r} is neither a directory nor a file; {expected}")
+    if isinstance(source, Iterable) and not isinstance(source, (bytes, Mapping)):
+        paths = list(source)
+        bad = [p for p in paths if not isinstance(p, (str, os.PathLike))]
+        if bad:
+            raise ConfigError(f"census over training: source holds {bad[0]!r}, not a checkpoint path; {expected}")
+        return None, [Path(p) for p in paths]
+    raise ConfigError(f"census over training: source {source!r} ({type(source).__name__}) is not a path; {expected}")
+
+
 def _directory_runs(directory: Path) -> list[tuple[dict[str, Any], Path]]:
     from interp.sweep_directory import checkpoint_path, load_results
 
@@ -158,6 +188,7 @@ def _directory_runs(directory: Path) -> list[tuple[dict[str, Any], Path]]:
             "configuration": ", ".join(f"{c}={_plain(row[c])}" for c in varying) or "all runs",
             **{c: _plain(row.get(c)) for c in ("d_model", "n_heads", "normalization")},
             "test_accuracy": _plain(row.get("test_accuracy")),
+            "halving_success": _plain(row.get("halving_success")),
             "kept_epoch": _plain(row.get("kept_epoch")),
         }
         runs.append((run, checkpoint_path(directory, row)))
@@ -175,6 +206,7 @@ def _checkpoint_run(path: Path) -> tuple[dict[str, Any], Path]:
         "configuration": f"d_model={spec.get('d_model')}, n_heads={spec.get('n_heads')}",
         **{c: spec.get(c) for c in ("d_model", "n_heads", "normalization")},
         "test_accuracy": (training.get("accuracy") or {}).get("test"),
+        "halving_success": (training.get("halving") or {}).get("success"),
         "kept_epoch": training.get("kept_epoch"),
     }
     return run, path
@@ -187,11 +219,10 @@ def _summarise(run: dict[str, Any]) -> dict[str, Any]:
     snaps = sorted(run["snapshots"], key=lambda s: s["epoch"])
     good = [any(h["grade"] == "good" for h in s["heads"]) for s in snaps]
     used = [any(_used(h) for h in s["heads"]) for s in snaps]
-    acc = run.get("test_accuracy")
     return {
         **run,
         "snapshots": snaps,
-        "outcome": "success" if acc is not None and acc >= 1.0 else "failure",
+        "outcome": "success" if _succeeded(run) else "failure",
         "first_good_epoch": next((s["epoch"] for s, g in zip(snaps, good) if g), None),
         "good_snapshots": sum(good),
         "good_at_last": bool(good[-1]) if good else False,
@@ -200,6 +231,17 @@ def _summarise(run: dict[str, Any]) -> dict[str, Any]:
         "lost_used": any(used) and not used[-1],
         "first_perfect_epoch": next((s["epoch"] for s in snaps if s["test_accuracy"] >= 1.0), None),
     }
+
+
+def _succeeded(run: dict[str, Any]) -> bool:
+    """100% test accuracy, and for a halving run one head left at the end: Table 1's rule
+    (:func:`analyses.populations.scores`, which scores a halving run that did not end with one head 0)."""
+    import pandas as pd
+
+    from analyses.populations import scores
+
+    row = {"test_accuracy": run.get("test_accuracy"), "halving_success": run.get("halving_success")}
+    return bool(scores(pd.DataFrame([row])).iloc[0] >= 1.0)
 
 
 def _used(head: dict[str, Any]) -> bool:
@@ -225,10 +267,11 @@ def _clip(w: float | None) -> float:
 
 @dataclass
 class TrainingCensus(Result):
-    """``runs``: per run its configuration label, seed, test accuracy and kept epoch (from the sweep), outcome,
-    ``first_good_epoch``, ``good_snapshots``, ``good_at_last``, ``lost_good``, ``first_perfect_epoch`` and
-    ``snapshots`` (per snapshot: ``epoch``, ``test_accuracy``, ``heads``: ``w01``, ``w02``, separation and learned
-    accuracy, grade)."""
+    """``runs``: per run its configuration label, seed, test accuracy, halving success and kept epoch (from the
+    sweep), ``outcome``, ``first_good_epoch``, ``good_snapshots``, ``good_at_last``, ``lost_good``,
+    ``first_used_epoch`` and ``lost_used`` (the same for a good head the model uses: learned accuracy >= 0.95 too),
+    ``first_perfect_epoch`` and ``snapshots`` (per snapshot: ``epoch``, ``test_accuracy``, ``heads``: ``w01``,
+    ``w02``, separation and learned accuracy, grade)."""
 
     runs: list[dict[str, Any]]
     train_size: int | None = TRAIN_SIZE

@@ -26,7 +26,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from analyses.halving import scorer as halving_scorer
-from interp.configs import STRATEGIES
+from interp.configs import STRATEGIES, check_snapshot_every
 from interp.errors import ConfigError
 from interp.model import ModelSpec
 from interp.population import VARYING_CONFIG, check_population, train_population
@@ -245,13 +245,15 @@ def run_sweep(
     runs are skipped, and rows missing from ``results.jsonl`` (or damaged there) are rebuilt from their checkpoints.
 
     ``snapshot_every=N`` also writes every run's snapshots every N epochs (``runs/NAME.snapshots/``); it is recorded
-    in the sweep's plan, so ``interp sweep DIR --resume`` keeps writing them."""
+    in the sweep's plan, so ``interp sweep DIR --resume`` keeps writing them. It is checked, against the shortest
+    run's epochs, before anything is written (:func:`interp.configs.check_snapshot_every`)."""
     if group < 1:
         raise ConfigError(f"group must be at least 1, got {group}")
     if backend not in ("local", "ray"):
         raise ConfigError(f"unknown sweep backend {backend!r}; expected 'local' or 'ray'")
     directory = Path(directory)
     runs = plan(task.name, task.params(), base_spec, base_cfg, seeds, grid)  # checks every run's configuration
+    check_snapshot_every(snapshot_every, min((r["cfg"].epochs for r in runs), default=base_cfg.epochs))
     check_task(directory, task.name)
     (directory / RUNS).mkdir(parents=True, exist_ok=True)
     add_plan(directory, plan_entry(task.name, task.params(), base_spec, base_cfg, seeds, grid, snapshot_every))
@@ -333,7 +335,7 @@ def resume_sweeps(directory, snapshot_every: int | None = None, **kw: Any) -> No
             p["seeds"],
             p["grid"],
             directory,
-            snapshot_every=snapshot_every or p.get("snapshot_every"),
+            snapshot_every=p.get("snapshot_every") if snapshot_every is None else snapshot_every,
             **kw,
         )
 
