@@ -24,9 +24,7 @@ def _recipe_only(r: dict) -> bool:
     column for it: they ran its default)."""
     ours = {"init": "tl", "padding": "right", "warmup_shape": "linear", "lr": 1e-3, "optimizer": "adamw"}
     return (
-        r["d_model"] == 2
-        and r["task_params"]["test_size"] == 1000
-        and all(r.get(k, v) == v for k, v in ours.items())
+        r["d_model"] == 2 and r["task_params"]["test_size"] == 1000 and all(r.get(k, v) == v for k, v in ours.items())
     )
 
 
