@@ -18,17 +18,16 @@ from pathlib import Path
 import torch
 
 from interp.evaluation import predictions_and_loss
-from interp.model import ModelSpec
-from interp.options import options
+from interp.sweep_directory import flat_row
 from interp.task import IGNORE
-from interp.training import TrainConfig
 from tasks import load_checkpoint
 
 
 def selected(directory: Path, where: dict[str, str]) -> list[dict]:
-    defaults = {k: o.default for k, o in {**options(ModelSpec), **options(TrainConfig)}.items()}
+    """The rows whose configuration (as the results table reads it: an option a row predates at its default)
+    matches every KEY=VALUE of ``where``."""
     rows = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in rows if all(str(r.get(k, defaults.get(k))) == v for k, v in where.items())]
+    return [r for r in rows if all(str(flat_row(r).get(k)) == v for k, v in where.items())]
 
 
 def wrong_margins(path: Path) -> list[int]:
