@@ -5,6 +5,8 @@ whether it lost a good head (``analyses.noisy_majority.training_census``).
     interp sweep noisy-majority --seeds 0..39 --d-model 2 --n-heads 1 --dropout-at attention --epochs 300 \\
         --snapshots 10 --threads 1 --out SWEEP_DIR          # and the same with --normalization LN
     python examples/results/seed_regime/census_over_training.py SWEEP_DIR census_over_training_d2.json
+    python examples/results/seed_regime/census_over_training.py SWEEP_DIR OUT.json strategy=normal d_model=8
+        # only the runs whose configuration matches every KEY=VALUE (as the results table reads it)
 
 The JSON is ``TrainingCensus.to_dict(series=True)`` (each run's snapshots as columns) with numbers rounded to 4
 significant digits, to keep it small; ``TrainingCensus.from_dict(json.load(...))`` gives back its tables and its
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from analyses.noisy_majority.training_census import census_over_training
+from interp.sweep_directory import flat_row
 
 
 def rounded(x):
@@ -34,18 +37,26 @@ def rounded(x):
     return x
 
 
-def main(directory: str, out: str) -> None:
+def main(directory: str, out: str, *where_args: str) -> None:
+    """The census of every run of ``directory`` with snapshots (cached in it), or, with KEY=VALUE pairs, of the runs
+    whose configuration matches them (e.g. ``strategy=normal``; not cached)."""
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    tc = census_over_training(directory)
+    if where_args:
+        where = dict(a.split("=", 1) for a in where_args)
+        rows = [json.loads(line) for line in Path(directory, "results.jsonl").read_text().splitlines() if line.strip()]
+        chosen = [r for r in rows if all(str(flat_row(r).get(k)) == v for k, v in where.items())]
+        tc = census_over_training([Path(directory, r["checkpoint"]) for r in chosen])
+    else:
+        tc = census_over_training(directory)
     secs = time.perf_counter() - t0
     Path(out).write_text(json.dumps(rounded(tc.to_dict(series=True)), separators=(",", ":")) + "\n")
     print(tc.text())
     print(f"{sum(len(r['snapshots']) for r in tc.runs)} snapshots in {secs:.0f} s (cached ones included)")
     for row in tc.ratios_over_epochs():
-        if row["epoch"] in (10, 20, 30, 50, 100, 200, 300):
+        if row["epoch"] in (10, 20, 30, 50, 100, 200, 300, 450, 600, 900):
             print(row)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

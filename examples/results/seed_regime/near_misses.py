@@ -5,7 +5,8 @@
 KEY=VALUE pairs select rows of SWEEP_DIR/results.jsonl (e.g. ``optimizer=adam d_model=32``; a key a row lacks takes
 its option's default); each selected run's checkpoint is loaded, its answers to the test split are taken from the
 model's forward (TransformerLens', at the answer position) and compared with the targets. Prints, per selection, the
-runs with errors, their error counts and the margins of the wrong sentences; writes them per run to OUT.json.
+runs with errors, their error counts and the margins of the wrong sentences; writes them per run to OUT.json
+(``runs``: each run's margins |n0 - n1|; ``wrong``: each run's wrong sentences as [n0 - n1, length in digits]).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def selected(directory: Path, where: dict[str, str]) -> list[dict]:
     return [r for r in rows if all(str(flat_row(r).get(k)) == v for k, v in where.items())]
 
 
-def wrong_margins(path: Path) -> list[int]:
-    """The margin |n0 - n1| of every test sentence the checkpoint answers wrongly."""
+def wrong_sentences(path: Path) -> list[tuple[int, int]]:
+    """``(n0 - n1, length in digits)`` of every test sentence the checkpoint answers wrongly, sorted."""
     ckpt = load_checkpoint(path, device="cpu")
     data = ckpt.task.dataset("test")
     vocab = ckpt.task.vocab
@@ -39,21 +40,32 @@ def wrong_margins(path: Path) -> list[int]:
     rows = torch.arange(len(data.tokens))
     preds = predictions_and_loss(ckpt.model, data)["preds"][rows, answer]
     wrong = (preds != data.targets[rows, answer]).nonzero().flatten()
-    margin = ((data.tokens == vocab.index["0"]).sum(1) - (data.tokens == vocab.index["1"]).sum(1)).abs()
-    return sorted(margin[wrong].tolist())
+    n0, n1, n2 = ((data.tokens == vocab.index[t]).sum(1) for t in "012")
+    return sorted(zip((n0 - n1)[wrong].tolist(), (n0 + n1 + n2)[wrong].tolist()))
+
+
+def wrong_margins(path: Path) -> list[int]:
+    """The margin |n0 - n1| of every test sentence the checkpoint answers wrongly."""
+    return sorted(abs(d) for d, _ in wrong_sentences(path))
 
 
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     directory, out = Path(argv[0]), Path(argv[1])
     where = dict(a.split("=", 1) for a in argv[2:])
-    runs = {r["name"]: wrong_margins(directory / r["checkpoint"]) for r in selected(directory, where)}
+    wrong = {r["name"]: wrong_sentences(directory / r["checkpoint"]) for r in selected(directory, where)}
+    runs = {k: sorted(abs(d) for d, _ in v) for k, v in wrong.items()}
     failing = {k: v for k, v in runs.items() if v}
     margins = collections.Counter(m for v in runs.values() for m in v)
+    signed = collections.Counter(d for v in wrong.values() for d, _ in v)
     counts = sorted(len(v) for v in failing.values())
     print(f"{len(runs)} runs, {len(failing)} with errors; errors per failing run {counts}")
     print("errors by margin |n0 - n1|:", dict(sorted(margins.items())))
-    out.write_text(json.dumps({"where": where, "runs": runs}, indent=1))
+    print("errors by n0 - n1:", dict(sorted(signed.items())))
+    lengths = sorted(n for v in wrong.values() for _, n in v)
+    if lengths:
+        print(f"lengths of the wrong sentences: median {lengths[len(lengths) // 2]}, {lengths[0]}-{lengths[-1]}")
+    out.write_text(json.dumps({"where": where, "runs": runs, "wrong": wrong}, indent=1))
 
 
 if __name__ == "__main__":
