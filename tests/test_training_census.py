@@ -240,20 +240,24 @@ def test_sweep_report_shows_heads_over_training_only_with_snapshots(tmp_path, ti
     assert "2 runs with snapshots, 4 snapshots" in page
 
 
-def test_the_shipped_census_over_training_reads_back_to_its_numbers():
-    """examples/results/seed_regime/census_over_training_d2.json (4 significant digits): from_dict gives back its
-    summary (medians within the rounding) and its figure, without the checkpoints."""
+@pytest.mark.parametrize(
+    ("name", "runs", "heads", "snapshots"),
+    [("census_over_training_d2.json", 80, 1, 30), ("census_over_training_adam_d8.json", 100, 4, 18)],
+)
+def test_the_shipped_census_over_training_reads_back_to_its_numbers(name, runs, heads, snapshots):
+    """The shipped censuses over training (examples/results/seed_regime/, 4 significant digits): from_dict gives back
+    each summary (medians within the rounding) and its figure, without the checkpoints."""
     from analyses.noisy_majority.training_census import TrainingCensus
 
-    path = Path(__file__).resolve().parents[1] / "examples/results/seed_regime/census_over_training_d2.json"
+    path = Path(__file__).resolve().parents[1] / "examples/results/seed_regime" / name
     d = json.loads(path.read_text())
     tc = TrainingCensus.from_dict(d)
-    assert len(tc.runs) == 80 and all(len(r["snapshots"]) == 30 for r in tc.runs)
-    for got, want in zip(tc.summary(), d["summary"]):
+    assert len(tc.runs) == runs and all(len(r["snapshots"]) == snapshots for r in tc.runs)
+    for got, want in zip(tc.summary(), d["summary"], strict=True):
         assert got.keys() == want.keys()
         for k, v in want.items():
             assert got[k] == (pytest.approx(v, rel=2e-3) if isinstance(v, float) else v), k
-    assert len(tc.figure().data) == 4 * 80
+    assert len(tc.figure().data) == 4 * runs * heads  # four traces per head
 
 
 def test_a_damaged_census_cache_is_refused_naming_the_line(tmp_path):
