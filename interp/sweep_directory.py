@@ -384,6 +384,31 @@ def flat_row(row: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[st
     return {**{k: out[k] for k in first if k in out}, **{k: v for k, v in out.items() if k not in first}}
 
 
+def where_of(args: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` command-line arguments as the selection :func:`select_rows` takes; an argument without ``=`` is
+    refused, naming it."""
+    bad = [a for a in args if "=" not in a or a.startswith("=")]
+    if bad:
+        raise ConfigError(f"{bad[0]!r} is not a selection (expected KEY=VALUE, e.g. d_model=8 or strategy=normal)")
+    return dict(a.split("=", 1) for a in args)
+
+
+def select_rows(directory, where: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The rows of a sweep directory whose configuration, as the results table reads it (:func:`flat_row`: an option
+    a row predates at its default, ``strategy`` "normal" without halving), matches every ``KEY=VALUE`` of ``where``,
+    the value compared as text (``{"d_model": "8"}``). A key that is no column of the table is refused, naming the
+    columns, so a misspelt selection cannot select nothing silently."""
+    flats = [(row, flat_row(row)) for row in read_results(directory)]
+    known = set().union(*(f.keys() for _, f in flats)) if flats else set(grid_options())
+    unknown = sorted(set(where) - known)
+    if unknown:
+        raise ConfigError(
+            f"no column {', '.join(map(repr, unknown))} in the results of {directory} "
+            f"(expected KEY=VALUE with KEY one of: {', '.join(sorted(known))})"
+        )
+    return [row for row, f in flats if all(str(f.get(k)) == v for k, v in where.items())]
+
+
 def results_frame(rows: Sequence[dict[str, Any]]):
     """Rows (as in results.jsonl) as a pandas DataFrame of :func:`flat_row` columns, one row per run."""
     import pandas as pd

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from interp.sweep_directory import flat_row, select_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLE1 = ROOT / "examples" / "results" / "table1"
 # Table 1 under Adam with L2 weight decay (docs/seed-regime.md): every row trained with optimizer="adam"
@@ -52,7 +54,7 @@ def test_shipped_table1_has_every_cell_with_the_same_number_of_runs(directory):
     assert set(by_cell) == CELLS
     assert len({len(v) for v in by_cell.values()}) == 1  # the same number of runs per cell
     assert all(r["epochs"] == 900 and r["dropout_at"] == "attention" for r in rows)
-    assert all(f[k] == v for f in _flat_rows(rows) for k, v in TABLES[directory].items())
+    assert all(flat_row(r)[k] == v for r in rows for k, v in TABLES[directory].items())
 
 
 @pytest.mark.parametrize("directory", list(TABLES), ids=_table_id)
@@ -140,9 +142,9 @@ def test_interp_table_of_each_shipped_measurement_is_a_recount_of_its_rows(direc
     out = _interp_table(directory, "--json")
     assert out.returncode == 0, out.stderr[-800:]
     table = json.loads(out.stdout)
-    rows = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines() if line.strip()]
+    rows = _rows(directory)
     assert sum(t["runs"] for t in table) == len(rows)
-    flats = _flat_rows(rows)
+    flats = [flat_row(r) for r in rows]
     for t in table:
         keys = [k for k in t if k not in STATS and not k.startswith("share_")]
         cell = [r for r, f in zip(rows, flats, strict=True) if all(f[k] == t[k] for k in keys)]
@@ -150,14 +152,6 @@ def test_interp_table_of_each_shipped_measurement_is_a_recount_of_its_rows(direc
         assert t["runs"] == len(cell) > 0
         assert t["share_test_at_1"] == pytest.approx(sum(a >= 1.0 for a in accs) / len(cell))
         assert t["mean_test_accuracy"] == pytest.approx(sum(accs) / len(accs), abs=5e-5)
-
-
-def _flat_rows(rows: list[dict]) -> list[dict]:
-    """Each row's configuration as the table prints it (task parameters as sorted JSON text, the halving strategy, an
-    option the row predates at its default): the results table's own flat row, computed once per row."""
-    from interp.sweep_directory import flat_row
-
-    return [flat_row(r) for r in rows]
 
 
 @pytest.mark.parametrize(
@@ -175,14 +169,8 @@ def test_shipped_near_misses_agree_with_the_rows(name, directory):
     test accuracy says: (1 - accuracy) x the test split's size."""
     base = ROOT / "examples" / "results" / "seed_regime"
     doc = json.loads((base / name).read_text())
-    rows = {
-        r["name"]: r
-        for line in (base / directory / "results.jsonl").read_text().splitlines()
-        if line.strip()
-        for r in [json.loads(line)]
-    }
-    flats = dict(zip(rows, _flat_rows(list(rows.values())), strict=True))
-    chosen = {n for n, f in flats.items() if all(str(f[k]) == v for k, v in doc["where"].items())}
+    rows = {r["name"]: r for r in _rows(base / directory)}
+    chosen = {r["name"] for r in select_rows(base / directory, doc["where"])}
     assert doc["runs"] and set(doc["runs"]) == chosen  # every run the selection names, and only those
     for run, margins in doc["runs"].items():
         row = rows[run]

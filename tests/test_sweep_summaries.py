@@ -425,3 +425,27 @@ def test_two_layer_runs_sweep_table_and_report(tmp_path, tiny_task, tiny_spec, t
     out = write_sweep_report(tmp_path, tmp_path / "r.html", progress=False)
     html = out.read_text()
     assert "Table 1" in html and "L1H" in html  # the census has the second layer's heads
+
+
+def test_select_rows_reads_the_configuration_as_the_table_does_and_refuses_an_unknown_key(tmp_path):
+    """One selection for the scripts and tests that pick runs by KEY=VALUE: a row written before an option existed
+    matches that option's default (what the run did); a key that is no column is one clear error naming it."""
+    from interp.errors import ConfigError
+    from interp.sweep_directory import RESULTS, select_rows, where_of
+
+    shipped = Path(__file__).resolve().parents[1] / "examples/results/seed_regime/table1" / RESULTS
+    rows = [json.loads(line) for line in shipped.read_text().splitlines()[:3]]
+    old = {k: v for k, v in rows[2].items() if k != "optimizer"}  # a row that predates the option
+    (tmp_path / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in [*rows[:2], old]))
+    names = [r["name"] for r in rows]
+    assert [r["name"] for r in select_rows(tmp_path, {"optimizer": "adam"})] == names[:2]
+    assert [r["name"] for r in select_rows(tmp_path, {"optimizer": "adamw"})] == names[2:]
+    want = {"strategy": rows[0]["strategy"], "d_model": str(rows[0]["d_model"])}
+    assert [r["name"] for r in select_rows(tmp_path, want)] == [
+        r["name"] for r in rows if r["strategy"] == want["strategy"] and str(r["d_model"]) == want["d_model"]
+    ]
+    with pytest.raises(ConfigError, match=r"no column 'd_modle' in the results of .*expected KEY=VALUE"):
+        select_rows(tmp_path, {"d_modle": "8"})
+    assert where_of(["d_model=8", 'task_params={"a": 1}']) == {"d_model": "8", "task_params": '{"a": 1}'}
+    with pytest.raises(ConfigError, match=r"'d_model' is not a selection \(expected KEY=VALUE"):
+        where_of(["d_model"])

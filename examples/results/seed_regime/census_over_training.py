@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from analyses.noisy_majority.training_census import census_over_training
-from interp.sweep_directory import flat_row
+from interp.sweep_directory import checkpoint_path, select_rows, where_of
 
 
 def rounded(x):
@@ -43,10 +43,8 @@ def main(directory: str, out: str, *where_args: str) -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     if where_args:
-        where = dict(a.split("=", 1) for a in where_args)
-        rows = [json.loads(line) for line in Path(directory, "results.jsonl").read_text().splitlines() if line.strip()]
-        chosen = [r for r in rows if all(str(flat_row(r).get(k)) == v for k, v in where.items())]
-        tc = census_over_training([Path(directory, r["checkpoint"]) for r in chosen])
+        chosen = select_rows(directory, where_of(where_args))
+        tc = census_over_training([checkpoint_path(directory, r) for r in chosen])
     else:
         tc = census_over_training(directory)
     secs = time.perf_counter() - t0
@@ -59,4 +57,9 @@ def main(directory: str, out: str, *where_args: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    from interp.errors import ConfigError
+
+    try:
+        main(*sys.argv[1:])
+    except ConfigError as e:  # a misspelt selection or a directory without results: one line, no traceback
+        sys.exit(f"error: {e}")

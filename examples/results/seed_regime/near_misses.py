@@ -19,16 +19,9 @@ from pathlib import Path
 import torch
 
 from interp.evaluation import predictions_and_loss
-from interp.sweep_directory import flat_row
+from interp.sweep_directory import checkpoint_path, select_rows, where_of
 from interp.task import IGNORE
 from tasks import load_checkpoint
-
-
-def selected(directory: Path, where: dict[str, str]) -> list[dict]:
-    """The rows whose configuration (as the results table reads it: an option a row predates at its default)
-    matches every KEY=VALUE of ``where``."""
-    rows = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in rows if all(str(flat_row(r).get(k)) == v for k, v in where.items())]
 
 
 def wrong_sentences(path: Path) -> list[tuple[int, int]]:
@@ -44,16 +37,11 @@ def wrong_sentences(path: Path) -> list[tuple[int, int]]:
     return sorted(zip((n0 - n1)[wrong].tolist(), (n0 + n1 + n2)[wrong].tolist()))
 
 
-def wrong_margins(path: Path) -> list[int]:
-    """The margin |n0 - n1| of every test sentence the checkpoint answers wrongly."""
-    return sorted(abs(d) for d, _ in wrong_sentences(path))
-
-
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     directory, out = Path(argv[0]), Path(argv[1])
-    where = dict(a.split("=", 1) for a in argv[2:])
-    wrong = {r["name"]: wrong_sentences(directory / r["checkpoint"]) for r in selected(directory, where)}
+    where = where_of(argv[2:])
+    wrong = {r["name"]: wrong_sentences(checkpoint_path(directory, r)) for r in select_rows(directory, where)}
     runs = {k: sorted(abs(d) for d, _ in v) for k, v in wrong.items()}
     failing = {k: v for k, v in runs.items() if v}
     margins = collections.Counter(m for v in runs.values() for m in v)
@@ -69,4 +57,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from interp.errors import ConfigError
+
+    try:
+        main(sys.argv[1:])
+    except ConfigError as e:  # a misspelt selection or a directory without results: one line, no traceback
+        sys.exit(f"error: {e}")
