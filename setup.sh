@@ -20,7 +20,7 @@ if [ ! -f "$stamp" ]; then
     pip_install "${INTERP_TORCH:-torch==2.13.0}"
   fi
   pip_install -e ".[test]"
-  .venv/bin/python -c "import torch, transformer_lens, interp, tasks, analyses" \
+  .venv/bin/python -c "import torch, transformer_lens, interp.tasks, interp.analyses, interp.app" \
     || { echo "setup.sh: the installed packages do not import (log: $log)" >&2; exit 1; }
   rm -f .venv/.interp-setup-* && touch "$stamp"
   echo "setup.sh: done"

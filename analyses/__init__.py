@@ -6,7 +6,7 @@ own analyses and its ``analyze``/``report`` suite live in ``analyses/<task_modul
 ``repeated_tokens``, ``modular_addition``). Every result is an :class:`interp.results.Result`: ``to_dict()``,
 ``figure()``, a rich display in Jupyter.
 
-``import analyses`` is cheap: names are imported on first use. ``analyses.__all__`` lists every analysis function
+``import analyses`` is cheap: names are imported on first use. ``interp.analyses.__all__`` lists every analysis function
 and result type.
 """
 
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 _NAMES = {
     # generic
-    "analyses.answer_cache": ["AnswerCache", "cache_answer"],
-    "analyses.learned_accuracies": [
+    "interp.analyses.answer_cache": ["AnswerCache", "cache_answer"],
+    "interp.analyses.learned_accuracies": [
         "LearnedAccuracy",
         "learned_accuracy",
         "learned_accuracy_of",
@@ -32,14 +32,14 @@ _NAMES = {
         "mean_head_outputs",
         "subset_answer_logits",
     ],
-    "analyses.separation_accuracies": [
+    "interp.analyses.separation_accuracies": [
         "SeparationAccuracy",
         "separation_accuracy",
         "fit_separator",
         "make_separator",
         "head_features",
     ],
-    "analyses.circuits": [
+    "interp.analyses.circuits": [
         "Circuit",
         "OVCopying",
         "LogitDecomposition",
@@ -51,10 +51,10 @@ _NAMES = {
         "bigram_table",
         "logit_decomposition",
     ],
-    "analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
+    "interp.analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
     # the module analyses.shapley holds the function shapley(); here it is exact_shapley, so that the module and the
     # function never shadow each other in this namespace
-    "analyses.shapley": [
+    "interp.analyses.shapley": [
         "ShapleyResult",
         "exact_shapley",
         "shapley_of",
@@ -62,19 +62,19 @@ _NAMES = {
         "shapley_transform",
         "moebius",
     ],
-    "analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
-    "analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
-    "analyses.spectrum": ["AttentionSpectrum", "attention_spectrum"],
-    "analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
-    "analyses.pattern_scores": [
+    "interp.analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
+    "interp.analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
+    "interp.analyses.spectrum": ["AttentionSpectrum", "attention_spectrum"],
+    "interp.analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
+    "interp.analyses.pattern_scores": [
         "HeadScores",
         "AblationTest",
         "head_scores",
         "ablation_induction_test",
         "repeated_random_tokens",
     ],
-    "analyses.populations": ["population_table", "format_table", "wilson_interval"],
-    "analyses.population_figures": [
+    "interp.analyses.populations": ["population_table", "format_table", "wilson_interval"],
+    "interp.analyses.population_figures": [
         "Survival",
         "GridAccuracy",
         "LearningRateAccuracy",
@@ -82,7 +82,7 @@ _NAMES = {
         "grid_accuracy",
         "lr_accuracy",
     ],
-    "analyses.patching": [
+    "interp.analyses.patching": [
         "ActivationPatching",
         "PathPatching",
         "activation_patching",
@@ -91,29 +91,29 @@ _NAMES = {
         "variant_metric",
     ],
     # noisy majority (Fraknói 2024, §5)
-    "analyses.noisy_majority.attention_ratios": [
+    "interp.analyses.noisy_majority.attention_ratios": [
         "AttentionRatios",
         "attention_ratios",
         "measured_attention_ratios",
         "exact_attention_ratios",
     ],
-    "analyses.noisy_majority.head_outputs": ["HeadOutputs", "head_outputs", "value_vectors"],
-    "analyses.noisy_majority.interventions": [
+    "interp.analyses.noisy_majority.head_outputs": ["HeadOutputs", "head_outputs", "value_vectors"],
+    "interp.analyses.noisy_majority.interventions": [
         "InterventionSweep",
         "attention_intervention_sweep",
         "intervened_head_outputs",
     ],
-    "analyses.noisy_majority.head_summary": ["HeadSummary", "PairMatrix", "head_summary"],
-    "analyses.noisy_majority.handbuilt": ["minimal_majority_transformer", "attention_preference_model"],
-    "analyses.noisy_majority.corrupt": ["flip_answer"],
-    "analyses.noisy_majority.census": ["Census", "census"],
-    "analyses.noisy_majority.training_census": ["TrainingCensus", "census_over_training"],
+    "interp.analyses.noisy_majority.head_summary": ["HeadSummary", "PairMatrix", "head_summary"],
+    "interp.analyses.noisy_majority.handbuilt": ["minimal_majority_transformer", "attention_preference_model"],
+    "interp.analyses.noisy_majority.corrupt": ["flip_answer"],
+    "interp.analyses.noisy_majority.census": ["Census", "census"],
+    "interp.analyses.noisy_majority.training_census": ["TrainingCensus", "census_over_training"],
     # repeated tokens (Elhage et al. 2021 and Li, *A Mathematical Framework for Transformer Circuits*)
-    "analyses.repeated_tokens.probe": ["probe_tokens"],
-    "analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],
-    "analyses.repeated_tokens.suite": ["InductionAnalysis"],
+    "interp.analyses.repeated_tokens.probe": ["probe_tokens"],
+    "interp.analyses.repeated_tokens.handbuilt": ["induction_circuit_model"],
+    "interp.analyses.repeated_tokens.suite": ["InductionAnalysis"],
     # modular addition (Fraknói 2024, §4, Nanda et al. 2023)
-    "analyses.modular_addition.fourier": [
+    "interp.analyses.modular_addition.fourier": [
         "FrequencyNorms",
         "NeuronFrequencies",
         "NeuronLogitMap",
@@ -125,7 +125,7 @@ _NAMES = {
         "neuron_frequencies",
         "neuron_logit_map",
     ],
-    "analyses.modular_addition.progress": [
+    "interp.analyses.modular_addition.progress": [
         "Phases",
         "progress_measures",
         "restricted_logits",
@@ -134,7 +134,7 @@ _NAMES = {
         "find_phases",
         "sum_squared_weights",
     ],
-    "analyses.modular_addition.exhaustive": [
+    "interp.analyses.modular_addition.exhaustive": [
         "AttentionSplit",
         "AblationTable",
         "attention_split",
@@ -142,17 +142,17 @@ _NAMES = {
         "ablated_accuracies",
         "ablation_table",
     ],
-    "analyses.modular_addition.suite": ["ModularAdditionAnalysis"],
+    "interp.analyses.modular_addition.suite": ["ModularAdditionAnalysis"],
     # integer addition (Ibrahimli 2024, Compositional Generalization in Transformers, Fraknói 2024, §4)
-    "analyses.integer_addition.accuracy": [
+    "interp.analyses.integer_addition.accuracy": [
         "CaseAccuracy",
         "LengthAccuracy",
         "accuracy_by_case",
         "accuracy_by_length",
         "correct_digits",
     ],
-    "analyses.integer_addition.ablation": ["DigitAblation", "component_ablation"],
-    "analyses.integer_addition.suite": ["AdditionAnalysis"],
+    "interp.analyses.integer_addition.ablation": ["DigitAblation", "component_ablation"],
+    "interp.analyses.integer_addition.suite": ["AdditionAnalysis"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = [*sorted(_WHERE), "suite_for"]  # noqa: PLE0604 (names computed from the table above)
@@ -169,14 +169,14 @@ def __dir__():
 
 
 def suite_for(task: Task | str) -> Suite:
-    """The analysis suite of a task (:class:`interp.suite.Suite`: ``SUITE`` in ``analyses.<task module>.suite``,
+    """The analysis suite of a task (:class:`interp.suite.Suite`: ``SUITE`` in ``interp.analyses.<task module>.suite``,
     found by the task's name), or a TaskError naming the tasks that have one."""
     from pathlib import Path
 
     from interp.errors import TaskError
 
     name = getattr(task, "name", task)
-    module = f"analyses.{str(name).replace('-', '_')}.suite"
+    module = f"interp.analyses.{str(name).replace('-', '_')}.suite"
     try:
         return importlib.import_module(module).SUITE
     except ModuleNotFoundError as e:

@@ -18,9 +18,9 @@ import argparse
 import torch
 from timing import timed  # benchmarks/timing.py (the script's folder is on sys.path)
 
-from analyses.answer_cache import cache_answer
-from analyses.learned_accuracies import head_subsets, learned_accuracy, learned_accuracy_loop
-from tasks import load_checkpoint
+from interp.analyses.answer_cache import cache_answer
+from interp.analyses.learned_accuracies import head_subsets, learned_accuracy, learned_accuracy_loop
+from interp.tasks import load_checkpoint
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ checked equal.
 
     .venv/bin/python benchmarks/patching.py [--pairs 1 4 16 64] [--repeats 3] [--threads 1] [--device cpu]
 
-Inputs: ``analyses.repeated_tokens.corrupted_pair(task, n, kind="key")`` (the query token's earlier occurrence
+Inputs: ``interp.analyses.repeated_tokens.corrupted_pair(task, n, kind="key")`` (the query token's earlier occurrence
 moved), metric: logit difference at the answer, denoising (TransformerLens' convention: corrupted run, clean cache).
 Sweeps: every head x position of ``hook_z`` (132 patches), every position of ``resid_pre`` (66), and every head x
 query row of the attention pattern (132). Path patching (TransformerLens has no function for it) is timed against a
@@ -27,9 +27,9 @@ import time
 import torch
 import transformer_lens.patching as tl_patching
 
-from analyses.patching import activation_patching, path_patching, path_patching_loop, variant_metric
-from analyses.repeated_tokens.corrupt import corrupted_pair
-from tasks import load_checkpoint
+from interp.analyses.patching import activation_patching, path_patching, path_patching_loop, variant_metric
+from interp.analyses.repeated_tokens.corrupt import corrupted_pair
+from interp.tasks import load_checkpoint
 
 SWEEPS = [  # (where, per, TransformerLens function, permutation of ours to theirs)
     ("z", "head_pos", tl_patching.get_act_patch_attn_head_out_by_pos, (0, 2, 1)),

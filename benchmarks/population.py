@@ -41,7 +41,7 @@ import torch
 from interp.model import ModelSpec
 from interp.population import seed_population, train_population
 from interp.training import TrainConfig, train
-from tasks import get_task
+from interp.tasks import get_task
 
 
 def _worker(args) -> None:

@@ -6,7 +6,7 @@
 
 v = learned accuracy (1,000 test sequences): batched = ``shapley(coalition_values(...))`` (answer cache, then one small
 matmul over all coalitions); naive = one ``run_with_hooks`` pass over the test data per coalition
-(``analyses.learned_accuracies.learned_accuracy_loop``), timed on ``--naive`` random coalitions and extrapolated to
+(``interp.analyses.learned_accuracies.learned_accuracy_loop``), timed on ``--naive`` random coalitions and extrapolated to
 65,536.
 
 v = separation accuracy (LinearSVC C=1000 on the heads' outputs, 7,500 train / 1,000 test sequences): batched =
@@ -22,10 +22,10 @@ import argparse
 import torch
 from timing import timed  # benchmarks/timing.py (the script's folder is on sys.path)
 
-from analyses.coalitions import coalition_evaluator, coalition_values
-from analyses.learned_accuracies import learned_accuracy_loop
-from analyses.shapley import shapley
-from tasks import load_checkpoint
+from interp.analyses.coalitions import coalition_evaluator, coalition_values
+from interp.analyses.learned_accuracies import learned_accuracy_loop
+from interp.analyses.shapley import shapley
+from interp.tasks import load_checkpoint
 
 
 def main() -> None:

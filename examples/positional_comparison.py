@@ -28,7 +28,7 @@ from interp.evaluation import evaluate
 from interp.files import atomic_write
 from interp.model import ModelSpec
 from interp.training import TrainConfig, train
-from tasks import get_task, load_checkpoint
+from interp.tasks import get_task, load_checkpoint
 
 SCHEMES = ("standard", "none", "rotary", "random", "abacus")
 TRAIN_DIGITS = (1, 3)
@@ -103,7 +103,7 @@ def run_one(scheme: str, seed: int, steps: int, batch: int, workdir: Path) -> di
 def cascade_accuracy(model) -> dict:
     """Per length: accuracy per carry case (BA, UC1, US9-k) and exact match per Quirke class on 200 rare-cascade
     sums (every sum holds a sum-9 cascade)."""
-    from analyses.integer_addition.accuracy import accuracy_by_case
+    from interp.analyses.integer_addition.accuracy import accuracy_by_case
 
     out = {}
     for n in range(2, MAX_DIGITS + 1):

@@ -1,12 +1,12 @@
 """interp: a mechanistic-interpretability toolkit on TransformerLens for small algorithmic-task models.
 
 ``model, task = interp.load("noisy-majority")`` loads a shipped checkpoint (or any checkpoint path): a plain
-``transformer_lens.HookedTransformer`` and its task. Analyses (package ``analyses``) take the model, the task's data
+``transformer_lens.HookedTransformer`` and its task. Analyses (package ``interp.analyses``) take the model, the task's data
 and, where they need task knowledge, the task itself. Heavy libraries (torch, TransformerLens) are imported only
 when first needed, so ``import interp`` is instant.
 
-This module is the lazy public face of all floors: the core (the rest of this package), the tasks (``tasks``),
-the analyses (``analyses``) and the app (``interp.app``). It is the one module of the core that may name the
+This module is the lazy public face of all floors: the core (the rest of this package), the tasks (``interp.tasks``),
+the analyses (``interp.analyses``) and the app (``interp.app``). It is the one module of the core that may name the
 floors above it; it imports nothing until a name is asked for. No name it exports is the name of one of its
 submodules, so importing a submodule never replaces an exported function.
 """
@@ -46,11 +46,11 @@ _WHERE = {
     "Report": "interp.report_page",
     "load_results": "interp.sweep_directory",
     # the tasks: the registry and the shipped checkpoints
-    "load": "tasks",
-    "load_checkpoint": "tasks",
-    "get_task": "tasks",
-    "task_names": "tasks",
-    "shipped_checkpoints": "tasks",
+    "load": "interp.tasks",
+    "load_checkpoint": "interp.tasks",
+    "get_task": "interp.tasks",
+    "task_names": "interp.tasks",
+    "shipped_checkpoints": "interp.tasks",
     # the app: whole reports and sweeps
     "write_report": "interp.app.report",
     "write_sweep_report": "interp.app.report",
@@ -60,9 +60,15 @@ _WHERE = {
 __all__ = sorted(_WHERE)  # noqa: PLE0605 (computed from the table above)
 
 
+# the floors above the core, as subpackages: ``interp.tasks``, ``interp.analyses``, ``interp.app``
+_FLOORS = ("tasks", "analyses", "app")
+
+
 def __getattr__(name):
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
+    if name in _FLOORS:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'interp' has no attribute {name!r}")
 
 

@@ -9,7 +9,7 @@ verifies the file: the checksum (files written before it existed have none and s
 spec fixes (zero ``W_pos``, identity ``W_O``, zero biases) and that every weight is finite.
 
 This module is the file format only: it knows no task. :func:`read_checkpoint` takes a ``make_task(name, params)``
-that builds the task a file names (the registry's ``tasks.get_task``, or your own); ``tasks.load_checkpoint`` also
+that builds the task a file names (the registry's ``interp.tasks.get_task``, or your own); ``interp.tasks.load_checkpoint`` also
 resolves the names of the checkpoints that ship with the project.
 """
 
@@ -207,7 +207,7 @@ def read_checkpoint(
     task_params: dict[str, Any] | None = None,
 ) -> Checkpoint:
     """Read and verify the checkpoint file at ``path`` onto ``device`` (default: CUDA if present, else CPU);
-    ``make_task(name, **params)`` builds the task it names (``tasks.get_task``).
+    ``make_task(name, **params)`` builds the task it names (``interp.tasks.get_task``).
 
     ``task_params`` override the task's saved parameters (e.g. ``{"test_lengths": [201, 400]}`` to test length
     generalisation); a model without positional embedding then takes the longer sequences."""

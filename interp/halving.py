@@ -14,7 +14,7 @@ and more than one head is active, the active heads are scored by the run's strat
 ``ceil(n / 2)`` kept (ties go to the lower head index); repeat until one head is left. ``mask-all-but-one`` (the
 seed's baseline) masks ``a - 1`` heads before the first step, keeping one head drawn with the run's seed.
 Strategies that need analyses (``svc``, ``learned``, ``shapley-svc``, ``shapley-learned``) score through a
-callable passed in by the caller (``analyses.halving`` has them; ``interp`` never imports ``analyses``);
+callable passed in by the caller (``interp.analyses.halving`` has them; ``interp`` never imports ``interp.analyses``);
 ``random`` and ``mask-all-but-one`` need none.
 
 Everything here is plain data that round-trips through JSON (:meth:`Halving.to_dict`), so a resumed run continues
@@ -157,7 +157,7 @@ class Halving:
             if scorer is None:
                 raise ConfigError(
                     f"halving strategy {self.strategy!r} needs a scorer: train through "
-                    "analyses.halving.train_halving, or pass head_scorer=analyses.halving.scorer(...)"
+                    "interp.analyses.halving.train_halving, or pass head_scorer=interp.analyses.halving.scorer(...)"
                 )
             was_training = model.training
             model.eval()

@@ -2,7 +2,7 @@
 is what a task offers the trainer).
 
 A task's suite lives in ``analyses/<task module>/suite.py`` as ``SUITE``, an object with these four methods (a
-:class:`FunctionSuite` of the module's functions); ``analyses.suite_for(task)`` finds it. The app layer calls the
+:class:`FunctionSuite` of the module's functions); ``interp.analyses.suite_for(task)`` finds it. The app layer calls the
 methods and nothing else: no suite is asked for an attribute it may lack.
 """
 

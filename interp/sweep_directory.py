@@ -14,7 +14,7 @@ first sweep's for its own. Options added to the toolkit later, with defaults tha
 change the names of existing runs.
 
 :func:`load_results` reads the rows as one pandas DataFrame, one flat row per run; the statistics over them
-(Table 1) are an analysis (``analyses.populations``). The training itself is the app's (``interp.app.sweeps``).
+(Table 1) are an analysis (``interp.analyses.populations``). The training itself is the app's (``interp.app.sweeps``).
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ def train(
     The same seed, torch version and thread count then give bit-identical weights.
 
     ``cfg.halving`` trains with halving heads (:mod:`interp.halving`); strategies other than ``random`` and
-    ``mask-all-but-one`` need ``head_scorer`` (``analyses.halving.train_halving`` passes it). The kept model is
+    ``mask-all-but-one`` need ``head_scorer`` (``interp.analyses.halving.train_halving`` passes it). The kept model is
     then the best one-head state (or, if the run never got down to one head, the last state: a failure)."""
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)

@@ -32,10 +32,10 @@ CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 
 # A new task: its module here (one class implementing interp.task.Task) and one line in this table.
 TASKS = {
-    "noisy-majority": "tasks.noisy_majority:NoisyMajority",
-    "repeated-tokens": "tasks.repeated_tokens:RepeatedTokens",
-    "modular-addition": "tasks.modular_addition:ModularAddition",
-    "integer-addition": "tasks.integer_addition:IntegerAddition",
+    "noisy-majority": "interp.tasks.noisy_majority:NoisyMajority",
+    "repeated-tokens": "interp.tasks.repeated_tokens:RepeatedTokens",
+    "modular-addition": "interp.tasks.modular_addition:ModularAddition",
+    "integer-addition": "interp.tasks.integer_addition:IntegerAddition",
 }
 # Old names of shipped checkpoints, still accepted.
 CHECKPOINT_ALIASES = {"induction": "repeated-tokens", "induction-1layer": "repeated-tokens-1layer"}

@@ -12,7 +12,7 @@ quiet_tl()
 
 @pytest.fixture(scope="session")
 def nm_task():
-    from tasks import get_task
+    from interp.tasks import get_task
 
     return get_task("noisy-majority")
 
@@ -20,7 +20,7 @@ def nm_task():
 @pytest.fixture(scope="session")
 def nm_ckpt():
     """The shipped noisy-majority checkpoint, on CPU (shared: do not modify the model)."""
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     return load_checkpoint("noisy-majority", device="cpu")
 
@@ -28,7 +28,7 @@ def nm_ckpt():
 @pytest.fixture(scope="session")
 def tiny_task():
     """A small noisy-majority task for training tests (512 train sentences of up to 20 digits)."""
-    from tasks import get_task
+    from interp.tasks import get_task
 
     return get_task(
         "noisy-majority",
@@ -71,7 +71,7 @@ def shipped_report(tmp_path_factory):
     import time
 
     from interp.app.cli import main
-    from tasks import shipped_checkpoints
+    from interp.tasks import shipped_checkpoints
 
     built = {}
 

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from analyses.learned_accuracies import (
+from interp.analyses.learned_accuracies import (
     head_subsets,
     hooked_subset_logits,
     learned_accuracy,
@@ -40,7 +40,7 @@ def small_test(nm_ckpt):
 
 
 def test_minimal_transformer_head_is_perfect_alone(nm_task):
-    from analyses.noisy_majority.handbuilt import minimal_majority_transformer
+    from interp.analyses.noisy_majority.handbuilt import minimal_majority_transformer
 
     model = minimal_majority_transformer(nm_task)
     data = nm_task.dataset("test").select(slice(0, 200))
@@ -49,7 +49,7 @@ def test_minimal_transformer_head_is_perfect_alone(nm_task):
     assert res.accuracy[0].item() == 1.0
     assert res["L0H0"] == 1.0
     # without its head the residual at '=' is x_= = 1, whose logits are threshold for '4' and -threshold for '5'
-    from tasks.noisy_majority import FOUR
+    from interp.tasks.noisy_majority import FOUR
 
     assert res.accuracy[1].item() == pytest.approx((data.labels == FOUR).float().mean().item(), abs=1e-7)
 
@@ -147,7 +147,7 @@ def test_bad_input(nm_ckpt, small_test):
         learned_accuracy(model, small_test, [])
     with pytest.raises(TaskError, match="repeated-tokens"):  # the task travels explicitly: data of another task
         learned_accuracy(model, dataclasses.replace(small_test, task="repeated-tokens"), [["L0H1"]], task=nm_ckpt.task)
-    from tasks import get_task
+    from interp.tasks import get_task
 
     other = get_task("repeated-tokens", train_size=4, val_size=4, test_size=4).dataset("test")
     with pytest.raises(TaskError, match="does not fit the 'repeated-tokens' data"):  # without the task: by vocabulary
@@ -166,8 +166,8 @@ def test_bad_input(nm_ckpt, small_test):
 
 def test_pair_matrix_and_one_subset(nm_ckpt, small_test):
     """Figure 5's matrix: singles on the diagonal, pairs off it, heads sorted by the diagonal in the figure."""
-    from analyses.learned_accuracies import learned_accuracy_of
-    from analyses.noisy_majority.head_summary import pair_matrix
+    from interp.analyses.learned_accuracies import learned_accuracy_of
+    from interp.analyses.noisy_majority.head_summary import pair_matrix
 
     model = nm_ckpt.model
     res = learned_accuracy(model, small_test, head_subsets(1, 16, 1) + head_subsets(1, 16, 2))

@@ -237,7 +237,7 @@ def test_the_trainer_and_evaluation_use_the_fast_paths_for_deeper_models(tiny_ta
     )
     prov = train(tiny_task, spec, tiny_cfg(epochs=2), tmp_path / "w.safetensors", device="cpu", progress=False)
     assert prov["metrics"]["val"]["accuracy"] >= 0
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     ck = load_checkpoint(tmp_path / "w.safetensors", device="cpu")
     data = tiny_task.dataset("val").select(slice(0, 20))
@@ -251,7 +251,7 @@ def test_the_trainer_and_evaluation_use_the_fast_paths_for_deeper_models(tiny_ta
 # -- checkpoints and plain TransformerLens -----------------------------------------------------------------------------
 def _save_load(tmp_path, spec, task):
     from interp.checkpoint import read_checkpoint, save_checkpoint
-    from tasks import get_task
+    from interp.tasks import get_task
 
     m = _randomised(build_model(spec, device="cpu"), std=0.3)
     path = save_checkpoint(tmp_path / "m.safetensors", m, spec, task)
@@ -300,7 +300,7 @@ def test_checkpoints_round_trip_and_verify_the_variants_parameters(tmp_path, tin
     meta = {k: v for k, v in meta.items() if k != "checksum"}  # a file without checksum is still verified
     save_file(bad, str(tmp_path / "bad.safetensors"), metadata=meta)
     from interp.checkpoint import read_checkpoint
-    from tasks import get_task
+    from interp.tasks import get_task
 
     with pytest.raises(CheckpointError, match=expect):
         read_checkpoint(tmp_path / "bad.safetensors", get_task, device="cpu")

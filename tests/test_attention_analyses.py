@@ -38,7 +38,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def small_task():
-    from tasks import get_task
+    from interp.tasks import get_task
 
     return get_task(
         "noisy-majority",
@@ -55,7 +55,7 @@ def small_task():
 def trained(tmp_path_factory, small_task):
     """``get(variant, shape)``: a checkpoint trained for one epoch (cached per module)."""
     from interp.training import TrainConfig, train
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     tiny_task = small_task
     made = {}
@@ -75,7 +75,7 @@ def trained(tmp_path_factory, small_task):
 
 @pytest.mark.parametrize("variant,shape,full", CASES)
 def test_every_analysis_runs_on_the_variant(trained, variant, shape, full):
-    from analyses import (
+    from interp.analyses import (
         activation_patching,
         attention_spectrum,
         coalition_values,
@@ -87,8 +87,8 @@ def test_every_analysis_runs_on_the_variant(trained, variant, shape, full):
         path_patching,
         suite_for,
     )
-    from analyses.learned_accuracies import learned_accuracy
-    from analyses.noisy_majority.corrupt import flip_answer
+    from interp.analyses.learned_accuracies import learned_accuracy
+    from interp.analyses.noisy_majority.corrupt import flip_answer
     from interp.app.report import build_report
     from interp.evaluation import evaluate
     from interp.visualize import attention_view

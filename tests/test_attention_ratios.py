@@ -10,14 +10,14 @@ import math
 import pytest
 import torch
 
-from analyses.noisy_majority.attention_ratios import (
+from interp.analyses.noisy_majority.attention_ratios import (
     attention_ratios,
     exact_attention_ratios,
     measured_attention_ratios,
     query_key_scores,
     task_token_ids,
 )
-from analyses.noisy_majority.handbuilt import attention_preference_model
+from interp.analyses.noisy_majority.handbuilt import attention_preference_model
 from interp.errors import ConfigError, TaskError
 from interp.task import Vocab
 
@@ -26,7 +26,7 @@ from interp.task import Vocab
 def test_minimal_transformer_ratios(nm_task, N):
     """Scores of the '=' query are N, N+1, 0 for 0, 1, 2: w01 = e^-1 and w02 = e^N. Tolerance: relative 1e-5
     exact (float32 scores, exp in float64); 1e-4 measured (float32 log-softmax)."""
-    from analyses.noisy_majority.handbuilt import minimal_majority_transformer
+    from interp.analyses.noisy_majority.handbuilt import minimal_majority_transformer
 
     model = minimal_majority_transformer(nm_task, N=N)
     w01, w02 = exact_attention_ratios(model)

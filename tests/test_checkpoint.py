@@ -12,7 +12,7 @@ import interp
 from interp.checkpoint import save_checkpoint
 from interp.errors import CheckpointError
 from interp.model import ModelSpec, build_model
-from tasks import get_task, load_checkpoint, read_metadata, shipped_checkpoints
+from interp.tasks import get_task, load_checkpoint, read_metadata, shipped_checkpoints
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.circuits import (
+from interp.analyses.circuits import (
     bigram_table,
     full_ov_circuit,
     full_qk_circuit,
@@ -15,7 +15,7 @@ from analyses.circuits import (
     ov_copying,
     positional_qk_circuit,
 )
-from analyses.repeated_tokens.handbuilt import induction_circuit_model
+from interp.analyses.repeated_tokens.handbuilt import induction_circuit_model
 from interp.errors import ConfigError, HeadError, InterpError
 from interp.model import ModelSpec, build_model
 

@@ -73,7 +73,7 @@ def test_train_then_eval_json_end_to_end(tmp_path, capsys):
     assert result["task"] == "noisy-majority"
     assert set(result["accuracy"]) == {"train", "val", "test"}
     assert all(0.0 <= v <= 1.0 for v in result["accuracy"].values())
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     ckpt = load_checkpoint(out)
     assert ckpt.model.cfg.n_heads == 4 and ckpt.training["seed"] == 3 and ckpt.training["epochs"] == 2
@@ -110,7 +110,7 @@ def test_train_options_reach_the_model_spec(tmp_path):
         )
         == 0
     )
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     model = load_checkpoint(out).model
     assert model.cfg.positional_embedding_type == "shortformer" and model.cfg.n_layers == 2

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from analyses.composition import composition_scores, random_baseline
-from analyses.repeated_tokens.handbuilt import induction_circuit_model
+from interp.analyses.composition import composition_scores, random_baseline
+from interp.analyses.repeated_tokens.handbuilt import induction_circuit_model
 from interp.errors import InterpError
 from interp.model import ModelSpec, build_model
 

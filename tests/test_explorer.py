@@ -14,11 +14,11 @@ import json
 import pytest
 import torch
 
-import analyses
+from interp import analyses
 import interp
-from analyses.repeated_tokens.corrupt import corrupted_pair
+from interp.analyses.repeated_tokens.corrupt import corrupted_pair
 from interp.errors import HeadError, InterpError, TaskError, TokenError
-from tasks import get_task, shipped_checkpoints
+from interp.tasks import get_task, shipped_checkpoints
 
 SHAPES = {
     "1 head": {"n_layers": 1, "d_model": 2, "n_heads": 1, "d_head": 2},

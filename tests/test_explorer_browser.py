@@ -57,7 +57,7 @@ def _free_port() -> int:
 def _expected_click():
     """The head whose switching off lowers the learned accuracy most, and that accuracy: the toolkit's numbers,
     computed here, in the test's own process."""
-    import analyses
+    from interp import analyses
     import interp
 
     model, task = interp.load("noisy-majority", device="cpu")

@@ -13,14 +13,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from analyses.halving import HalvingHistory, add_halving_section, halving_history, scorer, shapley_scores, train_halving
-from analyses.learned_accuracies import learned_accuracy_loop
+from interp.analyses.halving import HalvingHistory, add_halving_section, halving_history, scorer, shapley_scores, train_halving
+from interp.analyses.learned_accuracies import learned_accuracy_loop
 from interp.configs import STRATEGIES
 from interp.errors import ConfigError, InterpError
 from interp.halving import Halving, keep_best, random_scores
 from interp.model import ModelSpec, build_model
 from interp.training import TrainConfig, batch_loss, dropout_hooks, resume_path, train
-from tasks import get_task, load_checkpoint
+from interp.tasks import get_task, load_checkpoint
 
 TINY = dict(
     train_size=512, val_size=128, test_size=128, train_lengths=[0, 20], val_lengths=[21, 30], test_lengths=[31, 40]
@@ -367,7 +367,7 @@ def test_figure_10_and_the_report_section(svc_run):
     with pytest.raises(InterpError, match="not trained with halving"):
         halving_history({"history": []})
     # the noisy-majority report opens with it
-    from analyses import suite_for
+    from interp.analyses import suite_for
 
     full = Report()
     suite_for("noisy-majority").add_report_sections(ckpt, full, progress=False)

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from analyses.populations import population_table
+from interp.analyses.populations import population_table
 from interp.app.cli import main
 from interp.app.sweeps import parse_grid, run_sweep
 from interp.errors import ConfigError, HeadError, InterpError
 from interp.model import ModelSpec
 from interp.sweep_directory import RESULTS, load_results, read_results
 from interp.training import TrainConfig
-from tasks import get_task, load_checkpoint
+from interp.tasks import get_task, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = dict(
@@ -76,7 +76,7 @@ def test_a_second_sweep_with_other_base_options_trains_its_own_runs(tmp_path, ta
 
 # -- A2 ---------------------------------------------------------------------------------------------------------------
 def test_a_nan_weight_is_refused_by_every_accuracy_path():
-    from analyses import coalition_values, learned_accuracy
+    from interp.analyses import coalition_values, learned_accuracy
     from interp.evaluation import evaluate
 
     ckpt = load_checkpoint("noisy-majority", device="cpu")
@@ -133,7 +133,7 @@ def test_snapshots_beyond_the_run_are_refused_before_training(tmp_path, capsys):
 
 # -- C1, C6 -----------------------------------------------------------------------------------------------------------
 def test_shapley_pairs_are_read_by_sign_and_direction():
-    from analyses import exact_shapley
+    from interp.analyses import exact_shapley
 
     # v(S) of 3 heads: heads 0 and 1 are redundant (either alone is worth 1, both together 1), head 2 adds 0.5 alone
     v = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.5, 1.5, 1.5, 1.5], dtype=torch.float64)
@@ -148,7 +148,7 @@ def test_shapley_pairs_are_read_by_sign_and_direction():
 
 
 def test_the_answer_loss_is_named_apart_from_evaluates_loss():
-    from analyses import coalition_values
+    from interp.analyses import coalition_values
     from interp.evaluation import evaluate
 
     ckpt = load_checkpoint("noisy-majority", device="cpu")
@@ -215,7 +215,7 @@ def test_a_damaged_results_line_is_named_and_rebuilt_by_resume(tmp_path, task, c
 
 # -- C7 ---------------------------------------------------------------------------------------------------------------
 def test_long_shapley_work_says_how_long_first(capsys):
-    from analyses import coalition_values
+    from interp.analyses import coalition_values
 
     ckpt = load_checkpoint("noisy-majority", device="cpu")
     test = ckpt.task.dataset("test").select(slice(0, 64))
@@ -267,7 +267,7 @@ def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
 
 # -- C8 ---------------------------------------------------------------------------------------------------------------
 def test_clear_messages_for_small_mistakes(capsys):
-    from analyses import activation_patching, sampled_shapley
+    from interp.analyses import activation_patching, sampled_shapley
 
     ckpt = load_checkpoint("noisy-majority", device="cpu")
     test = ckpt.task.dataset("test").select(slice(0, 8))

@@ -15,8 +15,8 @@ from interp.model import ModelSpec, build_model
 from interp.positions import position_hook, position_ids, run_index
 from interp.query_forward import supports_query_forward
 from interp.task import IGNORE
-from tasks import get_task, load_checkpoint
-from tasks.integer_addition import BOS, EOS, EQ, PAD, PLUS, VOCAB, carry_structure, digits_of, make_sums
+from interp.tasks import get_task, load_checkpoint
+from interp.tasks.integer_addition import BOS, EOS, EQ, PAD, PLUS, VOCAB, carry_structure, digits_of, make_sums
 
 # ---------------------------------------------------------------------------------------------------------------
 # the task
@@ -314,7 +314,7 @@ def _loop_correct(model, data):
 
 
 def test_accuracy_by_case_and_length_against_loop(small_model):
-    from analyses.integer_addition.accuracy import accuracy_by_case, accuracy_by_length, correct_digits
+    from interp.analyses.integer_addition.accuracy import accuracy_by_case, accuracy_by_length, correct_digits
 
     task, _, model = small_model
     d = task.dataset("cascades")
@@ -341,8 +341,8 @@ def test_accuracy_by_case_and_length_against_loop(small_model):
 def test_component_ablation_against_attn_result_hooks(small_model):
     """Mean-ablating a head's z equals replacing its hook_result (z W_O, per head) by its mean: checked for every
     head with TransformerLens' use_attn_result path, and an MLP group by a plain hook."""
-    from analyses.integer_addition.ablation import component_ablation
-    from tasks.integer_addition import digit_correct
+    from interp.analyses.integer_addition.ablation import component_ablation
+    from interp.tasks.integer_addition import digit_correct
 
     task, _, model = small_model
     d = task.dataset("test")
@@ -373,7 +373,7 @@ def test_component_ablation_against_attn_result_hooks(small_model):
 
 
 def test_suite_on_a_small_checkpoint(small_model, tmp_path):
-    from analyses import suite_for
+    from interp.analyses import suite_for
     from interp.report_page import Report
 
     task, spec, model = small_model

@@ -10,14 +10,14 @@ import math
 import pytest
 import torch
 
-from analyses.noisy_majority.head_outputs import head_outputs, value_vectors
-from analyses.noisy_majority.interventions import (
+from interp.analyses.noisy_majority.head_outputs import head_outputs, value_vectors
+from interp.analyses.noisy_majority.interventions import (
     attention_intervention_sweep,
     intervened_head_outputs,
     intervention_rows,
 )
 from interp.errors import InterpError
-from tasks.noisy_majority import BOS, ONE, TWO, ZERO, make_sentences
+from interp.tasks.noisy_majority import BOS, ONE, TWO, ZERO, make_sentences
 
 SETTINGS = [(1.0, math.inf), (4.0, math.inf), (1.0, 4.0), (0.25, 1.0)]
 

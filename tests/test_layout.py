@@ -4,8 +4,8 @@ Floors, from the bottom (imports only go down; function-local imports count):
 
 1. the core, ``interp`` (task protocol, model specs, checkpoint format, training, run record, the results-directory
    format of sweeps, the report page builder, visualisation);
-2. ``tasks`` (what models learn; the registry; the shipped checkpoints);
-3. ``analyses`` (what we compute about trained models; each task's suite);
+2. ``interp.tasks`` (what models learn; the registry; the shipped checkpoints);
+3. ``interp.analyses`` (what we compute about trained models; each task's suite);
 4. the app, ``interp.app`` (the command line, whole reports, sweep orchestration).
 
 Only ``interp/__init__.py``, the lazy public face, names every floor. No module imports itself back through a
@@ -23,19 +23,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("interp", "tasks", "analyses")
+# folder -> the subpackage of the one import name it holds (pyproject.toml's package-dir)
+FOLDERS = {"interp": "interp", "tasks": "interp.tasks", "analyses": "interp.analyses", "app": "interp.app"}
 FACE = {"interp/__init__.py"}
-GENERIC = sorted(
-    p for p in [*ROOT.glob("interp/**/*.py"), *ROOT.glob("analyses/*.py")] if "app" not in p.relative_to(ROOT).parts
-)
+GENERIC = sorted(p for p in [*ROOT.glob("interp/**/*.py"), *ROOT.glob("analyses/*.py")])
 
 
 def floor_of(module: str) -> int | None:
-    """1 core, 2 tasks, 3 analyses, 4 app; None for other packages."""
-    if module == "interp.app" or module.startswith("interp.app."):
-        return 4
-    top = module.split(".", maxsplit=1)[0]
-    return {"interp": 1, "tasks": 2, "analyses": 3}.get(top)
+    """1 core, 2 tasks, 3 analyses, 4 app; None for other packages (``tasks`` or ``analyses`` at the top level are
+    not ours: a user's own modules may have those names)."""
+    for prefix, floor in (("interp.app", 4), ("interp.analyses", 3), ("interp.tasks", 2), ("interp", 1)):
+        if module == prefix or module.startswith(prefix + "."):
+            return floor
+    return None
 
 
 def _rel(p: Path) -> str:
@@ -46,11 +46,20 @@ def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
-    return ".".join(parts)
+    return ".".join([FOLDERS[parts[0]], *parts[1:]])
+
+
+def _folder_of(module: str) -> Path:
+    parts = module.split(".")
+    for folder, package in sorted(FOLDERS.items(), key=lambda kv: -len(kv[1])):
+        pkg = package.split(".")
+        if parts[: len(pkg)] == pkg:
+            return ROOT.joinpath(folder, *parts[len(pkg) :])
+    return ROOT.joinpath(*parts)
 
 
 def our_sources() -> list[Path]:
-    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
 
 
 def imports_of(path: Path) -> list[tuple[str, int]]:
@@ -78,8 +87,8 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
 
 
 def _is_our_module(name: str) -> bool:
-    path = ROOT.joinpath(*name.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    path = _folder_of(name)
+    return floor_of(name) is not None and path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def test_floor_map_covers_every_module():
@@ -140,7 +149,7 @@ def test_no_circles():
 
 
 def _packages() -> list[str]:
-    return sorted(_module_name(p.parent / "__init__.py") for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py"))
+    return sorted(_module_name(p.parent / "__init__.py") for f in FOLDERS for p in (ROOT / f).rglob("__init__.py"))
 
 
 @pytest.mark.parametrize("package", _packages())
@@ -148,7 +157,7 @@ def test_no_export_is_a_submodule_name(package):
     """``interp.evaluate`` must stay the function after ``interp.evaluation`` is imported, and so on: no name a
     package exports (its ``__all__``) is the name of one of its submodules."""
     pkg = importlib.import_module(package)
-    folder = ROOT.joinpath(*package.split("."))
+    folder = _folder_of(package)
     submodules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
     submodules |= {p.parent.name for p in folder.glob("*/__init__.py")}
     exported = set(getattr(pkg, "__all__", []))
@@ -159,7 +168,7 @@ def test_exports_survive_importing_every_submodule():
     """The flip itself: after every module of ours is imported, the faces still hand out functions, not modules."""
     import types
 
-    import analyses
+    from interp import analyses
     import interp
 
     for path in our_sources():
@@ -199,7 +208,7 @@ def _code_strings(tree: ast.AST) -> list[str]:
 
 
 def test_generic_modules_name_no_task():
-    from tasks import TASKS
+    from interp.tasks import TASKS
 
     names = {*TASKS, *(n.replace("-", "_") for n in TASKS)}  # (old checkpoint aliases such as "induction" are
     # also the name of a pattern score, so they are not searched for)
@@ -212,27 +221,27 @@ def test_generic_modules_name_no_task():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not any(
-                    node.module.startswith(f"{pkg}.") for pkg in ("tasks", *(f"analyses.{n}" for n in names))
+                    node.module.startswith(f"{pkg}.") for pkg in ("tasks", *(f"interp.analyses.{n}" for n in names))
                 ), f"{_rel(path)} imports a task module ({node.module})"
 
 
 def test_no_hasattr_or_getattr_default_on_tasks_and_suites():
-    for path in [*GENERIC, *ROOT.glob("interp/app/**/*.py")]:
+    for path in GENERIC:
         text = path.read_text()
         assert "hasattr(task" not in text and "getattr(suite" not in text, _rel(path)
 
 
 def test_suites_follow_the_protocol():
-    from analyses import suite_for
+    from interp.analyses import suite_for
     from interp.suite import Suite
-    from tasks import TASKS
+    from interp.tasks import TASKS
 
     for name in TASKS:
         assert isinstance(suite_for(name), Suite), name
 
 
 def test_public_api():
-    import analyses
+    from interp import analyses
     import interp
 
     for name in analyses.__all__:
@@ -282,3 +291,49 @@ def test_the_test_run_checks_shapes_at_call_time():
 
     with pytest.raises(jaxtyping.TypeCheckError):
         per_position_loss(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_one_import_name():
+    """The distribution installs ``interp`` alone: its tasks, analyses and app are subpackages of it, so generic
+    top-level names such as ``tasks`` are never taken from a user."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert {p.split(".")[0] for p in config["packages"]} == {"interp"}
+    assert config["package-dir"] == {package: folder for folder, package in FOLDERS.items()}
+    listed = set(config["packages"])
+    on_disk = {_module_name(p.parent / "__init__.py") for f in FOLDERS for p in (ROOT / f).rglob("__init__.py")}
+    assert listed == on_disk, f"packages on disk but not in pyproject.toml: {sorted(on_disk - listed)}"
+    for path in our_sources():
+        for module, line in imports_of(path):
+            top = module.split(".")[0]
+            assert top not in {"tasks", "analyses", "app"}, f"{_rel(path)}:{line} imports {module}, not interp.{module}"
+
+
+def test_a_users_tasks_py_and_analyses_py_do_not_shadow_the_toolkit(tmp_path):
+    """A notebook folder holding its own ``tasks.py`` and ``analyses.py`` (common names): the toolkit still loads,
+    from Python and from the command line."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tasks.py").write_text("raise RuntimeError('the user tasks.py was imported')\n")
+    (tmp_path / "analyses.py").write_text("raise RuntimeError('the user analyses.py was imported')\n")
+    (tmp_path / "app.py").write_text("raise RuntimeError('the user app.py was imported')\n")
+    code = (
+        "import interp\n"
+        "model, task = interp.load('noisy-majority', device='cpu')\n"
+        "from interp.analyses import learned_accuracy\n"
+        "print(task.name, interp.analyses.suite_for(task).name)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["noisy-majority", "noisy-majority"]
+    cli = subprocess.run(
+        [sys.executable, "-m", "interp.app", "list"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "noisy-majority" in cli.stdout

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from analyses.noisy_majority.handbuilt import minimal_majority_transformer
+from interp.analyses.noisy_majority.handbuilt import minimal_majority_transformer
 from interp.errors import ConfigError
 from interp.evaluation import evaluate
 from interp.model import ModelSpec, build_model
 from interp.query_forward import logits_at, supports_query_forward
-from tasks.noisy_majority import make_sentences
+from interp.tasks.noisy_majority import make_sentences
 
 
 def _randomise(model, scale=0.5, seed=0):

@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-from analyses import suite_for
+from interp.analyses import suite_for
 from interp.app.report import build_report
 from interp.checkpoint import Checkpoint, save_checkpoint
 from interp.model import ModelSpec, build_model
-from tasks import get_task
+from interp.tasks import get_task
 
 SHAPES = {
     "1-head": dict(n_layers=1, d_model=2, n_heads=1, d_head=2),
@@ -119,8 +119,8 @@ def test_bring_your_own_plain_hooked_transformer():
     generic analyses and the task's suite."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from analyses import head_scores, learned_accuracy, separation_accuracy
-    from analyses.repeated_tokens import probe_tokens
+    from interp.analyses import head_scores, learned_accuracy, separation_accuracy
+    from interp.analyses.repeated_tokens import probe_tokens
 
     task = small_task("noisy-majority")
     cfg = HookedTransformerConfig(
@@ -163,7 +163,7 @@ def test_a_saved_one_head_checkpoint_round_trips(tmp_path):
     task = small_task("noisy-majority")
     model, spec = shaped(task, "1-head")
     path = save_checkpoint(tmp_path / "one.safetensors", model, spec, task)
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     back = load_checkpoint(path, device="cpu")
     tokens = task.dataset("test").tokens[:4]
@@ -176,10 +176,10 @@ def test_shapley_patching_and_population_on_every_shape(shape, tmp_path):
     """The analyses added after the restructuring on each shape: Shapley values (exact up to 24 heads, sampled for 64;
     efficiency holds), activation patching of every head (all heads at once restore the clean metric in one-layer
     models), path patching (two layers), and batched population training (one-layer shapes; two layers refused)."""
-    from analyses.coalitions import coalition_values
-    from analyses.noisy_majority.corrupt import corrupted_pair
-    from analyses.patching import activation_patching, path_patching
-    from analyses.shapley import sampled_shapley, shapley
+    from interp.analyses.coalitions import coalition_values
+    from interp.analyses.noisy_majority.corrupt import corrupted_pair
+    from interp.analyses.patching import activation_patching, path_patching
+    from interp.analyses.shapley import sampled_shapley, shapley
     from interp.errors import ConfigError
     from interp.population import seed_population, train_population
     from interp.training import TrainConfig

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from analyses.modular_addition.exhaustive import ablated_accuracies, ablated_accuracy, attention_split
-from analyses.modular_addition.fourier import (
+from interp.analyses.modular_addition.exhaustive import ablated_accuracies, ablated_accuracy, attention_split
+from interp.analyses.modular_addition.fourier import (
     embedding_norms,
     find_key_frequencies,
     fourier_basis,
@@ -21,7 +21,7 @@ from analyses.modular_addition.fourier import (
     neuron_frequencies,
     neuron_logit_map,
 )
-from analyses.modular_addition.progress import (
+from interp.analyses.modular_addition.progress import (
     excluded_logits,
     find_phases,
     key_directions,
@@ -32,7 +32,7 @@ from analyses.modular_addition.progress import (
 from interp.errors import InterpError, TaskError
 from interp.model import ModelSpec, build_model
 from interp.task import IGNORE
-from tasks import get_task
+from interp.tasks import get_task
 
 
 def small_spec(task, **kw):
@@ -242,7 +242,7 @@ def test_neuron_logit_map_is_w_out_w_u_in_the_basis():
 
 @pytest.mark.parametrize("n_heads", [1, 4])
 def test_attention_split_and_ablation_match_library_paths(n_heads):
-    from analyses.learned_accuracies import learned_accuracy
+    from interp.analyses.learned_accuracies import learned_accuracy
     from interp.evaluation import evaluate
 
     task = get_task("modular-addition", p=13)
@@ -283,7 +283,7 @@ def test_attention_split_and_ablation_match_library_paths(n_heads):
 @pytest.fixture(scope="module")
 def memorised(tmp_path_factory):
     """A short full-batch run on p = 13 that memorises its training pairs, with snapshots and progress measures."""
-    from analyses.modular_addition.progress import write_progress
+    from interp.analyses.modular_addition.progress import write_progress
     from interp.training import TrainConfig, train
 
     torch.set_num_threads(1)
@@ -296,7 +296,7 @@ def memorised(tmp_path_factory):
 
 
 def test_short_run_memorises_with_snapshots_and_progress(memorised):
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     task, out, prov, info = memorised
     assert prov["accuracy"]["train"] == 1.0
@@ -330,9 +330,9 @@ def test_phases_from_a_history():
 
 
 def test_suite_and_cli_on_a_trained_checkpoint(memorised, capsys, tmp_path):
-    from analyses import suite_for
+    from interp.analyses import suite_for
     from interp.app.cli import main
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     task, out, _, _ = memorised
     res = suite_for(task).analyze(load_checkpoint(out, device="cpu"))
@@ -349,7 +349,7 @@ def test_suite_and_cli_on_a_trained_checkpoint(memorised, capsys, tmp_path):
 
 def test_cli_train_with_snapshots(tmp_path, capsys):
     from interp.app.cli import main
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     out = tmp_path / "m.safetensors"
     assert (
@@ -399,7 +399,7 @@ def test_grokks_at_a_large_fraction(tmp_path):
     cfg = TrainConfig(**{**task.default_train(), "epochs": 1000})
     prov = train(task, ModelSpec(**task.default_spec()), cfg, tmp_path / "g.safetensors", progress=False, device="cpu")
     assert prov["accuracy"]["test"] >= 0.99
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     ck = load_checkpoint(tmp_path / "g.safetensors", device="cpu")
     assert embedding_norms(ck.model, task).key_frequencies
@@ -427,7 +427,7 @@ def test_history_extras_and_bad_snapshot_option(tmp_path):
 
 def test_shipped_checkpoint_is_grokked(capsys):
     from interp.app.cli import main
-    from tasks import load_checkpoint, shipped_checkpoints
+    from interp.tasks import load_checkpoint, shipped_checkpoints
 
     if "modular-addition" not in shipped_checkpoints():
         pytest.skip("no shipped modular-addition checkpoint")
@@ -444,7 +444,7 @@ def test_shipped_checkpoint_is_grokked(capsys):
 @pytest.mark.slow
 def test_shipped_checkpoint_analyze_cli(capsys):
     from interp.app.cli import main
-    from tasks import shipped_checkpoints
+    from interp.tasks import shipped_checkpoints
 
     if "modular-addition" not in shipped_checkpoints():
         pytest.skip("no shipped modular-addition checkpoint")

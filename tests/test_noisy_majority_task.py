@@ -5,8 +5,8 @@ import torch
 
 from interp.errors import TaskError, TokenError
 from interp.task import IGNORE
-from tasks import get_task
-from tasks.noisy_majority import BOS, EOS, EQ, FIVE, FOUR, PAD, VOCAB, make_sentences
+from interp.tasks import get_task
+from interp.tasks.noisy_majority import BOS, EOS, EQ, FIVE, FOUR, PAD, VOCAB, make_sentences
 
 
 def test_vocabulary_matches_the_seed():

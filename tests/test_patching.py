@@ -17,7 +17,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens import patching as tl_patching
 
-from analyses.patching import activation_patching, path_patching, path_patching_loop, variant_metric
+from interp.analyses.patching import activation_patching, path_patching, path_patching_loop, variant_metric
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.task import IGNORE, TaskData
 
@@ -229,9 +229,9 @@ def test_handbuilt_induction_key_path():
     """The hand-built circuit (shortformer positions: start_at_layer gets the positional embedding): moving the
     query token's earlier occurrence (the "key" corruption) is undone by patching the previous-token head's output
     into the induction head's key input alone; its query and value inputs do nothing."""
-    from analyses.repeated_tokens.corrupt import corrupted_pair
-    from analyses.repeated_tokens.handbuilt import induction_circuit_model
-    from tasks import get_task
+    from interp.analyses.repeated_tokens.corrupt import corrupted_pair
+    from interp.analyses.repeated_tokens.handbuilt import induction_circuit_model
+    from interp.tasks import get_task
 
     task = get_task("repeated-tokens", n_symbols=12, seq_len=20, repeat_lengths=(5, 10))
     model = induction_circuit_model(n_symbols=12, n_ctx=task.n_ctx)
@@ -249,8 +249,8 @@ def test_handbuilt_induction_key_path():
 
 
 def test_corruptions_change_the_answer_and_little_else():
-    from analyses.repeated_tokens.corrupt import KINDS, corrupted_pair
-    from tasks import get_task
+    from interp.analyses.repeated_tokens.corrupt import KINDS, corrupted_pair
+    from interp.tasks import get_task
 
     task = get_task("repeated-tokens")
     for kind in KINDS:
@@ -266,8 +266,8 @@ def test_corruptions_change_the_answer_and_little_else():
 
 
 def test_noisy_majority_flip(nm_task):
-    from analyses.noisy_majority.corrupt import corrupted_pair, flip_answer
-    from tasks.noisy_majority import FIVE, FOUR, make_sentences
+    from interp.analyses.noisy_majority.corrupt import corrupted_pair, flip_answer
+    from interp.tasks.noisy_majority import FIVE, FOUR, make_sentences
 
     clean, corr = corrupted_pair(nm_task, 16, n_digits=20, seed=2)
     assert (clean.labels != corr.labels).all()
@@ -318,10 +318,10 @@ def test_results_and_errors():
 def test_shipped_induction_model_key_path():
     """What the note reports: on the shipped model the "key" corruption is undone by the previous-token head's
     output at the key position, and by that head's output into the layer-1 heads' keys."""
-    from analyses.pattern_scores import head_scores
-    from analyses.repeated_tokens import probe_tokens
-    from analyses.repeated_tokens.corrupt import corrupted_pair
-    from tasks import load_checkpoint
+    from interp.analyses.pattern_scores import head_scores
+    from interp.analyses.repeated_tokens import probe_tokens
+    from interp.analyses.repeated_tokens.corrupt import corrupted_pair
+    from interp.tasks import load_checkpoint
 
     ck = load_checkpoint("repeated-tokens", device="cpu")
     prev = head_scores(ck.model, probe_tokens(ck.task, 32), n_boot=10).best("prev_token", layer=0)
@@ -334,9 +334,9 @@ def test_shipped_induction_model_key_path():
 
 
 def test_flip_keeps_the_padded_width(nm_task, nm_ckpt):
-    from analyses.noisy_majority.corrupt import flip_answer
-    from analyses.repeated_tokens.corrupt import corrupted_pair
-    from tasks import get_task
+    from interp.analyses.noisy_majority.corrupt import flip_answer
+    from interp.analyses.repeated_tokens.corrupt import corrupted_pair
+    from interp.tasks import get_task
 
     data = nm_task.dataset("test").select(slice(0, 6))
     flipped = flip_answer(data)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analyses.pattern_scores import ablation_induction_test, head_scores, repeated_random_tokens, target_masks
-from analyses.repeated_tokens.handbuilt import induction_circuit_model
+from interp.analyses.pattern_scores import ablation_induction_test, head_scores, repeated_random_tokens, target_masks
+from interp.analyses.repeated_tokens.handbuilt import induction_circuit_model
 from interp.errors import HeadError, InterpError, TokenError
 from interp.visualize import attention_patterns, attention_view
 
@@ -193,7 +193,7 @@ def test_attention_view_offline_html(circuit, unique_tokens, tmp_path):
 
 def test_default_probe_for_a_foreign_model():
     """A model of another task gets [R R] over its output symbols, no BOS, filling the context."""
-    from analyses.pattern_scores import repeated_random_tokens
+    from interp.analyses.pattern_scores import repeated_random_tokens
     from interp.model import ModelSpec, build_model
 
     m = build_model(

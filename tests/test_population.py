@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from interp.errors import ConfigError
 from interp.population import seed_population, train_population
 from interp.training import train
-from tasks import load_checkpoint
+from interp.tasks import load_checkpoint
 
 # Tolerances: the batched forward sums in another order than the solo one (einsum with a model axis), so weights
 # agree to float32 rounding accumulated over the run, not bit for bit. Measured: 2.4e-7 after 6 epochs.
@@ -239,7 +239,7 @@ def test_halving_population_equals_halving_runs_alone(tmp_path, tiny_task, tiny_
     halving run trained alone ends (weights, history, the halving steps and their scores, the kept epoch). The
     threshold is low so that 4 heads halve to 2 and to 1 within the few epochs; svc scores the heads of each
     model's current weights with analyses.halving.scorer, as the solo run does."""
-    from analyses.halving import scorer
+    from interp.analyses.halving import scorer
 
     cfg = tiny_cfg(epochs=4, halving=strategy, halving_threshold=0.5, dropout_at="attention")
     head_scorer = scorer(strategy) if strategy == "svc" else None
@@ -274,7 +274,7 @@ _KILLED_POPULATION = """
 import sys, torch
 from pathlib import Path
 torch.set_num_threads(1)
-from tasks import get_task
+from interp.tasks import get_task
 from interp.model import ModelSpec
 from interp.population import seed_population, train_population
 from interp.training import TrainConfig

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from analyses.answer_cache import cache_answer
-from analyses.noisy_majority.handbuilt import attention_preference_model
-from analyses.separation_accuracies import fit_separator, head_features, separation_accuracy
+from interp.analyses.answer_cache import cache_answer
+from interp.analyses.noisy_majority.handbuilt import attention_preference_model
+from interp.analyses.separation_accuracies import fit_separator, head_features, separation_accuracy
 from interp.errors import HeadError, InterpError, TaskError
 
 
@@ -23,7 +23,7 @@ def shipped_split(nm_ckpt):
 
 @pytest.fixture(scope="module")
 def small_task():
-    from tasks import get_task
+    from interp.tasks import get_task
 
     return get_task("noisy-majority", train_size=800, val_size=10, test_size=300)
 

@@ -7,8 +7,8 @@ import torch
 
 from interp.errors import TaskError
 from interp.task import IGNORE, Task
-from tasks import get_task
-from tasks.repeated_tokens import RepeatedTokens
+from interp.tasks import get_task
+from interp.tasks.repeated_tokens import RepeatedTokens
 
 
 @pytest.fixture(scope="module")

@@ -207,7 +207,7 @@ def test_report_sections(shipped_page):
     name, text, page, _ = shipped_page
     assert page.h2[0] == "Model card" and page.h2[-1] == "Attention patterns"
     try:
-        from analyses import suite_for
+        from interp.analyses import suite_for
 
         suite_for(SHIPPED[name])
     except TaskError as e:
@@ -247,7 +247,7 @@ def test_model_card_accuracy_matches_a_plain_forward(nm_page, nm_ckpt):
 
 def test_attention_views_show_every_head_and_the_models_patterns(shipped_page):
     """Each view's tokens, encoded again and run through the model, give the patterns in the page."""
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     name, text, _, _ = shipped_page
     section = text[text.index("<h2>Attention patterns</h2>") :]
@@ -305,7 +305,7 @@ def small_checkpoint(tmp_path_factory):
     """A real (untrained) noisy-majority checkpoint with a small model, written with save_checkpoint."""
     from interp.checkpoint import save_checkpoint
     from interp.model import ModelSpec, build_model
-    from tasks import get_task
+    from interp.tasks import get_task
 
     task = get_task("noisy-majority")
     spec = ModelSpec(**{**task.default_spec(), "n_heads": 2, "d_model": 4})
@@ -369,8 +369,8 @@ def test_failure_while_building_leaves_no_partial_file(tmp_path, small_checkpoin
     from dataclasses import replace
 
     from interp.app.report import write_report
-    from tasks import load_checkpoint
-    from tasks.noisy_majority import NoisyMajority
+    from interp.tasks import load_checkpoint
+    from interp.tasks.noisy_majority import NoisyMajority
 
     class NoData(NoisyMajority):
         def dataset(self, split, seed=None):
@@ -387,7 +387,7 @@ def test_model_card_and_views_of_an_untrained_checkpoint(small_checkpoint):
     """Any checkpoint of a task gets a model card (even with little provenance) and views of all its heads."""
     from interp.app.report import add_attention_views, add_model_card
     from interp.report_page import Report
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     ckpt = load_checkpoint(small_checkpoint, device="cpu")
     r = Report()

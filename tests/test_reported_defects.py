@@ -20,7 +20,7 @@ import torch
 from interp.errors import ConfigError, HeadError, InterpError, TaskError
 from interp.model import ModelSpec, build_model
 from interp.training import TrainConfig, resume_path, train
-from tasks import get_task
+from interp.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_best_epoch_breaks_accuracy_ties_by_validation_loss(tmp_path, tiny_cfg, 
 
 
 def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec, tiny_cfg):
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     out = tmp_path / "last.safetensors"
     stops = {}
@@ -70,10 +70,10 @@ def test_keep_last_keeps_the_final_epoch(tmp_path, tiny_task, tiny_spec, tiny_cf
 
 
 def test_noisy_majority_analyses_refuse_the_induction_checkpoint_at_once():
-    from analyses.noisy_majority.head_summary import head_summary
-    from analyses.separation_accuracies import separation_accuracy
+    from interp.analyses.noisy_majority.head_summary import head_summary
+    from interp.analyses.separation_accuracies import separation_accuracy
     from interp.checkpoint import Checkpoint
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     ind = load_checkpoint("repeated-tokens", device="cpu")
     nm = get_task("noisy-majority", train_size=64, val_size=8, test_size=32)
@@ -81,7 +81,7 @@ def test_noisy_majority_analyses_refuse_the_induction_checkpoint_at_once():
         lambda: head_summary(ind.model, ind.task.dataset("train"), ind.task.dataset("test")),  # the other task's data
         lambda: head_summary(ind.model, nm.dataset("train"), nm.dataset("test")),  # this task's data, other model
         lambda: separation_accuracy(ind.model, nm.dataset("train"), nm.dataset("test"), task=nm),
-        lambda: __import__("analyses.noisy_majority.suite", fromlist=["analyze"]).analyze(Checkpoint(ind.model, nm)),
+        lambda: __import__("interp.analyses.noisy_majority.suite", fromlist=["analyze"]).analyze(Checkpoint(ind.model, nm)),
     ]
     for call in calls:
         with pytest.raises(TaskError) as e:
@@ -100,7 +100,7 @@ def test_noisy_majority_analyses_refuse_the_induction_checkpoint_at_once():
 
 
 def test_w02_wording_does_not_flip_at_exactly_one():
-    from analyses.noisy_majority.head_summary import attention_words, verdict
+    from interp.analyses.noisy_majority.head_summary import attention_words, verdict
 
     assert attention_words(5.0, 0.973) == attention_words(5.0, 1.01)
     assert "2s weighted like 0s" in attention_words(5.0, 0.973)
@@ -111,7 +111,7 @@ def test_w02_wording_does_not_flip_at_exactly_one():
 
 
 def test_an_untrained_model_is_flagged_not_graded_good(tiny_task, tiny_spec):
-    from analyses.noisy_majority.head_summary import head_summary
+    from interp.analyses.noisy_majority.head_summary import head_summary
 
     model = build_model(tiny_spec, device="cpu")
     train_data, test_data = tiny_task.dataset("train"), tiny_task.dataset("test")
@@ -127,8 +127,8 @@ def test_an_untrained_model_is_flagged_not_graded_good(tiny_task, tiny_spec):
 
 
 def test_minimal_transformer_separation_is_explained():
-    from analyses.noisy_majority.handbuilt import minimal_majority_transformer
-    from analyses.separation_accuracies import separation_accuracy
+    from interp.analyses.noisy_majority.handbuilt import minimal_majority_transformer
+    from interp.analyses.separation_accuracies import separation_accuracy
     from interp.evaluation import evaluate
 
     task = get_task("noisy-majority")
@@ -147,7 +147,7 @@ def test_minimal_transformer_separation_is_explained():
 
 
 def test_centering_makes_the_probe_translation_invariant():
-    from analyses.separation_accuracies import fit_separator
+    from interp.analyses.separation_accuracies import fit_separator
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(400, 3, generator=g, dtype=torch.float64)
@@ -164,10 +164,10 @@ def test_centering_makes_the_probe_translation_invariant():
 
 
 def test_empty_data_gives_one_clear_error(nm_ckpt):
-    from analyses.answer_cache import cache_answer
-    from analyses.learned_accuracies import learned_accuracy
-    from analyses.noisy_majority.attention_ratios import attention_ratios
-    from analyses.separation_accuracies import separation_accuracy
+    from interp.analyses.answer_cache import cache_answer
+    from interp.analyses.learned_accuracies import learned_accuracy
+    from interp.analyses.noisy_majority.attention_ratios import attention_ratios
+    from interp.analyses.separation_accuracies import separation_accuracy
     from interp.evaluation import evaluate
 
     model, task = nm_ckpt.model, nm_ckpt.task
@@ -188,7 +188,7 @@ def test_empty_data_gives_one_clear_error(nm_ckpt):
 
 
 def test_float_tokens_in_logit_decomposition_are_refused(nm_ckpt):
-    from analyses.circuits import logit_decomposition
+    from interp.analyses.circuits import logit_decomposition
 
     with pytest.raises(InterpError, match="integer"):
         logit_decomposition(nm_ckpt.model, torch.zeros(2, 5))
@@ -261,7 +261,7 @@ def test_resume_file_protection_and_resume_without_retyping(
     assert "lr" in capsys.readouterr().err and rfile.read_bytes() == before
     # --resume alone: every option from the resume file (task params, spec, config), epochs may change
     assert _cli("train", "noisy-majority", "--resume", "--out", str(out), "--quiet", "--epochs", "3") == 0
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     ckpt = load_checkpoint(out, device="cpu")
     assert ckpt.training["epochs_run"] == 3 and ckpt.model.cfg.n_heads == 4 and ckpt.task.params()["train_size"] == 512
@@ -306,7 +306,7 @@ def test_bad_heads_are_refused(bad):
 
 
 def test_good_heads_and_learned_accuracy_lookup(nm_ckpt):
-    from analyses.learned_accuracies import learned_accuracy
+    from interp.analyses.learned_accuracies import learned_accuracy
     from interp.heads import parse_head
 
     assert parse_head("L0H3", 1, 16) == parse_head("0.3", 1, 16) == parse_head((0, 3), 1, 16) == (0, 3)
@@ -420,7 +420,7 @@ def test_eval_on_longer_inputs_than_n_ctx(tmp_path, capsys, tiny_task):
 
 
 def test_logit_difference_at_the_answer_sums_to_the_models(nm_ckpt):
-    from analyses.circuits import logit_decomposition
+    from interp.analyses.circuits import logit_decomposition
     from interp.evaluation import target_positions
 
     model, task = nm_ckpt.model, nm_ckpt.task
@@ -441,7 +441,7 @@ def test_logit_difference_at_the_answer_sums_to_the_models(nm_ckpt):
 
 
 def test_positional_qk_of_a_nope_model_is_refused(nm_ckpt):
-    from analyses.circuits import positional_qk_circuit
+    from interp.analyses.circuits import positional_qk_circuit
 
     with pytest.raises(InterpError, match="positional"):
         positional_qk_circuit(nm_ckpt.model, "L0H0")
@@ -451,7 +451,7 @@ def test_positional_qk_of_a_nope_model_is_refused(nm_ckpt):
 
 
 def test_threads_are_recorded_in_the_checkpoint(tmp_path, tiny_args):
-    from tasks import read_metadata
+    from interp.tasks import read_metadata
 
     out = tmp_path / "t.safetensors"
     before = torch.get_num_threads()
@@ -466,10 +466,10 @@ def test_threads_are_recorded_in_the_checkpoint(tmp_path, tiny_args):
 
 
 def test_report_figures_titles_triangles_labels_and_example_choice():
-    from analyses.circuits import positional_qk_circuit
-    from analyses.noisy_majority.attention_ratios import ratio_figure
+    from interp.analyses.circuits import positional_qk_circuit
+    from interp.analyses.noisy_majority.attention_ratios import ratio_figure
     from interp.app.report import pick_examples
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     ind = load_checkpoint("repeated-tokens", device="cpu")
     qk = positional_qk_circuit(ind.model, "L0H1", n_pos=12)
@@ -490,9 +490,9 @@ def test_report_figures_titles_triangles_labels_and_example_choice():
 
 
 def test_causal_test_heatmap_title_fits(nm_ckpt):
-    from analyses.pattern_scores import ablation_induction_test
-    from analyses.repeated_tokens import probe_tokens
-    from tasks import load_checkpoint
+    from interp.analyses.pattern_scores import ablation_induction_test
+    from interp.analyses.repeated_tokens import probe_tokens
+    from interp.tasks import load_checkpoint
 
     ind = load_checkpoint("repeated-tokens", device="cpu")
     res = ablation_induction_test(ind.model, probe_tokens(ind.task, n_seqs=8), path="key")

@@ -1,7 +1,7 @@
 """One result protocol: every result type subclasses interp.results.Result, and each one, computed here on
 a small model, has a ``to_dict()`` that survives a strict JSON round trip, a ``figure()`` (plotly or None), and a
 rich notebook display (``_repr_html_``) that is real HTML. The list below must name every Result subclass in
-``analyses``: a new result type without an entry here fails ``test_every_result_type_is_covered``."""
+``interp.analyses``: a new result type without an entry here fails ``test_every_result_type_is_covered``."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pkgutil
 
 import pytest
 
-import analyses
+from interp import analyses
 from interp.checkpoint import Checkpoint
 from interp.model import ModelSpec, build_model
 from interp.results import Result
-from tasks import get_task, load_checkpoint
+from interp.tasks import get_task, load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -40,23 +40,23 @@ def rt():
 
 
 def _nm_results(ck):
-    from analyses.learned_accuracies import learned_accuracy
-    from analyses.noisy_majority.attention_ratios import attention_ratios
-    from analyses.noisy_majority.head_outputs import head_outputs
-    from analyses.noisy_majority.head_summary import head_summary
-    from analyses.noisy_majority.interventions import attention_intervention_sweep
-    from analyses.separation_accuracies import separation_accuracy
+    from interp.analyses.learned_accuracies import learned_accuracy
+    from interp.analyses.noisy_majority.attention_ratios import attention_ratios
+    from interp.analyses.noisy_majority.head_outputs import head_outputs
+    from interp.analyses.noisy_majority.head_summary import head_summary
+    from interp.analyses.noisy_majority.interventions import attention_intervention_sweep
+    from interp.analyses.separation_accuracies import separation_accuracy
 
     m, t = ck.model, ck.task
     tr, te = t.dataset("train"), t.dataset("test")
     summary = head_summary(m, tr, te)
-    from analyses.coalitions import coalition_values
-    from analyses.shapley import shapley
+    from interp.analyses.coalitions import coalition_values
+    from interp.analyses.shapley import shapley
 
     values = coalition_values(m, te, value="learned-accuracy", task=t)
     import tempfile
 
-    from analyses.halving import halving_history, train_halving
+    from interp.analyses.halving import halving_history, train_halving
     from interp.training import TrainConfig
 
     with tempfile.TemporaryDirectory() as tmp:  # a short run that halves (threshold 0.01: at the first validation)
@@ -77,13 +77,13 @@ def _nm_results(ck):
 
 
 def _rt_results(ck):
-    from analyses.circuits import full_qk_circuit, logit_decomposition, ov_copying
-    from analyses.composition import composition_scores
-    from analyses.patching import activation_patching, path_patching
-    from analyses.pattern_scores import ablation_induction_test, head_scores
-    from analyses.repeated_tokens import corrupted_pair, probe_tokens
-    from analyses.repeated_tokens.suite import analyze
-    from analyses.spectrum import attention_spectrum
+    from interp.analyses.circuits import full_qk_circuit, logit_decomposition, ov_copying
+    from interp.analyses.composition import composition_scores
+    from interp.analyses.patching import activation_patching, path_patching
+    from interp.analyses.pattern_scores import ablation_induction_test, head_scores
+    from interp.analyses.repeated_tokens import corrupted_pair, probe_tokens
+    from interp.analyses.repeated_tokens.suite import analyze
+    from interp.analyses.spectrum import attention_spectrum
 
     toks = probe_tokens(ck.task, n_seqs=8)
     clean, corrupted = corrupted_pair(ck.task, 4, kind="key")
@@ -102,10 +102,10 @@ def _rt_results(ck):
 
 
 def _ma_results():
-    from analyses.modular_addition.exhaustive import ablation_table, attention_split
-    from analyses.modular_addition.fourier import embedding_norms, neuron_frequencies, neuron_logit_map
-    from analyses.modular_addition.progress import find_phases
-    from analyses.modular_addition.suite import analyze
+    from interp.analyses.modular_addition.exhaustive import ablation_table, attention_split
+    from interp.analyses.modular_addition.fourier import embedding_norms, neuron_frequencies, neuron_logit_map
+    from interp.analyses.modular_addition.progress import find_phases
+    from interp.analyses.modular_addition.suite import analyze
 
     ck = load_checkpoint("modular-addition", device="cpu")
     m, t = ck.model, ck.task
@@ -122,9 +122,9 @@ def _ma_results():
 
 
 def _ia_results():
-    from analyses.integer_addition.ablation import component_ablation
-    from analyses.integer_addition.accuracy import accuracy_by_case, accuracy_by_length
-    from analyses.integer_addition.suite import analyze
+    from interp.analyses.integer_addition.ablation import component_ablation
+    from interp.analyses.integer_addition.accuracy import accuracy_by_case, accuracy_by_length
+    from interp.analyses.integer_addition.suite import analyze
 
     task = get_task("integer-addition", digits=[3, 3], train_size=64, val_size=16, test_size=64, cascades_size=32)
     spec = ModelSpec(**{**task.default_spec(), "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32})
@@ -150,8 +150,8 @@ def _result_classes() -> set[str]:
 
 def _population_results(ck):
     """The sweep summaries (analyses.population_figures) on hand-written rows, and a census entry of a small model."""
-    from analyses.noisy_majority.census import Census, run_heads
-    from analyses.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
+    from interp.analyses.noisy_majority.census import Census, run_heads
+    from interp.analyses.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
     from interp.sweep_directory import results_frame
 
     rows = [
@@ -184,7 +184,7 @@ def _population_results(ck):
         200,
         80,
     )
-    from analyses.noisy_majority.training_census import TrainingCensus, _summarise, snapshot_entry
+    from interp.analyses.noisy_majority.training_census import TrainingCensus, _summarise, snapshot_entry
 
     snap = snapshot_entry(ck, 200, 80)
     run = {"name": "r0", "seed": 0, "configuration": "all runs", "d_model": 8, "n_heads": 4, "normalization": None}

@@ -357,7 +357,7 @@ def test_rows_of_checkpoints_older_than_an_option_take_its_default():
 
 
 def test_the_text_table_names_only_the_task_parameters_that_differ():
-    from analyses.populations import format_table, population_table
+    from interp.analyses.populations import format_table, population_table
 
     def row(seed, test_size, acc):
         params = {"seed": 0, "test_size": test_size, "train_size": 7500}

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from analyses.coalitions import coalition_evaluator, coalition_values
-from analyses.learned_accuracies import learned_accuracy, learned_accuracy_loop
-from analyses.shapley import moebius, sampled_shapley, shapley, shapley_transform, zeta
+from interp.analyses.coalitions import coalition_evaluator, coalition_values
+from interp.analyses.learned_accuracies import learned_accuracy, learned_accuracy_loop
+from interp.analyses.shapley import moebius, sampled_shapley, shapley, shapley_transform, zeta
 from interp.errors import InterpError
 from interp.model import ModelSpec, build_model
 
@@ -313,8 +313,8 @@ def test_svc_weights_match_sklearn(nm_ckpt):
     """The weights themselves: close to LinearSVC's coef_ and intercept_ (which stop at liblinear's tolerance)."""
     from sklearn.svm import LinearSVC
 
-    from analyses.answer_cache import cache_answer
-    from analyses.batched_svc import svc_weights
+    from interp.analyses.answer_cache import cache_answer
+    from interp.analyses.batched_svc import svc_weights
 
     model, task = nm_ckpt.model, nm_ckpt.task
     tr = cache_answer(model, task.dataset("train").select(slice(0, 2000)), attention=False)
@@ -396,7 +396,7 @@ def test_cli_sampled_and_errors(capsys):
 
 def test_report_section(nm_ckpt):
     """The noisy-majority report's Shapley section: computed caption, table and figure."""
-    from analyses.noisy_majority.suite import _shapley_section, checkpoint_summary
+    from interp.analyses.noisy_majority.suite import _shapley_section, checkpoint_summary
     from interp.report_page import Report
 
     report = Report("t")
@@ -410,7 +410,7 @@ def test_batched_svc_multiclass_one_vs_rest():
     """Three classes: one-vs-rest like LinearSVC, on every coalition of 3 players (synthetic blobs)."""
     from sklearn.svm import LinearSVC
 
-    from analyses.batched_svc import svc_test_accuracy
+    from interp.analyses.batched_svc import svc_test_accuracy
 
     g = torch.Generator().manual_seed(0)
     centers = torch.randn(3, 3, 2, generator=g, dtype=torch.float64) * 1.5
@@ -431,11 +431,11 @@ def test_batched_svc_multiclass_one_vs_rest():
 def test_namespace_exports_do_not_shadow_modules():
     import importlib
 
-    import analyses
-    from analyses.shapley import shapley as fn
+    from interp import analyses
+    from interp.analyses.shapley import shapley as fn
 
     assert analyses.exact_shapley is fn and analyses.coalition_values is not None
-    importlib.import_module("analyses.shapley")
+    importlib.import_module("interp.analyses.shapley")
     assert analyses.exact_shapley is fn
     for name in ("shapley", "coalitions", "batched_svc"):
         assert name not in analyses.__all__

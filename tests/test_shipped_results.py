@@ -90,7 +90,7 @@ def test_interp_table_prints_table1_from_the_shipped_results(directory):
 def test_interp_table_compare_of_the_shipped_table1_is_a_recount(directory):
     """`interp table DIR --compare`: each halving cell against the normal runs of its shape, from the recounted hits
     (the Newcombe interval itself is checked against Newcombe 1998's published values in test_sweep_summaries)."""
-    from analyses.populations import newcombe_interval
+    from interp.analyses.populations import newcombe_interval
 
     out = _interp_table(directory, "--compare", "--json")
     assert out.returncode == 0, out.stderr[-800:]

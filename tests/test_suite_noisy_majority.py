@@ -32,7 +32,7 @@ def summary(nm_ckpt):
 
 
 def test_analyze_json(summary, nm_ckpt):
-    from analyses.noisy_majority.attention_ratios import exact_attention_ratios
+    from interp.analyses.noisy_majority.attention_ratios import exact_attention_ratios
     from interp.evaluation import evaluate
 
     assert summary["task"] == "noisy-majority" and summary["n_train"] == 7500 and summary["n_test"] == 1000
@@ -63,9 +63,9 @@ def test_analyze_json(summary, nm_ckpt):
 
 
 def test_format_summary(nm_ckpt):
-    from analyses import suite_for
+    from interp.analyses import suite_for
     from interp.checkpoint import Checkpoint
-    from tasks import get_task
+    from interp.tasks import get_task
 
     small = Checkpoint(nm_ckpt.model, get_task("noisy-majority", train_size=300, val_size=10, test_size=100))
     text = suite_for("noisy-majority").analyze(small).text()
@@ -75,10 +75,10 @@ def test_format_summary(nm_ckpt):
 
 def test_report_sections(nm_ckpt):
     """The suite's sections on a small copy of the task (400 train, 150 test sequences) with the real builder."""
-    from analyses import suite_for
+    from interp.analyses import suite_for
     from interp.checkpoint import Checkpoint
     from interp.report_page import Report
-    from tasks import get_task
+    from interp.tasks import get_task
 
     task = get_task("noisy-majority", train_size=400, val_size=10, test_size=150)
     ckpt = Checkpoint(model=nm_ckpt.model, task=task, path=nm_ckpt.path, metadata=nm_ckpt.metadata)

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from analyses import suite_for
-from analyses.composition import composition_scores
-from analyses.pattern_scores import ablation_induction_test, head_scores
-from analyses.repeated_tokens import PROBE_SEED, probe_tokens
-from tasks import load_checkpoint
+from interp.analyses import suite_for
+from interp.analyses.composition import composition_scores
+from interp.analyses.pattern_scores import ablation_induction_test, head_scores
+from interp.analyses.repeated_tokens import PROBE_SEED, probe_tokens
+from interp.tasks import load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_path_specific_ablation_names_what_it_removed(ckpt):
 
 def test_key_path_equals_a_hand_written_hook(ckpt):
     """The batched key-path ablation equals subtracting L0H1's output from blocks.1.hook_k_input by hand."""
-    from analyses.pattern_scores import scores_from_patterns, target_masks
+    from interp.analyses.pattern_scores import scores_from_patterns, target_masks
     from interp.visualize import attention_patterns
 
     model = ckpt.model

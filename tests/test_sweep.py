@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from analyses.populations import population_table, wilson_interval
+from interp.analyses.populations import population_table, wilson_interval
 from interp.app.sweeps import parse_grid, parse_seeds, run_sweep
 from interp.errors import ConfigError
 from interp.sweep_directory import read_results
@@ -207,7 +207,7 @@ def test_ray_backend_on_a_real_local_cluster_equals_local(tmp_path, tiny_task, t
 
 
 def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, tiny_spec, tiny_cfg):
-    from analyses.halving import scorer
+    from interp.analyses.halving import scorer
 
     cfg = tiny_cfg(epochs=3, halving="random", halving_threshold=0.01)
     rows = run_sweep(
@@ -225,7 +225,7 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
     assert [r["halving"] for r in rows] == ["random", "learned"]
     assert all(r["halving_result"]["success"] for r in rows)  # 4 heads -> 2 -> 1 in three epochs
     assert [r["strategy"] for r in rows] == ["random", "learned"] and [r["final_active_heads"] for r in rows] == [1, 1]
-    from analyses.noisy_majority.census import census
+    from interp.analyses.noisy_majority.census import census
 
     heads = census(tmp_path, train_size=100, test_size=50, progress=False).heads()
     assert [sum(h["active"] for h in heads if h["name"] == r["name"]) for r in rows] == [1, 1]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyses.populations import newcombe_interval, population_table, strategy_differences, wilson_interval
+from interp.analyses.populations import newcombe_interval, population_table, strategy_differences, wilson_interval
 from interp.app.cli import build_parser, main
 from interp.app.sweeps import run_sweep
 from interp.sweep_directory import config_columns_all, load_results, sweep_status
-from tasks import load_checkpoint, read_metadata
+from interp.tasks import load_checkpoint, read_metadata
 from tests.test_browser import box, browser, pixel_std  # noqa: F401  (browser: the Chromium fixture, by name)
 
 PARAMS = dict(
@@ -29,7 +29,7 @@ def sweep(tmp_path_factory):
     """A tiny sweep: d_model 4 with 1 and 2 heads (d_head 2) x two learning rates, seed 0, 2 epochs: 4 runs."""
     from interp.model import ModelSpec
     from interp.training import TrainConfig
-    from tasks import get_task
+    from interp.tasks import get_task
 
     task = get_task("noisy-majority", **PARAMS)
     spec = ModelSpec(**{**task.default_spec(), "d_model": 4, "n_heads": 2, "d_head": 2})
@@ -244,7 +244,7 @@ def test_status_resume_and_option_aliases(sweep, tmp_path, capsys):
 
 
 def test_population_figures_against_hand_and_pandas(sweep):
-    from analyses.population_figures import Survival, accuracy_survival, grid_accuracy, lr_accuracy
+    from interp.analyses.population_figures import Survival, accuracy_survival, grid_accuracy, lr_accuracy
 
     s = Survival({"a": [0.5, 1.0, 1.0, 0.98]})
     assert s.curve("a") == ([0.5, 0.98, 1.0], [1.0, 0.75, 0.5]) and s.share_at_least("a", 0.99) == 0.5
@@ -270,8 +270,8 @@ def test_population_figures_against_hand_and_pandas(sweep):
 
 
 def test_census_equals_each_models_head_summary_and_resumes(sweep):
-    from analyses.noisy_majority.census import CENSUS, census, read_census
-    from analyses.noisy_majority.head_summary import head_summary
+    from interp.analyses.noisy_majority.census import CENSUS, census, read_census
+    from interp.analyses.noisy_majority.head_summary import head_summary
 
     c = census(sweep, train_size=200, test_size=80, progress=False)
     assert [r["n_heads"] for r in c.runs] == [1, 1, 2, 2] and len(c.heads()) == 6
@@ -355,7 +355,7 @@ def test_two_sweeps_into_one_directory_keep_both(tmp_path, capsys):
     from interp.model import ModelSpec
     from interp.sweep_directory import read_plans
     from interp.training import TrainConfig
-    from tasks import get_task
+    from interp.tasks import get_task
 
     task = get_task("noisy-majority", **PARAMS)
     spec = ModelSpec(**{**task.default_spec(), "d_model": 4, "n_heads": 2, "d_head": 2})
@@ -375,7 +375,7 @@ def test_two_sweeps_into_one_directory_keep_both(tmp_path, capsys):
 def test_a_results_table_without_checkpoints_still_reports(sweep, tmp_path):
     """A shipped results table (rows and census.jsonl, no checkpoints): load_results, the table and the report work;
     the census uses its cache, and runs with neither a checkpoint nor a cached entry are left out, or refused."""
-    from analyses.noisy_majority.census import CENSUS, census, read_census
+    from interp.analyses.noisy_majority.census import CENSUS, census, read_census
     from interp.app.report import build_sweep_report
     from interp.errors import ConfigError
 
@@ -405,7 +405,7 @@ def test_two_layer_runs_sweep_table_and_report(tmp_path, tiny_task, tiny_spec, t
     and the table, the rows and the sweep report (with its census) take them like any other."""
     from dataclasses import replace
 
-    from analyses.populations import population_table
+    from interp.analyses.populations import population_table
     from interp.app.report import write_sweep_report
     from interp.app.sweeps import run_sweep
 

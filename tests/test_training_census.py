@@ -15,7 +15,7 @@ import torch
 
 from interp.checkpoint import read_metadata
 from interp.training import train
-from tasks import load_checkpoint
+from interp.tasks import load_checkpoint
 from tests.test_population_snapshots import _snapshots
 
 
@@ -73,8 +73,8 @@ def snapshot_runs(tmp_path_factory, tiny_task, tiny_spec, tiny_cfg):
 
 
 def test_census_over_training_against_plain_transformer_lens(snapshot_runs):
-    from analyses.noisy_majority.census import run_heads
-    from analyses.noisy_majority.training_census import TrainingCensus, census_over_training
+    from interp.analyses.noisy_majority.census import run_heads
+    from interp.analyses.noisy_majority.training_census import TrainingCensus, census_over_training
 
     tc = census_over_training(snapshot_runs, progress=False)
     assert [len(r["snapshots"]) for r in tc.runs] == [2, 2] and [r["n_heads"] for r in tc.runs] == [1, 4]
@@ -115,7 +115,7 @@ def test_census_over_training_against_plain_transformer_lens(snapshot_runs):
 def test_census_over_training_takes_one_checkpoint_and_refuses_what_is_not_a_source(snapshot_runs, tmp_path):
     """A checkpoint path (str or Path) is one run, as a list of it; a path that is neither a directory nor a file,
     a list holding something that is not a path, or a number is one ConfigError naming the source."""
-    from analyses.noisy_majority.training_census import census_over_training
+    from interp.analyses.noisy_majority.training_census import census_over_training
     from interp.errors import ConfigError
 
     one = census_over_training([snapshot_runs[0]], progress=False).rows()
@@ -134,7 +134,7 @@ def test_census_over_training_takes_one_checkpoint_and_refuses_what_is_not_a_sou
 def test_snapshots_of_a_checkpoint_outside_runs_are_found(snapshot_runs, tmp_path):
     """A row naming its checkpoint by an absolute path outside DIR/runs (rows of older sweeps): has_snapshots sees
     its snapshots, and the census over the directory takes them, as checkpoint_path finds the checkpoint."""
-    from analyses.noisy_majority.training_census import census_over_training, has_snapshots
+    from interp.analyses.noisy_majority.training_census import census_over_training, has_snapshots
     from interp.sweep_directory import write_results
 
     assert not has_snapshots(tmp_path)
@@ -149,7 +149,7 @@ def test_snapshots_of_a_checkpoint_outside_runs_are_found(snapshot_runs, tmp_pat
 
 def test_lost_good_heads_and_the_summary_by_hand():
     """The run-level story from hand-made snapshots: the first good epoch, a good head lost, medians."""
-    from analyses.noisy_majority.training_census import TrainingCensus, _summarise
+    from interp.analyses.noisy_majority.training_census import TrainingCensus, _summarise
 
     def snap(epoch, sep, w01, w02, acc):
         grade = "good" if sep >= 0.95 else "bad"
@@ -190,8 +190,8 @@ def test_lost_good_heads_and_the_summary_by_hand():
 def test_a_halving_run_left_with_more_than_one_head_is_a_failure_as_table_1_scores_it(tmp_path):
     """At 100% test accuracy, a halving run that did not end with one head is a failure, as
     analyses.populations.scores scores it 0; one that did, and a normal run, are successes."""
-    from analyses.noisy_majority.training_census import _directory_runs, _summarise
-    from analyses.populations import scores
+    from interp.analyses.noisy_majority.training_census import _directory_runs, _summarise
+    from interp.analyses.populations import scores
     from interp.sweep_directory import load_results, write_results
 
     def row(name, halving=None):
@@ -212,7 +212,7 @@ def test_a_halving_run_left_with_more_than_one_head_is_a_failure_as_table_1_scor
 
 def test_the_training_census_docstring_names_every_key_a_run_gets():
     """Each key the run-level story adds (first_used_epoch and lost_used included) is named in TrainingCensus."""
-    from analyses.noisy_majority.training_census import TrainingCensus, _summarise
+    from interp.analyses.noisy_majority.training_census import TrainingCensus, _summarise
 
     run = {"test_accuracy": 1.0, "snapshots": []}
     for key in set(_summarise(run)) - set(run):
@@ -220,7 +220,7 @@ def test_the_training_census_docstring_names_every_key_a_run_gets():
 
 
 def test_sweep_report_shows_heads_over_training_only_with_snapshots(tmp_path, tiny_task, tiny_spec, tiny_cfg):
-    from analyses.noisy_majority.training_census import CACHE
+    from interp.analyses.noisy_majority.training_census import CACHE
     from interp.app.report import build_sweep_report
     from interp.app.sweeps import run_sweep
 
@@ -247,7 +247,7 @@ def test_sweep_report_shows_heads_over_training_only_with_snapshots(tmp_path, ti
 def test_the_shipped_census_over_training_reads_back_to_its_numbers(name, runs, heads, snapshots):
     """The shipped censuses over training (examples/results/seed_regime/, 4 significant digits): from_dict gives back
     each summary (medians within the rounding) and its figure, without the checkpoints."""
-    from analyses.noisy_majority.training_census import TrainingCensus
+    from interp.analyses.noisy_majority.training_census import TrainingCensus
 
     path = Path(__file__).resolve().parents[1] / "examples/results/seed_regime" / name
     d = json.loads(path.read_text())
@@ -262,7 +262,7 @@ def test_the_shipped_census_over_training_reads_back_to_its_numbers(name, runs, 
 
 def test_a_damaged_census_cache_is_refused_naming_the_line(tmp_path):
     """Both censuses read their per-run caches through one reader: a line that is not JSON is one clear error."""
-    from analyses.noisy_majority.census import CENSUS, read_census
+    from interp.analyses.noisy_majority.census import CENSUS, read_census
     from interp.errors import ConfigError
 
     (tmp_path / CENSUS).write_text('{"name": "a", "heads": []}\n{not json\n')

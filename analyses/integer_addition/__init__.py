@@ -6,7 +6,7 @@ ablation per answer digit and carry case, and the task's
 from __future__ import annotations
 
 from interp.errors import TaskError
-from tasks.integer_addition import IntegerAddition
+from interp.tasks.integer_addition import IntegerAddition
 
 
 def require_task_data(data) -> None:

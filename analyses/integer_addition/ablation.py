@@ -20,7 +20,7 @@ from interp.evaluation import predictions_and_loss
 from interp.heads import head_label, head_mask
 from interp.results import Result, jsonable
 from interp.task import TaskData, check_nonempty
-from tasks.integer_addition import case_name, digit_correct
+from interp.tasks.integer_addition import case_name, digit_correct
 
 from . import require_task_data
 

@@ -16,7 +16,7 @@ from interp.errors import TaskError
 from interp.evaluation import predictions_and_loss
 from interp.results import Result, jsonable
 from interp.task import TaskData, check_model_task, check_nonempty
-from tasks.integer_addition import case_name, complexity_name, digit_correct, seq_len
+from interp.tasks.integer_addition import case_name, complexity_name, digit_correct, seq_len
 
 from . import require_task_data
 
@@ -168,7 +168,7 @@ class LengthAccuracy(Result):
 def accuracy_by_length(model: HookedTransformer, task: Task, lengths, n: int = 1000, seed: int = 0) -> LengthAccuracy:
     """Exact match on ``n`` uniform random sums of each operand length in ``lengths`` (the same test sets for every
     model of the same task parameters and seed); lengths whose sums do not fit the model's context give None."""
-    from tasks import get_task
+    from interp.tasks import get_task
 
     check_model_task(model, task)
     lengths = [int(L) for L in lengths]

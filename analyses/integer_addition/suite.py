@@ -15,7 +15,7 @@ from interp.evaluation import evaluate
 from interp.results import Result, jsonable
 from interp.suite import FunctionSuite
 from interp.visualize import attention_view
-from tasks.integer_addition import make_sums, seq_len
+from interp.tasks.integer_addition import make_sums, seq_len
 
 from .ablation import DigitAblation, component_ablation
 from .accuracy import CaseAccuracy, LengthAccuracy, accuracy_by_case, accuracy_by_length

@@ -96,7 +96,7 @@ def progress_from_snapshots(
 ) -> list[dict]:
     """:func:`progress_measures` of every snapshot ``epoch-*.safetensors`` in ``snapshot_dir`` (sorted by epoch), with
     fixed ``key_frequencies`` (the final model's): one record per snapshot with its ``epoch``."""
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     files = sorted(Path(snapshot_dir).glob("epoch-*.safetensors"))
     if not files:
@@ -131,7 +131,7 @@ def write_progress(checkpoint_path, snapshot_dir, device: str | None = None) -> 
     into the checkpoint's history (the file is rewritten atomically; the weights are unchanged)."""
     from interp.checkpoint import save_checkpoint
     from interp.model import ModelSpec
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     ck = load_checkpoint(checkpoint_path, device=device)
     keys = key_frequencies_of(ck.model, ck.task)

@@ -5,7 +5,7 @@ attention interventions (Figure 8), the head summary with its pair tables (Figur
 from __future__ import annotations
 
 from interp.errors import TaskError
-from tasks.noisy_majority import NoisyMajority
+from interp.tasks.noisy_majority import NoisyMajority
 
 
 def require_task_data(data) -> None:

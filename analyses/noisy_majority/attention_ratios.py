@@ -32,7 +32,7 @@ from interp.errors import ConfigError, TaskError
 from interp.heads import all_heads, head_label
 from interp.query_forward import token_inputs
 from interp.results import Result, jsonable
-from tasks.noisy_majority import VOCAB
+from interp.tasks.noisy_majority import VOCAB
 
 from ..answer_cache import AnswerCache, as_cache
 from . import require_task_data

@@ -77,7 +77,7 @@ def census(
     from tqdm.auto import tqdm
 
     from interp.sweep_directory import load_results
-    from tasks import load_checkpoint, read_metadata
+    from interp.tasks import load_checkpoint, read_metadata
 
     if missing not in ("error", "skip"):
         raise ConfigError(f"missing must be 'error' or 'skip', got {missing!r}")
@@ -158,7 +158,7 @@ class Census(Result):
 
     def separation_survival(self):
         """Figure 9 (right) of Fraknói 2024: 1 - CDF of per-head separation accuracy, one curve per number of heads."""
-        from analyses.population_figures import Survival
+        from interp.analyses.population_figures import Survival
 
         groups: dict[str, list[float]] = {}
         for r in sorted(self.runs, key=lambda r: r["n_heads"]):

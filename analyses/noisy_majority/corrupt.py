@@ -13,7 +13,7 @@ import torch
 
 from interp.errors import TaskError
 from interp.task import IGNORE, TaskData
-from tasks.noisy_majority import ONE, PAD, TWO, ZERO, make_sentences
+from interp.tasks.noisy_majority import ONE, PAD, TWO, ZERO, make_sentences
 
 if TYPE_CHECKING:
     from interp.task import Task

@@ -35,7 +35,7 @@ import torch
 
 from interp.errors import ConfigError
 from interp.model import ModelSpec, build_model
-from tasks.noisy_majority import NoisyMajority
+from interp.tasks.noisy_majority import NoisyMajority
 
 if TYPE_CHECKING:
     from interp.task import Task

@@ -19,7 +19,7 @@ from interp.errors import ConfigError, InterpError
 from interp.heads import head_label, parse_head
 from interp.query_forward import token_inputs
 from interp.results import Result, jsonable
-from tasks.noisy_majority import VOCAB
+from interp.tasks.noisy_majority import VOCAB
 
 from ..answer_cache import as_cache
 from . import require_task_data

@@ -30,7 +30,7 @@ from interp.heads import head_label
 from interp.query_forward import layer0_inputs, supports_query_forward
 from interp.results import Result, jsonable
 from interp.task import TaskData
-from tasks.noisy_majority import VOCAB
+from interp.tasks.noisy_majority import VOCAB
 
 from ..answer_cache import check_model_data
 from ..separation_accuracies import fit_separator

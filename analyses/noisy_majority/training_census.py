@@ -118,7 +118,7 @@ def census_over_training(
     from tqdm.auto import tqdm
 
     from interp.checkpoint import read_metadata
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     directory, paths = _source(source)
     if directory is not None:
@@ -238,7 +238,7 @@ def _succeeded(run: dict[str, Any]) -> bool:
     (:func:`analyses.populations.scores`, which scores a halving run that did not end with one head 0)."""
     import pandas as pd
 
-    from analyses.populations import scores
+    from interp.analyses.populations import scores
 
     row = {"test_accuracy": run.get("test_accuracy"), "halving_success": run.get("halving_success")}
     return bool(scores(pd.DataFrame([row])).iloc[0] >= 1.0)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-import tasks
-from analyses.spectrum import attention_spectrum
+from interp import tasks
+from interp.analyses.spectrum import attention_spectrum
 
 
 def _models(directories: list[str]):

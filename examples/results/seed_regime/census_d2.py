@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from analyses.noisy_majority.census import run_heads
-from tasks import load_checkpoint
+from interp.analyses.noisy_majority.census import run_heads
+from interp.tasks import load_checkpoint
 
 KEYS = ("w01", "w02", "separation_accuracy", "learned_accuracy", "grade")
 

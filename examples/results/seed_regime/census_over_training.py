@@ -1,6 +1,6 @@
 """The census over training of the d = 2, a = 1 runs (our recipe and ``--normalization LN``): every snapshot's head
 (w01, w02, separation and learned accuracy, grade) and test accuracy, with each run's outcome, first good epoch and
-whether it lost a good head (``analyses.noisy_majority.training_census``).
+whether it lost a good head (``interp.analyses.noisy_majority.training_census``).
 
     interp sweep noisy-majority --seeds 0..39 --d-model 2 --n-heads 1 --dropout-at attention --epochs 300 \\
         --snapshots 10 --threads 1 --out SWEEP_DIR          # and the same with --normalization LN
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from analyses.noisy_majority.training_census import census_over_training
+from interp.analyses.noisy_majority.training_census import census_over_training
 from interp.sweep_directory import checkpoint_path, select_rows, where_of
 
 

@@ -21,7 +21,7 @@ import torch
 from interp.evaluation import predictions_and_loss
 from interp.sweep_directory import checkpoint_path, select_rows, where_of
 from interp.task import IGNORE
-from tasks import load_checkpoint
+from interp.tasks import load_checkpoint
 
 
 def wrong_sentences(path: Path) -> list[tuple[int, int]]:

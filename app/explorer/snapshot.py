@@ -23,7 +23,7 @@ from .compute import MAX_POSITIONS, pattern_window
 from .results import Prediction, prediction_table
 
 if TYPE_CHECKING:
-    from analyses.patching import ActivationPatching
+    from interp.analyses.patching import ActivationPatching
 
 IMAGE_SIZE = 96  # pixels a side of a pattern's image at most (longer patterns are max-pooled)
 WHITE, DARK_BLUE, LIGHT_GREY = (255.0, 255.0, 255.0), (8.0, 48.0, 107.0), (240.0, 240.0, 240.0)

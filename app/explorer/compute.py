@@ -13,12 +13,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analyses.circuits import Circuit, full_ov_circuit, full_qk_circuit, positional_qk_circuit
-from analyses.coalitions import coalition_values
-from analyses.pattern_scores import HeadScores, repeated_random_tokens
-from analyses.repeated_tokens.probe import probe_tokens
-from analyses.separation_accuracies import SeparationAccuracy
-from analyses.shapley import ShapleyResult, exact_shapley, sampled_shapley
+from interp.analyses.circuits import Circuit, full_ov_circuit, full_qk_circuit, positional_qk_circuit
+from interp.analyses.coalitions import coalition_values
+from interp.analyses.pattern_scores import HeadScores, repeated_random_tokens
+from interp.analyses.repeated_tokens.probe import probe_tokens
+from interp.analyses.separation_accuracies import SeparationAccuracy
+from interp.analyses.shapley import ShapleyResult, exact_shapley, sampled_shapley
 from interp.heads import Head, head_label, parse_head
 
 from .results import Prediction
@@ -26,7 +26,7 @@ from .results import Prediction
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
-    from analyses.answer_cache import AnswerCache
+    from interp.analyses.answer_cache import AnswerCache
     from interp.task import Task, TaskData, Vocab
 
 MAX_POSITIONS = 256  # attention patterns drawn: at most this many positions (the last ones) per head

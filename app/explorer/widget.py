@@ -18,19 +18,19 @@ import traitlets
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses.answer_cache import cache_answer
-from analyses.learned_accuracies import LearnedAccuracy, learned_accuracy, mean_head_outputs
-from analyses.noisy_majority.corrupt import flip_answer
-from analyses.patching import ActivationPatching, PathPatching, activation_patching, path_patching
-from analyses.pattern_scores import HeadScores, head_scores
-from analyses.repeated_tokens.corrupt import corrupted_pair
-from analyses.separation_accuracies import separation_accuracy
+from interp.analyses.answer_cache import cache_answer
+from interp.analyses.learned_accuracies import LearnedAccuracy, learned_accuracy, mean_head_outputs
+from interp.analyses.noisy_majority.corrupt import flip_answer
+from interp.analyses.patching import ActivationPatching, PathPatching, activation_patching, path_patching
+from interp.analyses.pattern_scores import HeadScores, head_scores
+from interp.analyses.repeated_tokens.corrupt import corrupted_pair
+from interp.analyses.separation_accuracies import separation_accuracy
 from interp.checkpoint import Checkpoint
 from interp.errors import HeadError, InterpError, TaskError
 from interp.evaluation import predictions_and_loss
 from interp.heads import Head, all_heads, head_label, parse_head
 from interp.query_forward import supports_query_forward
-from tasks import get_task, load_checkpoint
+from interp.tasks import get_task, load_checkpoint
 
 from .compute import (
     MAX_POSITIONS,
@@ -277,7 +277,7 @@ class Explorer(anywidget.AnyWidget):
     @property
     def accuracy(self) -> float:
         """Learned accuracy under the mask (heads off ablated) on the first ``batch_size`` examples of the current
-        split: ``analyses.learned_accuracy(model, batch, [kept heads], ablation=...)``."""
+        split: ``interp.analyses.learned_accuracy(model, batch, [kept heads], ablation=...)``."""
         return float(self._acc.accuracy[0])
 
     @property

@@ -25,7 +25,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from analyses.halving import scorer as halving_scorer
+from interp.analyses.halving import scorer as halving_scorer
 from interp.configs import STRATEGIES, check_snapshot_every
 from interp.errors import ConfigError
 from interp.model import ModelSpec
@@ -46,7 +46,7 @@ from interp.sweep_directory import (
 )
 from interp.task import Task
 from interp.training import TrainConfig, resume_path, train
-from tasks import get_task
+from interp.tasks import get_task
 
 ScorerFor = Callable[[str], Any]
 

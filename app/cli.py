@@ -108,7 +108,7 @@ def _model_and_training_options(p, task_names) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tasks import TASKS  # the table only: no task module is imported
+    from interp.tasks import TASKS  # the table only: no task module is imported
 
     p = _Parser(prog="interp", description="Train, evaluate and take apart small transformers on algorithmic tasks.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -338,7 +338,7 @@ def _new_run(args, seed: int, grid_only: tuple[str, ...] = ()):
     whose flag is a sweep grid (``--halving S1,S2``), left at their defaults here."""
     from interp.model import ModelSpec
     from interp.training import TrainConfig
-    from tasks import get_task
+    from interp.tasks import get_task
 
     task = get_task(args.task, **_parse_task_params(args.task_params))
     spec = ModelSpec(**{**task.default_spec(), **_given(args, ModelSpec), "init_seed": seed})
@@ -353,7 +353,7 @@ def _resumed_run(args):
     from interp.model import ModelSpec
     from interp.options import options
     from interp.training import TrainConfig, resume_options
-    from tasks import get_task
+    from interp.tasks import get_task
 
     if not args.out:
         raise ConfigError("--resume needs --out: the checkpoint path of the interrupted run")
@@ -389,8 +389,8 @@ def _resumed_run(args):
 
 
 def cmd_train(args) -> int:
-    from analyses import suite_for
-    from analyses.halving import scorer
+    from interp.analyses import suite_for
+    from interp.analyses.halving import scorer
     from interp.training import snapshot_directory, train
 
     _set_threads(args)
@@ -442,7 +442,7 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from interp.evaluation import evaluate_splits
-    from tasks import load_checkpoint
+    from interp.tasks import load_checkpoint
 
     _set_threads(args)
     params = _parse_task_params(args.task_params)
@@ -486,8 +486,8 @@ def _output(path: str | None, what: str):
 
 
 def cmd_analyze(args) -> int:
-    from analyses import suite_for
-    from tasks import load_checkpoint
+    from interp.analyses import suite_for
+    from interp.tasks import load_checkpoint
 
     _set_threads(args)
     with _output(args.out, "the analysis JSON") as output:
@@ -513,7 +513,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from tasks import CHECKPOINT_ALIASES, shipped_checkpoints, task_names
+    from interp.tasks import CHECKPOINT_ALIASES, shipped_checkpoints, task_names
 
     print("tasks: " + ", ".join(task_names()))
     print("shipped checkpoints:")
@@ -524,7 +524,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from tasks import TASKS
+    from interp.tasks import TASKS
 
     directory = Path(args.task) if Path(args.task).is_dir() else None  # interp sweep DIR --status|--resume
     if directory is None and args.task not in TASKS:
@@ -608,7 +608,7 @@ def _sweep_status(args, directory: Path | None) -> int:
 
 
 def cmd_table(args) -> int:
-    from analyses.populations import format_differences, format_table, population_table, strategy_differences
+    from interp.analyses.populations import format_differences, format_table, population_table, strategy_differences
     from interp.sweep_directory import load_results
 
     frame = load_results(args.directory)
@@ -677,9 +677,9 @@ def _shapley_parser(sub) -> None:
 def cmd_shapley(args) -> int:
     import time
 
-    from analyses.coalitions import coalition_values
-    from analyses.shapley import sampled_shapley, shapley
-    from tasks import load_checkpoint
+    from interp.analyses.coalitions import coalition_values
+    from interp.analyses.shapley import sampled_shapley, shapley
+    from interp.tasks import load_checkpoint
 
     _set_threads(args)
     with _output(args.out, "the Shapley JSON") as output:

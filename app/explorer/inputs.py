@@ -11,16 +11,16 @@ import torch
 
 from interp.errors import TaskError, TokenError
 from interp.task import IGNORE, TaskData
-from tasks.integer_addition import make_sums
-from tasks.modular_addition import make_pairs
-from tasks.noisy_majority import make_sentences
+from interp.tasks.integer_addition import make_sums
+from interp.tasks.modular_addition import make_pairs
+from interp.tasks.noisy_majority import make_sentences
 
 if TYPE_CHECKING:
     from interp.task import Task, Vocab
-    from tasks.integer_addition import IntegerAddition
-    from tasks.modular_addition import ModularAddition
-    from tasks.noisy_majority import NoisyMajority
-    from tasks.repeated_tokens import RepeatedTokens
+    from interp.tasks.integer_addition import IntegerAddition
+    from interp.tasks.modular_addition import ModularAddition
+    from interp.tasks.noisy_majority import NoisyMajority
+    from interp.tasks.repeated_tokens import RepeatedTokens
 
 PAIR_KINDS = {"repeated-tokens": ("key", "query", "answer")}  # corruptions whose helper draws its own clean input
 OWN_KINDS = {"noisy-majority": ("flip",)}  # corruptions of the current input by the task's own helper

@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analyses import suite_for
+from interp.analyses import suite_for
 from interp.checkpoint import Checkpoint
 from interp.errors import InterpError, TaskError
 from interp.files import AtomicFile
 from interp.report_page import Report
 from interp.visualize import render_table
-from tasks import get_task, load_checkpoint
+from interp.tasks import get_task, load_checkpoint
 
 if TYPE_CHECKING:
     from .task import Task
@@ -159,8 +159,8 @@ def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
 
 
 def add_attention_spectrum(ckpt, report: Report, progress: bool = False, n_inputs: int = 32) -> None:
-    """Every task's section on the spectrum of the heads' attention patterns (``analyses.attention_spectrum``)."""
-    from analyses import attention_spectrum
+    """Every task's section on the spectrum of the heads' attention patterns (``interp.analyses.attention_spectrum``)."""
+    from interp.analyses import attention_spectrum
 
     task = ckpt.task
     split = task.splits[-1]
@@ -319,8 +319,8 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     """The :class:`Report` of a sweep: what ran, Table 1 (shares at 100% and >= 98% with Wilson 95% intervals),
     1 - CDF of test accuracy per configuration, Figure 2 when the sweep varies d_model or n_heads, Figure 3 when it
     varies the learning rate, then the task suite's ``add_sweep_sections`` (when its suite has one)."""
-    from analyses.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
-    from analyses.populations import format_table, population_table
+    from interp.analyses.population_figures import accuracy_survival, grid_accuracy, lr_accuracy
+    from interp.analyses.populations import format_table, population_table
     from interp.sweep_directory import PLAN, checkpoint_path, load_results, read_plans
 
     directory = Path(directory)
