@@ -65,7 +65,13 @@ _NAMES = {
     "interp.analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "interp.analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "interp.analyses.spectrum": ["AttentionSpectrum", "attention_spectrum"],
-    "interp.analyses.halving": ["HalvingHistory", "halving_history", "shapley_scores", "single_head_scores", "train_halving"],
+    "interp.analyses.halving": [
+        "HalvingHistory",
+        "halving_history",
+        "shapley_scores",
+        "single_head_scores",
+        "train_halving",
+    ],
     "interp.analyses.pattern_scores": [
         "HeadScores",
         "AblationTest",

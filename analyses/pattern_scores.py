@@ -221,7 +221,7 @@ def head_scores(
     model: HookedTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 256, n_boot: int = 1000, seed: int = 0
 ) -> HeadScores:
     """Induction / previous-token / duplicate / BOS scores of every head, from one cached forward pass per chunk
-    of ``tokens`` (e.g. ``interp.analyses.repeated_tokens.probe_tokens(task)``, or :func:`repeated_tokens` for a model of
+    of ``tokens`` (e.g. ``probe_tokens(task)`` of repeated tokens, or :func:`repeated_tokens` for a model of
     another task), with percentile-bootstrap 95% intervals over the sequences (``n_boot`` resamples, ``seed``)."""
     tokens = torch.as_tensor(tokens).to(model_device(model))
     check_tokens(model, tokens)

@@ -337,8 +337,8 @@ def _new_run(args, seed: int, grid_only: tuple[str, ...] = ()):
     """(task, spec, config) of a new run from the options given and the task's defaults; ``grid_only`` names options
     whose flag is a sweep grid (``--halving S1,S2``), left at their defaults here."""
     from interp.model import ModelSpec
-    from interp.training import TrainConfig
     from interp.tasks import get_task
+    from interp.training import TrainConfig
 
     task = get_task(args.task, **_parse_task_params(args.task_params))
     spec = ModelSpec(**{**task.default_spec(), **_given(args, ModelSpec), "init_seed": seed})
@@ -352,8 +352,8 @@ def _resumed_run(args):
     agree with it, except the resumable ones (epochs, patience, save-every, keep), which change it."""
     from interp.model import ModelSpec
     from interp.options import options
-    from interp.training import TrainConfig, resume_options
     from interp.tasks import get_task
+    from interp.training import TrainConfig, resume_options
 
     if not args.out:
         raise ConfigError("--resume needs --out: the checkpoint path of the interrupted run")

@@ -20,8 +20,8 @@ from interp.checkpoint import Checkpoint
 from interp.errors import InterpError, TaskError
 from interp.files import AtomicFile
 from interp.report_page import Report
-from interp.visualize import render_table
 from interp.tasks import get_task, load_checkpoint
+from interp.visualize import render_table
 
 if TYPE_CHECKING:
     from .task import Task
@@ -159,7 +159,7 @@ def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
 
 
 def add_attention_spectrum(ckpt, report: Report, progress: bool = False, n_inputs: int = 32) -> None:
-    """Every task's section on the spectrum of the heads' attention patterns (``interp.analyses.attention_spectrum``)."""
+    """Every task's section on the spectrum of the heads' attention patterns (``attention_spectrum``)."""
     from interp.analyses import attention_spectrum
 
     task = ckpt.task

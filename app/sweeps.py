@@ -45,8 +45,8 @@ from interp.sweep_directory import (
     write_results,
 )
 from interp.task import Task
-from interp.training import TrainConfig, resume_path, train
 from interp.tasks import get_task
+from interp.training import TrainConfig, resume_path, train
 
 ScorerFor = Callable[[str], Any]
 

@@ -1,7 +1,7 @@
 """Click-to-update time of the explorer (``interp.explore``) on every shipped checkpoint: from a head's switch
 clicked in the page (the event as the page sends it) to the new prediction, accuracy and patterns computed and
 serialised for the page, in the kernel, on one CPU thread. Against the naive way of getting the same numbers after
-each click (one ``run_with_hooks`` pass over the accuracy batch per mask, as ``interp.analyses.learned_accuracy_loop`` does,
+each click (one ``run_with_hooks`` pass over the accuracy batch per mask, as ``learned_accuracy_loop`` does,
 the mean-ablation reference recomputed, and one cached forward of the example), measured in the same run; the
 numbers are checked equal.
 
@@ -20,8 +20,8 @@ import statistics
 import torch
 from timing import timed  # benchmarks/timing.py (the script's folder is on sys.path)
 
-from interp import analyses
 import interp
+from interp import analyses
 from interp.tasks import shipped_checkpoints
 
 

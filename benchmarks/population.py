@@ -40,8 +40,8 @@ import torch
 
 from interp.model import ModelSpec
 from interp.population import seed_population, train_population
-from interp.training import TrainConfig, train
 from interp.tasks import get_task
+from interp.training import TrainConfig, train
 
 
 def _worker(args) -> None:

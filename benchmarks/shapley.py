@@ -6,7 +6,7 @@
 
 v = learned accuracy (1,000 test sequences): batched = ``shapley(coalition_values(...))`` (answer cache, then one small
 matmul over all coalitions); naive = one ``run_with_hooks`` pass over the test data per coalition
-(``interp.analyses.learned_accuracies.learned_accuracy_loop``), timed on ``--naive`` random coalitions and extrapolated to
+(``learned_accuracy_loop``), timed on ``--naive`` random coalitions and extrapolated to
 65,536.
 
 v = separation accuracy (LinearSVC C=1000 on the heads' outputs, 7,500 train / 1,000 test sequences): batched =

@@ -13,8 +13,8 @@ import torch
 
 from interp.device import pick_device
 from interp.model import ModelSpec, build_model, trainable_parameters
-from interp.training import batch_loss, dropout_hooks, task_loss
 from interp.tasks import get_task
+from interp.training import batch_loss, dropout_hooks, task_loss
 
 
 def time_steps(model, batches, fast: bool) -> float:

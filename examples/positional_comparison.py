@@ -27,8 +27,8 @@ import torch
 from interp.evaluation import evaluate
 from interp.files import atomic_write
 from interp.model import ModelSpec
-from interp.training import TrainConfig, train
 from interp.tasks import get_task, load_checkpoint
+from interp.training import TrainConfig, train
 
 SCHEMES = ("standard", "none", "rotary", "random", "abacus")
 TRAIN_DIGITS = (1, 3)

@@ -1,7 +1,7 @@
 """interp: a mechanistic-interpretability toolkit on TransformerLens for small algorithmic-task models.
 
 ``model, task = interp.load("noisy-majority")`` loads a shipped checkpoint (or any checkpoint path): a plain
-``transformer_lens.HookedTransformer`` and its task. Analyses (package ``interp.analyses``) take the model, the task's data
+``transformer_lens.HookedTransformer`` and its task. Analyses (``interp.analyses``) take the model, the task's data
 and, where they need task knowledge, the task itself. Heavy libraries (torch, TransformerLens) are imported only
 when first needed, so ``import interp`` is instant.
 

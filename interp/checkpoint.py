@@ -9,7 +9,7 @@ verifies the file: the checksum (files written before it existed have none and s
 spec fixes (zero ``W_pos``, identity ``W_O``, zero biases) and that every weight is finite.
 
 This module is the file format only: it knows no task. :func:`read_checkpoint` takes a ``make_task(name, params)``
-that builds the task a file names (the registry's ``interp.tasks.get_task``, or your own); ``interp.tasks.load_checkpoint`` also
+that builds the task a file names (the registry's ``get_task``, or your own); ``interp.tasks.load_checkpoint`` also
 resolves the names of the checkpoints that ship with the project.
 """
 

@@ -462,7 +462,7 @@ def train_population(
     each model has its own :class:`interp.halving.Halving` schedule and head mask (a ``[K, n_heads]`` tensor that
     zeroes the masked heads' parameters and Adam moments after every step); when a model's validation reaches the
     threshold, its current weights are scored in a HookedTransformer by ``head_scorer`` (strategies other than
-    ``random`` and ``mask-all-but-one``; the CLI passes ``interp.analyses.halving.scorer``) and half of its heads masked.
+    ``random`` and ``mask-all-but-one``; the CLI passes ``analyses.halving.scorer``) and half of its heads masked.
 
     ``resume_file``: where the whole population's state (weights, Adam moments, best and last states, random
     generators, histories, halving schedules) is saved every ``cfg.save_every`` epochs, atomically; if it exists

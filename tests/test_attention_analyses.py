@@ -54,8 +54,8 @@ def small_task():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, small_task):
     """``get(variant, shape)``: a checkpoint trained for one epoch (cached per module)."""
-    from interp.training import TrainConfig, train
     from interp.tasks import load_checkpoint
+    from interp.training import TrainConfig, train
 
     tiny_task = small_task
     made = {}

@@ -14,8 +14,8 @@ import json
 import pytest
 import torch
 
-from interp import analyses
 import interp
+from interp import analyses
 from interp.analyses.repeated_tokens.corrupt import corrupted_pair
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.tasks import get_task, shipped_checkpoints

@@ -57,8 +57,8 @@ def _free_port() -> int:
 def _expected_click():
     """The head whose switching off lowers the learned accuracy most, and that accuracy: the toolkit's numbers,
     computed here, in the test's own process."""
-    from interp import analyses
     import interp
+    from interp import analyses
 
     model, task = interp.load("noisy-majority", device="cpu")
     batch = task.dataset("test").select(slice(0, BATCH))

@@ -13,14 +13,21 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from interp.analyses.halving import HalvingHistory, add_halving_section, halving_history, scorer, shapley_scores, train_halving
+from interp.analyses.halving import (
+    HalvingHistory,
+    add_halving_section,
+    halving_history,
+    scorer,
+    shapley_scores,
+    train_halving,
+)
 from interp.analyses.learned_accuracies import learned_accuracy_loop
 from interp.configs import STRATEGIES
 from interp.errors import ConfigError, InterpError
 from interp.halving import Halving, keep_best, random_scores
 from interp.model import ModelSpec, build_model
-from interp.training import TrainConfig, batch_loss, dropout_hooks, resume_path, train
 from interp.tasks import get_task, load_checkpoint
+from interp.training import TrainConfig, batch_loss, dropout_hooks, resume_path, train
 
 TINY = dict(
     train_size=512, val_size=128, test_size=128, train_lengths=[0, 20], val_lengths=[21, 30], test_lengths=[31, 40]

@@ -26,8 +26,8 @@ from interp.app.sweeps import parse_grid, run_sweep
 from interp.errors import ConfigError, HeadError, InterpError
 from interp.model import ModelSpec
 from interp.sweep_directory import RESULTS, load_results, read_results
-from interp.training import TrainConfig
 from interp.tasks import get_task, load_checkpoint
+from interp.training import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = dict(

@@ -88,7 +88,7 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
 
 def _is_our_module(name: str) -> bool:
     path = _folder_of(name)
-    return floor_of(name) is not None and path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    return (floor_of(name) is not None and path.with_suffix(".py").is_file()) or (path / "__init__.py").is_file()
 
 
 def test_floor_map_covers_every_module():
@@ -168,8 +168,8 @@ def test_exports_survive_importing_every_submodule():
     """The flip itself: after every module of ours is imported, the faces still hand out functions, not modules."""
     import types
 
-    from interp import analyses
     import interp
+    from interp import analyses
 
     for path in our_sources():
         if path.name != "__main__.py":
@@ -241,8 +241,8 @@ def test_suites_follow_the_protocol():
 
 
 def test_public_api():
-    from interp import analyses
     import interp
+    from interp import analyses
 
     for name in analyses.__all__:
         assert getattr(analyses, name) is not None, name

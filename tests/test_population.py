@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from interp.errors import ConfigError
 from interp.population import seed_population, train_population
-from interp.training import train
 from interp.tasks import load_checkpoint
+from interp.training import train
 
 # Tolerances: the batched forward sums in another order than the solo one (einsum with a model axis), so weights
 # agree to float32 rounding accumulated over the run, not bit for bit. Measured: 2.4e-7 after 6 epochs.

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from interp.checkpoint import read_metadata
 from interp.population import seed_population, train_population
-from interp.training import snapshot_directory, train
 from interp.tasks import load_checkpoint
+from interp.training import snapshot_directory, train
 
 
 def _snapshots(out: Path) -> list[Path]:

@@ -6,6 +6,7 @@ bootstrap intervals)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -19,8 +20,8 @@ import torch
 
 from interp.errors import ConfigError, HeadError, InterpError, TaskError
 from interp.model import ModelSpec, build_model
-from interp.training import TrainConfig, resume_path, train
 from interp.tasks import get_task
+from interp.training import TrainConfig, resume_path, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +82,7 @@ def test_noisy_majority_analyses_refuse_the_induction_checkpoint_at_once():
         lambda: head_summary(ind.model, ind.task.dataset("train"), ind.task.dataset("test")),  # the other task's data
         lambda: head_summary(ind.model, nm.dataset("train"), nm.dataset("test")),  # this task's data, other model
         lambda: separation_accuracy(ind.model, nm.dataset("train"), nm.dataset("test"), task=nm),
-        lambda: __import__("interp.analyses.noisy_majority.suite", fromlist=["analyze"]).analyze(Checkpoint(ind.model, nm)),
+        lambda: importlib.import_module("interp.analyses.noisy_majority.suite").analyze(Checkpoint(ind.model, nm)),
     ]
     for call in calls:
         with pytest.raises(TaskError) as e:

@@ -28,8 +28,8 @@ PARAMS = dict(
 def sweep(tmp_path_factory):
     """A tiny sweep: d_model 4 with 1 and 2 heads (d_head 2) x two learning rates, seed 0, 2 epochs: 4 runs."""
     from interp.model import ModelSpec
-    from interp.training import TrainConfig
     from interp.tasks import get_task
+    from interp.training import TrainConfig
 
     task = get_task("noisy-majority", **PARAMS)
     spec = ModelSpec(**{**task.default_spec(), "d_model": 4, "n_heads": 2, "d_head": 2})
@@ -354,8 +354,8 @@ def test_two_sweeps_into_one_directory_keep_both(tmp_path, capsys):
     sweep.json holds both plans, --status counts both and --resume retrains a lost run of the first."""
     from interp.model import ModelSpec
     from interp.sweep_directory import read_plans
-    from interp.training import TrainConfig
     from interp.tasks import get_task
+    from interp.training import TrainConfig
 
     task = get_task("noisy-majority", **PARAMS)
     spec = ModelSpec(**{**task.default_spec(), "d_model": 4, "n_heads": 2, "d_head": 2})

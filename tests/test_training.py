@@ -6,8 +6,8 @@ from safetensors.torch import load_file
 
 from interp.errors import CheckpointError, ConfigError, InterpError
 from interp.model import ModelSpec
-from interp.training import TrainConfig, dropout_hooks, resume_path, train
 from interp.tasks import get_task, load_checkpoint
+from interp.training import TrainConfig, dropout_hooks, resume_path, train
 
 
 def test_a_tiny_run_learns_and_generalises_to_longer_inputs(tmp_path, tiny_task, tiny_spec, tiny_cfg):

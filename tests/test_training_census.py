@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from interp.checkpoint import read_metadata
-from interp.training import train
 from interp.tasks import load_checkpoint
+from interp.training import train
 from tests.test_population_snapshots import _snapshots
 
 

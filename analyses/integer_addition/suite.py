@@ -14,8 +14,8 @@ from interp.checkpoint import Checkpoint
 from interp.evaluation import evaluate
 from interp.results import Result, jsonable
 from interp.suite import FunctionSuite
-from interp.visualize import attention_view
 from interp.tasks.integer_addition import make_sums, seq_len
+from interp.visualize import attention_view
 
 from .ablation import DigitAblation, component_ablation
 from .accuracy import CaseAccuracy, LengthAccuracy, accuracy_by_case, accuracy_by_length
