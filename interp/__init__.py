@@ -41,6 +41,7 @@ _WHERE = {
     "TaskData": "interp.task",
     "Vocab": "interp.task",
     "IGNORE": "interp.task",
+    "task_data": "interp.task",
     "supports_query_forward": "interp.query_forward",
     "Suite": "interp.suite",
     "Report": "interp.report_page",

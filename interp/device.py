@@ -34,3 +34,26 @@ def pick_device(requested: str | None = None) -> str:
 def model_device(model: HookedTransformer) -> torch.device:
     """The device the model's parameters live on."""
     return next(model.parameters()).device
+
+
+def check_device(model: HookedTransformer, device: str | torch.device | None) -> torch.device:
+    """The device an analysis of ``model`` runs on: the model's own (``device=None``); a ``device`` that differs
+    from it is a ConfigError naming both (an analysis never moves a user's model)."""
+    import torch
+
+    here = model_device(model)
+    if device is None or device == "auto":
+        return here
+    try:
+        want = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"unknown device {device!r}; expected None (the model's), 'cpu', 'cuda' or 'cuda:N'"
+        ) from None
+    same = want.type == here.type and (want.index is None or want.index == (here.index or 0))
+    if not same:
+        raise ConfigError(
+            f"the model is on {here}, but device={str(device)!r} was asked for; pass device=None (the model's "
+            f"device) or move the model first with model.to({str(device)!r})"
+        )
+    return here

@@ -2,6 +2,7 @@
 
 A head is ``(layer, head)`` with two integers, or a name ``'L0H3'`` / ``'0.3'``. A set of heads is a mask
 ``[n_layers, n_heads]`` (1 = kept); many sets are a mask with a subset axis ``[subset, n_layers, n_heads]``.
+:func:`head_sets` reads every spelling an analysis's ``heads=`` takes.
 """
 
 from __future__ import annotations
@@ -73,3 +74,72 @@ def head_mask(subsets: Sequence[Iterable], n_layers: int, n_heads: int, device=N
         for l, h in parse_heads(list(subset) if not isinstance(subset, str) else [subset], n_layers, n_heads):
             mask[i, l, h] = 1.0
     return mask.to(device) if device is not None else mask
+
+
+def _is_head(spec: object) -> bool:
+    if isinstance(spec, str):
+        return bool(_HEAD_RE.match(spec.strip()) or re.match(r"^\d+\.\d+$", spec.strip()))
+    try:
+        parts = tuple(spec)
+    except TypeError:
+        return False
+    return len(parts) == 2 and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in parts)
+
+
+def head_sets(heads: object, n_layers: int, n_heads: int, *, default: str = "all", device=None):
+    """Every spelling of an analysis's ``heads=`` as a float mask ``[subset, n_layers, n_heads]`` (1 = in the set):
+
+    - ``None``: ``default`` decides: ``"all"`` (one set of every head) or ``"each"`` (each head alone, one set per
+      head);
+    - one head (``"L0H3"``, ``"0.3"``, ``(0, 3)``) or a list of heads (``["L0H1", (1, 0)]``): one set;
+    - a list of sets (``[["L0H1"], ["L0H1", "L0H2"], []]``): one set each (a list whose elements all parse as
+      heads is one set, so ``[(0, 1), (0, 2)]`` is one set of two heads);
+    - a mask ``[n_layers, n_heads]`` (one set) or ``[subset, n_layers, n_heads]`` (0 or 1 values).
+
+    Heads are checked against the model's shape; anything else is a HeadError saying what is expected."""
+    import torch
+
+    if heads is None:
+        if default == "each":
+            sets = [[h] for h in all_heads(n_layers, n_heads)]
+        else:
+            sets = [all_heads(n_layers, n_heads)]
+        return head_mask(sets, n_layers, n_heads, device=device)
+    if isinstance(heads, torch.Tensor):
+        mask = heads.detach().float()
+        if mask.dim() == 2:
+            mask = mask[None]
+        if mask.dim() != 3 or tuple(mask.shape[1:]) != (n_layers, n_heads):
+            raise HeadError(
+                f"a head mask of shape {tuple(heads.shape)} does not fit this model; expected [{n_layers}, "
+                f"{n_heads}] (one set) or [subset, {n_layers}, {n_heads}], 1 = in the set"
+            )
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise HeadError("a head mask holds values other than 0 and 1")
+        return mask.to(device) if device is not None else mask
+    if _is_head(heads):
+        return head_mask([[heads]], n_layers, n_heads, device=device)
+    try:
+        items = list(heads)  # type: ignore[call-overload]
+    except TypeError:
+        raise HeadError(
+            f"cannot read heads={heads!r}; expected a head ('L0H3' or (0, 3)), a list of heads, a list of head "
+            "sets, or a mask [n_layers, n_heads]"
+        ) from None
+    if all(_is_head(x) for x in items):
+        return head_mask([items], n_layers, n_heads, device=device)
+    bad = [x for x in items if isinstance(x, str) or not _iterable(x)]
+    if bad:
+        raise HeadError(
+            f"cannot read {bad[0]!r} in heads=...; expected a head ('L0H3' or (0, 3)) in a list of heads, or a "
+            "list of head sets"
+        )
+    return head_mask([list(x) for x in items], n_layers, n_heads, device=device)
+
+
+def _iterable(x: object) -> bool:
+    try:
+        iter(x)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return True

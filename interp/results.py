@@ -5,6 +5,9 @@ A result is a small dataclass of tensors that subclasses :class:`Result` and pro
 - ``to_dict()``: its numbers as plain JSON types (``interp analyze --json``, ``--out results.json`` and the
   suites use it; nothing builds JSON by hand). :func:`jsonable` turns tensors, numpy values, tuples and
   non-finite floats (NaN and infinities become ``None``) into such types;
+- ``from_dict(d)`` (a classmethod): the result read back from what ``to_dict()`` wrote, so that a saved ``--json``
+  or ``--out`` file is a result again (``from_dict(r.to_dict()).to_dict() == r.to_dict()``);
+- ``text()``: the plain-text summary the command line prints;
 - ``figure()``: a plotly figure where a picture helps (``None`` otherwise);
 - ``table_html()``: an HTML table where rows of numbers help (``None`` otherwise);
 
@@ -42,10 +45,20 @@ def jsonable(x: Any) -> Any:
 
 
 class Result:
-    """Base class of analysis results: ``to_dict``, ``figure``, ``table_html`` and a rich Jupyter display."""
+    """Base class of analysis results: ``to_dict``, ``from_dict``, ``text``, ``figure``, ``table_html`` and a rich
+    Jupyter display."""
 
     def to_dict(self) -> dict:  # pragma: no cover - every result overrides it
         raise TypeError(f"{type(self).__name__} must define to_dict()")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Result:  # pragma: no cover - every result overrides it
+        """The result that ``to_dict()`` wrote ``d`` from."""
+        raise TypeError(f"{cls.__name__} must define from_dict()")
+
+    def text(self) -> str:  # pragma: no cover - every result overrides it
+        """The plain-text summary the command line prints."""
+        raise TypeError(f"{type(self).__name__} must define text()")
 
     def figure(self):
         """A plotly figure of the result, or None when it has no picture."""

@@ -181,3 +181,45 @@ def check_nonempty(data: TaskData, what: str = "the data") -> None:
     """Refuse empty task data with one clear line (instead of an error deep inside torch)."""
     if len(data) == 0:
         raise TaskError(f"{what} holds no examples; expected at least one")
+
+
+def task_data(
+    tokens: Int[Tensor, "batch pos"],
+    answer_pos: Int[Tensor, " n_answer_pos"] | int,
+    labels: Int[Tensor, " n_labels"],
+    *,
+    vocab: Vocab | None = None,
+    targets: Int[Tensor, "batch pos"] | None = None,
+    lengths: Int[Tensor, " batch"] | None = None,
+    name: str = "custom",
+) -> TaskData:
+    """A :class:`TaskData` for a model without a task: token ids, the position whose prediction is the answer (one
+    per example, or one int for all) and the answer token there. ``targets`` default to the answer alone (``IGNORE``
+    elsewhere) and ``lengths`` to the full width. Every analysis that takes ``data`` then runs on it. (Their
+    lengths are checked here, with a TaskError, rather than by the shape annotation.)"""
+    tokens = torch.as_tensor(tokens)
+    if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
+        raise TaskError(f"tokens must be an integer tensor [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}")
+    tokens = tokens.long()
+    b, t = tokens.shape
+    answer_pos = torch.as_tensor(answer_pos, device=tokens.device).long()
+    if answer_pos.dim() == 0:
+        answer_pos = answer_pos.expand(b).clone()
+    labels = torch.as_tensor(labels, device=tokens.device).long()
+    if answer_pos.shape != (b,) or labels.shape != (b,):
+        raise TaskError(
+            f"answer_pos {tuple(answer_pos.shape)} and labels {tuple(labels.shape)} must hold one value per example "
+            f"({b})"
+        )
+    if b and (int(answer_pos.min()) < 0 or int(answer_pos.max()) >= t):
+        raise TaskError(f"answer positions must lie in [0, {t - 1}], got {answer_pos.tolist()[:8]}")
+    if vocab is not None:
+        vocab.check_ids(tokens)
+        if b and (int(labels.min()) < 0 or int(labels.max()) >= (vocab.n_out or len(vocab))):
+            raise TaskError(f"labels must be output token ids in [0, {(vocab.n_out or len(vocab)) - 1}]")
+    if targets is None:
+        targets = torch.full_like(tokens, IGNORE)
+        targets[torch.arange(b, device=tokens.device), answer_pos] = labels
+    if lengths is None:
+        lengths = torch.full((b,), t, dtype=torch.long, device=tokens.device)
+    return TaskData(name, tokens, torch.as_tensor(targets).long(), answer_pos, labels, lengths, {}, vocab)

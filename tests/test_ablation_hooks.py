@@ -65,3 +65,50 @@ def test_a_mask_of_another_shape_is_refused(model):
         ablation_hooks(model, torch.ones(3, 2))
     with pytest.raises(HeadError, match="one mask row per batch row"):
         model.run_with_hooks(torch.zeros(2, 3, dtype=torch.long), fwd_hooks=ablation_hooks(model, torch.zeros(5, 2, 3)))
+
+
+def test_head_sets_reads_every_spelling():
+    from interp.heads import head_sets
+
+    one = torch.zeros(1, 2, 3)
+    one[0, 0, 1] = one[0, 1, 0] = 1
+    for spelling in (["L0H1", "L1H0"], [(0, 1), (1, 0)], ["0.1", (1, 0)], one[0], one):
+        torch.testing.assert_close(head_sets(spelling, 2, 3), one)
+    assert head_sets("L1H2", 2, 3)[0, 1, 2] == 1 and head_sets("L1H2", 2, 3).sum() == 1
+    many = head_sets([["L0H1"], [], ["L0H0", "L1H2"]], 2, 3)
+    assert many.shape == (3, 2, 3) and many.sum((1, 2)).tolist() == [1, 0, 2]
+    assert head_sets(None, 2, 3).sum() == 6 and head_sets(None, 2, 3, default="each").shape == (6, 2, 3)
+    for bad, match in [("L2H0", "out of range"), (["L0H1", "L0H1"], "twice"), (5, "cannot read"), (["x"], "cannot")]:
+        with pytest.raises(HeadError, match=match):
+            head_sets(bad, 2, 3)
+    with pytest.raises(HeadError, match="does not fit"):
+        head_sets(torch.ones(3, 2), 2, 3)
+
+
+def test_check_device_follows_the_model_and_refuses_another(model):
+    from interp.device import check_device
+    from interp.errors import ConfigError
+
+    assert check_device(model, None) == torch.device("cpu") == check_device(model, "cpu")
+    with pytest.raises(ConfigError, match="the model is on cpu"):
+        check_device(model, "cuda")
+    with pytest.raises(ConfigError, match="unknown device"):
+        check_device(model, "tpu:x")
+
+
+def test_task_data_for_a_model_without_a_task(model):
+    from interp.errors import TaskError
+    from interp.evaluation import evaluate
+    from interp.task import IGNORE, task_data
+
+    tokens = torch.randint(0, 7, (4, 8))
+    data = task_data(tokens, 7, tokens[:, 3])
+    assert data.answer_pos.tolist() == [7] * 4 and (data.targets[:, :7] == IGNORE).all()
+    assert (data.targets[:, 7] == tokens[:, 3]).all() and data.lengths.tolist() == [8] * 4
+    logits = model(tokens)
+    assert data.labels.shape == (4,) and logits.shape[:2] == (4, 8)
+    with pytest.raises(TaskError, match="answer positions"):
+        task_data(tokens, 8, tokens[:, 0])
+    with pytest.raises(TaskError, match="one value per example"):
+        task_data(tokens, 1, tokens[:2, 0])
+    del evaluate
