@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _WHERE = {
     # the core (this package)
