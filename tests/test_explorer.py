@@ -133,7 +133,7 @@ def check_view(w, model, task, split, index, off, ablation, batch_size):
     assert (
         view["correct"] == round(w.accuracy * batch_size)
         and view["n"] == batch_size
-        and view["mask"] == (w.mask)
+        and view["ablated"] == (w.ablated)
         and view["split"] == split
     )
 
@@ -145,7 +145,7 @@ def check_view(w, model, task, split, index, off, ablation, batch_size):
 def test_prediction_patterns_and_accuracy_equal_the_toolkit(shaped, ablation):
     model, task, off = shaped
     w = interp.explore(model, task, batch_size=BATCH, ablation=ablation)
-    w.mask = off
+    w.ablated = off
     w.example = ("test", 5)
     check_view(w, model, task, "test", 5, off, ablation, BATCH)
     w.example = ("val", 3)  # another split: the accuracy batch follows it
@@ -157,7 +157,7 @@ def test_each_example_of_the_batch_agrees_with_the_batched_accuracy(shaped):
     """An example's 'correct' under the mask is its row of the batched learned-accuracy logits."""
     model, task, off = shaped
     w = interp.explore(model, task, batch_size=BATCH, ablation="mean")
-    w.mask = off
+    w.ablated = off
     batch = task.dataset("test").select(slice(0, BATCH))
     logits = analyses.subset_answer_logits(model, batch, [kept_of(model, off)], ablation="mean")[0]
     ok = (logits.argmax(-1) == batch.labels).tolist()
@@ -202,7 +202,7 @@ def test_task_metrics_under_the_mask(shaped):
 
     model, task, off = shaped
     w = interp.explore(model, task, batch_size=BATCH)
-    w.mask = off
+    w.ablated = off
     batch = task.dataset("test").select(slice(0, BATCH))
     out = predictions_and_loss(model, batch, fwd_hooks=reference_hooks(model, kept_of(model, off)))
     assert w.metrics == task.metrics(out["preds"], out["loss"], batch)
@@ -236,7 +236,7 @@ def test_every_shipped_checkpoint(name):
     model, task = ckpt.model, ckpt.task
     w = interp.explore(ckpt, batch_size=BATCH)
     off = [interp.head_label(model.cfg.n_layers - 1, 0)]
-    w.mask = off
+    w.ablated = off
     w.example = ("test", 7)
     check_view(w, model, task, "test", 7, off, "zero", BATCH)  # (mean ablation: the 1-head, 64-head and 2-layer tests)
     clean = task.dataset("test").select([7])
@@ -285,7 +285,7 @@ def test_typed_input_is_the_tasks_own_example(name):
     before = w.prediction
     w.tokens = typed
     assert w.tokens == toks and w.example is None and w.controls["source"] == "typed"
-    clean = w._clean
+    clean = w.input_data
     for f in ("tokens", "targets", "answer_pos", "labels", "lengths"):
         assert torch.equal(getattr(clean, f), getattr(ex, f)), f
     torch.testing.assert_close(w.prediction.logits, before.logits, rtol=0, atol=1e-6)
@@ -334,8 +334,8 @@ def test_explore_arguments(nm, small_task):
 
 def test_bad_input_from_the_page_is_one_line_and_changes_nothing(nm):
     w = interp.explore(nm, batch_size=BATCH)
-    w.mask = ["L0H2"]
-    before = (w.tokens, w.mask, w.accuracy, w.example, w.ablation, w.batch_size)
+    w.ablated = ["L0H2"]
+    before = (w.tokens, w.ablated, w.accuracy, w.example, w.ablation, w.batch_size)
     cases = [
         ({"type": "typed", "text": "0 1 x"}, "unknown token 'x'"),
         ({"type": "typed", "text": "0 1 5"}, "digits 0, 1, 2"),
@@ -361,7 +361,7 @@ def test_bad_input_from_the_page_is_one_line_and_changes_nothing(nm):
         err = send(w, **msg)
         assert expect in err, (msg, err)
         assert "\n" not in err and "Traceback" not in err and len(err) <= 300, err
-        assert (w.tokens, w.mask, w.accuracy, w.example, w.ablation, w.batch_size) == before, msg
+        assert (w.tokens, w.ablated, w.accuracy, w.example, w.ablation, w.batch_size) == before, msg
         assert w.corruption is None
     assert w.last_traceback is None
     assert send(w, type="example", split="test", index=1) == ""  # the next good event clears the line
@@ -372,7 +372,7 @@ def test_python_setters_raise_the_toolkits_errors(nm):
     with pytest.raises(TokenError, match="unknown token"):
         w.tokens = "0 1 x"
     with pytest.raises(HeadError):
-        w.mask = ["L0H99"]
+        w.ablated = ["L0H99"]
     with pytest.raises(TaskError):
         w.example = ("nope", 0)
     with pytest.raises(InterpError):
@@ -387,12 +387,12 @@ def test_page_events_drive_the_state(nm):
     model, task = nm.model, nm.task
     w = interp.explore(nm, batch_size=BATCH, seed=5)
     batch = task.dataset("test").select(slice(0, BATCH))
-    assert send(w, type="toggle", head="L0H3") == "" and w.mask == ["L0H3"] == w.controls["mask"]
-    assert send(w, type="toggle", head="L0H3") == "" and w.mask == []
+    assert send(w, type="toggle", head="L0H3") == "" and w.ablated == ["L0H3"] == w.controls["ablated"]
+    assert send(w, type="toggle", head="L0H3") == "" and w.ablated == []
     assert send(w, type="only", head="L0H5") == ""
-    assert w.mask == [interp.head_label(0, h) for h in range(16) if h != 5]
+    assert w.ablated == [interp.head_label(0, h) for h in range(16) if h != 5]
     assert w.accuracy == analyses.learned_accuracy_of(model, batch, ["L0H5"])
-    assert send(w, type="mask", heads=["L0H1", "L0H7"]) == "" and w.mask == ["L0H1", "L0H7"]
+    assert send(w, type="ablated", heads=["L0H1", "L0H7"]) == "" and w.ablated == ["L0H1", "L0H7"]
     assert send(w, type="ablation", value="mean") == "" and w.ablation == "mean"
     assert w.accuracy == analyses.learned_accuracy_of(model, batch, kept_of(model, ["L0H1", "L0H7"]), ablation="mean")
     assert send(w, type="batch_size", value="32") == "" and w.batch_size == 32 and w.accuracy_view["n"] == 32
@@ -411,7 +411,7 @@ def test_page_events_drive_the_state(nm):
     assert send(w, type="compute", what="metrics") == "" and w.accuracy_view["metrics"]["accuracy"] == w.accuracy
     assert send(w, type="export_state") == ""
     state = json.loads(w.export_view["state"])
-    assert state["mask"] == ["L0H1", "L0H7"] and state["input"]["source"] == "typed"
+    assert state["ablated"] == ["L0H1", "L0H7"] and state["input"]["source"] == "typed"
 
 
 def test_head_panel_numbers(nm):
@@ -483,7 +483,7 @@ def test_direct_logit_attribution_of_a_layernorm_model_is_the_frozen_scale_linea
 def test_snippet_reproduces_the_view(nm):
     w = interp.explore("noisy-majority", batch_size=BATCH, device="cpu")
     w.example = ("test", 9)
-    w.mask = ["L0H1", "L0H8"]
+    w.ablated = ["L0H1", "L0H8"]
     w.ablation = "mean"
     w.corruption = "flip"
     w.head = "L0H3"
@@ -496,7 +496,7 @@ def test_snippet_reproduces_the_view(nm):
     w.tokens = "0 0 1 2 1"
     ns = {}
     exec(w.snippet(), ns)
-    assert ns["example"].tokens.tolist() == w._clean.tokens.tolist()
+    assert ns["example"].tokens.tolist() == w.input_data.tokens.tolist()
 
 
 def test_snippet_of_a_helper_pair_and_a_model_without_checkpoint():
@@ -513,13 +513,13 @@ def test_snippet_of_a_helper_pair_and_a_model_without_checkpoint():
 
 def test_state_is_a_result_with_plain_json(nm):
     w = interp.explore(nm, batch_size=BATCH)
-    w.mask = ["L0H4"]
+    w.ablated = ["L0H4"]
     w.head = "L0H4"
     w.corruption = "resample"
     state = w.state()
     assert isinstance(state, interp.Result)
     d = json.loads(state.to_json())
-    assert d["mask"] == ["L0H4"] and d["accuracy"]["accuracy"] == w.accuracy and d["head"]["head"] == "L0H4"
+    assert d["ablated"] == ["L0H4"] and d["accuracy"]["accuracy"] == w.accuracy and d["head"]["head"] == "L0H4"
     assert d["patching"]["corruption"] == "resample" and len(d["prediction"]["rows"]) == 2
     assert "L0H4" in state._repr_html_()
     assert isinstance(w.prediction, interp.Result) and "correct" in repr(w.prediction)
@@ -529,7 +529,7 @@ def test_display_bundle_carries_a_static_snapshot(nm):
     """A saved notebook shows the text/html snapshot where no kernel runs: the input, the prediction, the mask, the
     accuracy and every head's pattern as a PNG."""
     w = interp.explore(nm, batch_size=BATCH)
-    w.mask = ["L0H3"]
+    w.ablated = ["L0H3"]
     data, _ = w._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in data and "text/plain" in data
     html = data["text/html"]
