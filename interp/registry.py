@@ -176,8 +176,6 @@ def register_task(
 
     A task registered here is seen by this process only: for the command line in another process, or Ray workers,
     register it by an entry point (``docs/own-task.md``)."""
-    import inspect
-
     if isinstance(task_or_plugin, TaskPlugin):
         changes = {k: v for k, v in (("name", name), ("suite", suite), ("checkpoints", checkpoints)) if v is not None}
         plugin = _replace(task_or_plugin, changes)
@@ -194,9 +192,7 @@ def register_task(
                     "register_task(..., name='my-task')"
                 )
         plugin = TaskPlugin(name=name, make=task_or_plugin, suite=suite, checkpoints=checkpoints)
-    frame = inspect.currentframe()
-    caller = frame.f_back.f_globals.get("__name__", "?") if frame is not None and frame.f_back is not None else "?"
-    where = f"interp.register_task in {caller}"
+    where = f"interp.register_task in {_caller()}"
     old = _registered.get(plugin.name)
     if old is not None:
         taken, taken_where = old
@@ -212,6 +208,19 @@ def register_task(
     _registered[plugin.name] = (plugin, where)
     _suites.pop(plugin.name, None)
     return plugin
+
+
+def _caller() -> str:
+    """The module that called :func:`register_task` (past this module and runtime type checkers' wrappers)."""
+    import inspect
+
+    frame = inspect.currentframe()
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "?")
+        if not name.startswith((__name__, "jaxtyping", "beartype", "typeguard")):
+            return name
+        frame = frame.f_back
+    return "?"
 
 
 def _replace(plugin: TaskPlugin, changes: dict[str, Any]) -> TaskPlugin:

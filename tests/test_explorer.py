@@ -539,3 +539,116 @@ def test_display_bundle_carries_a_static_snapshot(nm):
     raw = base64.b64decode(pngs[0].split("'")[0])
     assert raw[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<script" not in html  # nothing to run: GitHub's viewer and nbconvert show it as it is
+
+
+# -- the head mask, a task of the user's own, grouped-query attention ----------------------------------------------
+
+
+def test_mask_is_one_for_kept_heads_and_ablated_lists_the_heads_off(nm):
+    """The toolkit's one meaning of a head mask: ``w.mask`` is ``[layer, head]`` with 1 = kept; the heads switched
+    off, as a list, are ``w.ablated``."""
+    model, task = nm.model, nm.task
+    w = interp.explore(nm, batch_size=BATCH)
+    w.ablated = ["L0H1", "L0H7"]
+    assert w.mask.shape == (1, 16) and w.mask.sum() == 14 and w.mask[0, 1] == 0 and w.mask[0, 7] == 0
+    keep = torch.ones(1, 16)
+    keep[0, 3] = 0
+    w.mask = keep
+    assert w.ablated == ["L0H3"] and torch.equal(w.mask, keep)
+    batch = task.dataset("test").select(slice(0, BATCH))
+    assert w.accuracy == analyses.learned_accuracy(model, batch, [kept_of(model, ["L0H3"])]).accuracy[0]
+    with pytest.raises(HeadError, match="use ablated="):
+        w.mask = ["L0H1"]  # a list of heads to switch off is not a mask
+    with pytest.raises(HeadError, match=r"\[1, 16\] tensor of 1 \(kept\) and 0 \(ablated\)"):
+        w.mask = torch.ones(2, 16)
+    assert w.ablated == ["L0H3"]
+
+
+@pytest.fixture
+def own_task():
+    """The example task of docs/own-task.md registered with no suite (the generic suite serves it), small; a model
+    of its default shape, randomly initialised."""
+    import sys
+    from pathlib import Path
+
+    from interp import registry
+
+    folder = str(Path(__file__).resolve().parents[1] / "examples" / "own_task")
+    sys.path.insert(0, folder)
+    try:
+        from parens_task import BalancedParens
+    finally:
+        sys.path.remove(folder)
+    interp.register_task(BalancedParens)
+    task = interp.get_task("balanced-parens", train_size=128, val_size=32, test_size=96, max_len=8)
+    torch.manual_seed(0)
+    model = interp.build_model(interp.ModelSpec(**task.default_spec()), device="cpu")
+    yield model, task
+    registry.unregister_task("balanced-parens")
+    sys.modules.pop("parens_task", None)
+
+
+def test_a_task_without_a_suite_of_its_own(own_task):
+    """The generic suite: typed tokens read as typed with the answer the last one, the corruptions every task has,
+    head scores on repeated random tokens; and the snippet reproduces the view."""
+    model, task = own_task
+    w = interp.explore(model, task, batch_size=BATCH)
+    assert w.info["corruptions"] == ["resample", "typed"] and w.info["typed"]
+    w.tokens = "( ( ) ) = yes"  # [BOS] is put first
+    ex = w.input_data
+    assert w.tokens == ["[BOS]", "(", "(", ")", ")", "=", "yes"] and int(ex.answer_pos[0]) == 5
+    assert int(ex.labels[0]) == task.vocab.index["yes"] and ex.targets[0].tolist().count(interp.IGNORE) == 6
+    assert w.prediction.answer["target"] == "yes"
+    with pytest.raises(TokenError, match="input-only"):
+        w.tokens = "( ) [PAD]"
+    w.example = ("test", 1)
+    w.corruption = "resample"
+    clean, corrupted = task.dataset("test").select([1]), task.dataset("test").select([w.patch_view["resampled"]])
+    ref = analyses.activation_patching(model, clean, corrupted, metric="logit_diff", where="z", per="head")
+    assert torch.equal(w.patching.values, ref.values)
+    w.head = "L1H2"
+    assert "random output tokens" in w.head_panel["scores_on"]
+    ns = {"model": model}
+    exec(w.snippet(), ns)
+    assert float(ns["acc"].accuracy[0]) == w.accuracy and torch.equal(ns["patching"].values, w.patching.values)
+
+
+GQA_XFAIL = pytest.mark.xfail(
+    reason="path_patching on grouped-query attention is fixed in interp.analyses.patching (the dialect work)",
+    strict=False,
+)
+
+
+@GQA_XFAIL
+def test_grouped_query_attention_with_a_sender(small_task):
+    """A HookedTransformer with grouped-query attention (2 key/value heads for 4 query heads) paired with a task:
+    the view, the patching and the path patching from a sender equal the toolkit's own calls."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2,
+        d_model=16,
+        n_heads=4,
+        d_head=4,
+        n_key_value_heads=2,
+        n_ctx=small_task.n_ctx,
+        d_vocab=len(small_task.vocab),
+        d_vocab_out=small_task.vocab.n_out,
+        attn_only=True,
+        seed=0,
+        device="cpu",
+    )
+    model = HookedTransformer(cfg)
+    w = interp.explore(model, small_task, batch_size=BATCH)
+    w.ablated = ["L0H2"]
+    w.example = ("test", 2)
+    check_view(w, model, small_task, "test", 2, ["L0H2"], "zero", BATCH)
+    w.corruption = "flip"
+    w.sender = "L0H1"
+    assert w.status["error"] == "" and w.patch_view["error"] == ""
+    clean = small_task.dataset("test").select([2])
+    corrupted = analyses.flip_answer(clean, seed=0)
+    path = analyses.path_patching(model, clean, corrupted, metric="logit_diff", senders=["L0H1"])
+    torch.testing.assert_close(w.path_patching.values, path.values, rtol=0, atol=0, equal_nan=True)
+    w.head = "L1H3"
+    assert w.head_panel["head"] == "L1H3" and len(w.head_view["circuits"]) >= 2
