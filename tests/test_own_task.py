@@ -172,6 +172,5 @@ def test_ray_workers_find_the_task_by_its_entry_point(workdir):
         b: [json.loads(x) for x in (workdir / f"sweep-{b}" / "results.jsonl").read_text().splitlines()]
         for b in ("local", "ray")
     }
-    assert len(rows["ray"]) == 2
-    key = "test_accuracy"
-    assert [r[key] for r in rows["ray"]] == [r[key] for r in rows["local"]]
+    assert len(rows["ray"]) == 2 and {r["task"] for r in rows["ray"]} == {"balanced-parens"}
+    assert [r["accuracy"] for r in rows["ray"]] == [r["accuracy"] for r in rows["local"]]
