@@ -519,13 +519,16 @@ def cmd_list(args) -> int:
     print(f"tasks (registered by an entry point in the group '{GROUP}' of an installed package, or in Python):")
     for name in names:
         print(f"  {name:<{width}}{task_source(name)}")
-    checkpoints = checkpoint_names()
+    broken: list[str] = []
+    checkpoints = checkpoint_names(broken=broken)
     print("checkpoints (by name; interp eval/analyze/report/explore take a name or a path):")
     for name, path in checkpoints.items():
         print(f"  {name:<24} {path}")
-    aliases = checkpoint_aliases()
+    aliases = checkpoint_aliases(broken=[])
     if aliases:
         print("old names still accepted: " + ", ".join(f"{a} -> {b}" for a, b in aliases.items()))
+    for message in broken:
+        print(f"broken: {message}")
     return 0
 
 

@@ -30,7 +30,7 @@ from interp.configs import STRATEGIES, check_snapshot_every
 from interp.errors import ConfigError
 from interp.model import ModelSpec
 from interp.population import VARYING_CONFIG, check_population, train_population
-from interp.registry import GROUP, entry_point_only, get_task
+from interp.registry import GROUP, entry_point_only, get_task, task_plugin
 from interp.sweep_directory import (
     PLAN,
     RUNS,
@@ -318,6 +318,12 @@ def check_ray_task(task: Task) -> None:
             f"task {task.name!r} is registered in this Python process only (interp.register_task, or not at all), so a "
             f"Ray worker cannot build it: register it by an entry point in the group '{GROUP}' of an installed "
             "package (docs/own-task.md), or use backend='local'"
+        )
+    make = task_plugin(task.name).make
+    if isinstance(make, type) and type(task) is not make:
+        raise ConfigError(
+            f"the task is a {type(task).__qualname__}, but a Ray worker would build task {task.name!r} from its entry "
+            f"point as a {make.__qualname__}: register your class under its own name"
         )
 
 

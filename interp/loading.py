@@ -25,15 +25,17 @@ def _folder_files(folder: Path) -> dict[str, Path]:
     return {p.name.removesuffix(".safetensors"): p for p in files}
 
 
-def checkpoint_names(aliases: bool = False) -> dict[str, Path]:
+def checkpoint_names(aliases: bool = False, *, broken: list[str] | None = None) -> dict[str, Path]:
     """Every named checkpoint of the registered tasks -> its file (with ``aliases``: old names too). A name found
-    in two tasks' folders as different files is a CheckpointError naming both."""
+    in two tasks' folders as different files is a CheckpointError naming both. A task plugin that cannot be loaded
+    is the registry's TaskError, or, given a list ``broken``, left out with its error appended there (so one broken
+    package does not hide every other checkpoint)."""
     from .registry import plugins
 
     out: dict[str, Path] = {}
     old: dict[str, str] = {}
     seen: set[Path] = set()
-    for plugin in plugins():
+    for plugin in plugins(broken=broken):
         old.update(plugin.aliases)
         if plugin.checkpoints is None or not plugin.checkpoints.is_dir():
             continue
@@ -50,11 +52,12 @@ def checkpoint_names(aliases: bool = False) -> dict[str, Path]:
     return out
 
 
-def checkpoint_aliases() -> dict[str, str]:
-    """Old checkpoint names still accepted -> their names today, from every registered task."""
+def checkpoint_aliases(*, broken: list[str] | None = None) -> dict[str, str]:
+    """Old checkpoint names still accepted -> their names today, from every registered task (``broken``: as for
+    :func:`checkpoint_names`)."""
     from .registry import plugins
 
-    return {a: b for plugin in plugins() for a, b in plugin.aliases.items()}
+    return {a: b for plugin in plugins(broken=broken) for a, b in plugin.aliases.items()}
 
 
 def checkpoint_file(path_or_name) -> Path:
@@ -63,14 +66,17 @@ def checkpoint_file(path_or_name) -> Path:
     p = Path(path_or_name)
     if p.is_file():
         return p
-    named = checkpoint_names(aliases=True)
+    broken: list[str] = []
+    named = checkpoint_names(aliases=True, broken=broken)
     if str(path_or_name) in named:
         return named[str(path_or_name)]
     if p.exists():
         raise CheckpointError(f"checkpoint {p} is not a regular file")
     names = ", ".join(named) or "none"
+    unsearched = f"; not searched: {'; '.join(broken)}" if broken else ""
     raise CheckpointError(
-        f"no checkpoint file {str(path_or_name)!r}, and no registered checkpoint of that name (registered: {names})"
+        f"no checkpoint file {str(path_or_name)!r}, and no registered checkpoint of that name (registered: "
+        f"{names}){unsearched}"
     )
 
 

@@ -339,6 +339,15 @@ def suite_of(task_or_name: Task | str) -> Suite | None:
     return suite
 
 
-def plugins() -> list[TaskPlugin]:
-    """Every registered task's plugin, by name (each entry point is imported)."""
-    return [task_plugin(name) for name in task_names()]
+def plugins(*, broken: list[str] | None = None) -> list[TaskPlugin]:
+    """Every registered task's plugin, by name (each entry point is imported). A plugin that cannot be loaded is a
+    TaskError, or, given a list ``broken``, its one-line error is appended there and the others are returned."""
+    out = []
+    for name in task_names():
+        try:
+            out.append(task_plugin(name))
+        except TaskError as e:
+            if broken is None:
+                raise
+            broken.append(str(e))
+    return out

@@ -115,7 +115,7 @@ def check_python(ns: dict, workdir: Path) -> None:
     assert w.tokens == ["[BOS]", "(", "(", ")", "(", ")", ")", "=", "yes"] and w.prediction.answer["target"] == "yes"
     assert w.corrupted_tokens[1:7] == list("))()((") and w.info["corruptions"] == ["nested", "resample", "typed"]
     assert w.ablated == ["L1H0"] and torch.equal(w.mask[1], torch.tensor([0.0, 1, 1, 1]))
-    assert "generic suite" in ns["summary"].text() and (workdir / "parens.html").stat().st_size > 10_000
+    assert "generic suite" in ns["summary"].text() and "Heads alone" in (workdir / "parens.html").read_text()
     # the suite's analysis is the toolkit's own: each head alone, as the page computed it
     assert ns["summary"].learned_alone == ns["alone"].accuracy.tolist()
 

@@ -153,6 +153,21 @@ def test_a_broken_entry_point_is_one_error_naming_its_distribution(installed):
     with pytest.raises(TaskError, match=r"'vocab-task = parens_task:VOCAB' of interp-parens .* loads to a Vocab"):
         interp.get_task("vocab-task")
     assert interp.get_task("balanced-parens").name == "balanced-parens"  # the others still work
+    from interp.loading import checkpoint_file
+
+    assert checkpoint_file("noisy-majority").name == "noisy-majority.safetensors"  # names of the others still work
+    with pytest.raises(CheckpointError, match=r"not searched: the entry point 'broken-task = no_such_module_here"):
+        checkpoint_file("no-such-checkpoint")
+
+
+def test_interp_list_names_every_task_and_where_it_comes_from(installed, capsys):
+    from interp.app.cli import main
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "balanced-parens" in out and "entry point parens_task:PLUGIN of interp-parens 0.1.0" in out
+    assert "noisy-majority" in out and "entry point interp.tasks.noisy_majority:PLUGIN of interp-toolkit" in out
+    assert "broken: the entry point 'broken-task = no_such_module_here:PLUGIN' of interp-parens 0.1.0" in out
 
 
 def test_suites_come_from_the_registration_or_are_generic(parens):
@@ -208,3 +223,13 @@ def test_a_sweep_refuses_to_send_a_task_registered_here_to_ray(parens, tmp_path)
     with pytest.raises(ConfigError, match=r"register it by an entry point in the group 'interp\.tasks'"):
         run_sweep(task, spec, cfg, [0], {}, tmp_path / "sweep", backend="ray", progress=False)
     assert not (tmp_path / "sweep").exists()  # refused before anything was written
+    from interp.tasks.noisy_majority import NoisyMajority
+
+    class Mine(NoisyMajority):  # named as a shipped task, but not what its entry point builds
+        pass
+
+    mine = Mine(train_size=8, val_size=8, test_size=8)
+    spec = interp.ModelSpec(**mine.default_spec())
+    with pytest.raises(ConfigError, match=r"a Ray worker would build task 'noisy-majority' .* as a NoisyMajority"):
+        run_sweep(mine, spec, cfg, [0], {}, tmp_path / "sweep", backend="ray", progress=False)
+    assert not (tmp_path / "sweep").exists()

@@ -202,7 +202,16 @@ def _population_results(ck):
 
 @pytest.fixture(scope="module")
 def results(nm, rt):
-    return {**_nm_results(nm), **_rt_results(rt), **_ma_results(), **_ia_results(), **_population_results(nm)}
+    from interp.analyses.generic_suite import analyze as generic_analyze
+
+    return {
+        **_nm_results(nm),
+        **_rt_results(rt),
+        **_ma_results(),
+        **_ia_results(),
+        **_population_results(nm),
+        "TaskSummary": generic_analyze(nm),  # the generic suite's, as for a task that registered no suite
+    }
 
 
 def test_every_result_type_is_covered(results):
