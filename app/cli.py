@@ -10,10 +10,11 @@ import argparse
 import json
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from interp.errors import ConfigError, InterpError, TaskError
+from interp.errors import CheckpointWarning, ConfigError, InterpError, TaskError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -722,6 +723,19 @@ COMMANDS = {
 }
 
 
+def _one_line_warnings(show):
+    """``warnings.showwarning`` that prints the toolkit's own warnings as one line, ``interp: warning: ...``, and
+    hands the others to ``show``."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CheckpointWarning):
+            print(f"interp: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -738,7 +752,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     try:
-        return int(handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", CheckpointWarning)
+            warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            return int(handler(args) or 0)
     except InterpError as e:
         print(f"interp: error: {e}", file=sys.stderr)
         return 1

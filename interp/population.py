@@ -660,7 +660,7 @@ class _Population:
         model = self.models[k]
         model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in self.names}})
         training = snapshot_training(self.cfgs[k], self.epoch, self.records[k].history[-1])
-        save_checkpoint(path, model, self.specs[k], self.task, training)
+        save_checkpoint(model, self.task, path, training=training, spec=self.specs[k])
 
     def _halve(self, k: int, acc: float, train_data, val_data) -> None:
         """Score model ``k``'s current weights in a HookedTransformer, as its solo run does, and mask half of its
@@ -852,7 +852,7 @@ def _train_population(
                 "resumed_at_epoch": resumed_at,
             },
         )
-        save_checkpoint(out, model, spec, task, prov)
+        save_checkpoint(model, task, out, training=prov, spec=spec)
         results.append(prov)
     if resume_file is not None:
         Path(resume_file).unlink(missing_ok=True)

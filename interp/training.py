@@ -383,11 +383,11 @@ def _train(
                 record.history[-1].update(history_extras(model, state.epoch))
         if snapshot_dir is not None and state.epoch % snapshot_every == 0:
             save_checkpoint(
-                snapshot_dir / snapshot_name(state.epoch),
                 model,
-                spec,
                 task,
-                snapshot_training(cfg, state.epoch, record.history[-1]),
+                snapshot_dir / snapshot_name(state.epoch),
+                training=snapshot_training(cfg, state.epoch, record.history[-1]),
+                spec=spec,
             )
         if halving is not None:
             record.note_halving(
@@ -418,7 +418,7 @@ def _train(
         else evaluate_splits(model, task)
     )
     provenance = record.provenance(cfg, metrics, device, time.time() - started)
-    save_checkpoint(out, model, spec, task, provenance)
+    save_checkpoint(model, task, out, training=provenance, spec=spec)
     rpath.unlink(missing_ok=True)
     return provenance
 

@@ -254,7 +254,7 @@ def _save_load(tmp_path, spec, task):
     from interp.tasks import get_task
 
     m = _randomised(build_model(spec, device="cpu"), std=0.3)
-    path = save_checkpoint(tmp_path / "m.safetensors", m, spec, task)
+    path = save_checkpoint(m, task, tmp_path / "m.safetensors", spec=spec)
     return m, path, read_checkpoint(path, get_task, device="cpu")
 
 
