@@ -390,11 +390,19 @@ def _resumed_run(args):
 
 
 def cmd_train(args) -> int:
+    """Train one model, in the deterministic mode (with ``--threads`` as its thread count, recorded in the
+    checkpoint)."""
+    from interp.determinism import deterministic
+
+    with deterministic(threads=args.threads):
+        return _train_one(args)
+
+
+def _train_one(args) -> int:
     from interp.analyses import suite_for
     from interp.analyses.halving import scorer
     from interp.training import snapshot_directory, train
 
-    _set_threads(args)
     if args.resume:
         task, spec, cfg = _resumed_run(args)
         out = Path(args.out)

@@ -37,7 +37,6 @@ resolves the names of the checkpoints that ship with the project.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from collections.abc import Callable
@@ -45,10 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from .errors import CheckpointError, CheckpointWarning, InterpError
 from .files import AtomicFile
+from .integrity import metadata_checksum, tensor_checksum, verify_tensors
 from .model import ModelSpec
 from .task import Task
 
@@ -79,23 +77,6 @@ class Checkpoint:
     @property
     def name(self) -> str:
         return str(self.path) if self.path is not None else f"a {self.task.name} model"
-
-
-def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
-    """``sha256:<hex>`` over every tensor in name order: its name, dtype, shape and raw bytes."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return "sha256:" + h.hexdigest()
-
-
-def metadata_checksum(name: str, value: Any, checksum: str) -> str:
-    """``sha256:<hex>`` of metadata field ``name``: its canonical JSON (sorted keys, no spaces) and the tensor
-    ``checksum`` of the same file (so metadata moved onto other weights fails too)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(f"{name}|{text}|{checksum}".encode()).hexdigest()
 
 
 def save_checkpoint(
@@ -281,49 +262,6 @@ def _check_version_1(path: Path, raw: dict[str, str], meta: dict[str, Any]) -> N
         )
 
 
-def verify_tensors(
-    path,
-    tensors: dict[str, torch.Tensor],
-    spec: ModelSpec | None,
-    checksum: str | None,
-    parameters,
-    why: str = "the file is corrupt or was edited",
-) -> None:
-    """One clear CheckpointError, naming the tensor, for corrupted weights: a checksum that does not match,
-    non-finite values in a parameter (buffers such as TransformerLens' ``IGNORE = -inf`` are not weights), or a
-    parameter the spec fixes (where there is one) that holds another value (``why`` ends that message)."""
-    from .model import frozen_values
-
-    if checksum is not None and tensor_checksum(tensors) != checksum:
-        bad = [k for k in parameters if k in tensors and not bool(torch.isfinite(tensors[k]).all())]
-        hint = f" (non-finite values in {bad[0]})" if bad else ""
-        raise CheckpointError(
-            f"{path}: the weights do not match the checksum in the metadata{hint}: the file is corrupt"
-        )
-    for name in parameters:
-        t = tensors.get(name)
-        if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise CheckpointError(f"{path}: tensor {name} holds NaN or infinite values")
-    if spec is None:
-        return
-    for name, value in frozen_values(spec, {k: tuple(v.shape) for k, v in tensors.items()}).items():
-        if name in tensors and not torch.equal(tensors[name].float(), value):
-            raise CheckpointError(
-                f"{path}: tensor {name} is fixed by the model spec ({_what_fixed(name)}) but holds other values: {why}"
-            )
-    from .attention import verify_tensors as verify_attention
-
-    verify_attention(path, tensors, spec, why)  # Q/K/V zeros and low-rank products
-
-
-def _what_fixed(name: str) -> str:
-    if name.endswith("W_pos"):
-        return "zero: no positional embedding"
-    if name.endswith("W_O"):
-        return "the identity: no output matrix"
-    return "zero: no bias"
-
-
 MakeTask = Callable[..., Task]  # make_task(name, **params) -> the task a checkpoint names
 
 
@@ -344,7 +282,7 @@ def read_checkpoint(
 
     from .device import pick_device
     from .model import extend_context
-    from .rebuild import config_to_json, rebuild
+    from .rebuild import config_to_json, normalised, rebuild
 
     path = _existing_file(path)
     meta = read_metadata(path)
@@ -377,7 +315,7 @@ def read_checkpoint(
     except InterpError as e:
         raise CheckpointError(f"{path}: {e}") from None
     if meta["format_version"] >= 2:
-        stored = meta["tl_config"]
+        stored = normalised(meta["tl_config"])
         built = config_to_json(model.cfg)
         diff = sorted(k for k in stored if built.get(k, "<absent>") != stored[k])
         if diff:

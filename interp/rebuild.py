@@ -1,13 +1,14 @@
 """What a checkpoint file rebuilds a model from, and the check that it rebuilds *this* model.
 
 A checkpoint stores TransformerLens' whole configuration (every field of ``HookedTransformerConfig`` but the
-placement, ``device`` and ``n_devices``), JSON-encoded by :func:`config_to_json` (``dtype`` as its name, e.g.
-``"float32"``; numpy scalars as plain numbers), so every architecture TransformerLens builds (grouped-query attention,
-gated MLPs, parallel attention and MLP, rotary / shortformer / ALiBi positions, soft-capped scores and logits, every
-normalisation, ``attn_only``, ``d_vocab_out != d_vocab``, ...) is rebuilt by :func:`build_from_config` with
-``HookedTransformer(HookedTransformerConfig(**config))``. A model of the toolkit's own :class:`interp.model.ModelSpec`
-(attention variants, hook-based positional schemes, frozen parameters) is rebuilt by :func:`interp.model.build_model`
-from its spec instead, which must give the same configuration.
+placement, ``device`` and ``n_devices``), JSON-encoded by :func:`config_to_json` (numpy scalars as plain numbers;
+``dtype`` by name, ``"float64"``, and left out where it is TransformerLens' default ``float32``, so the stored config
+of a float32 model is ``HookedTransformerConfig(**config)`` as it stands). So every architecture TransformerLens
+builds (grouped-query attention, gated MLPs, parallel attention and MLP, rotary / shortformer / ALiBi positions,
+soft-capped scores and logits, every normalisation, ``attn_only``, ``d_vocab_out != d_vocab``, ...) is rebuilt by
+:func:`build_from_config` with ``HookedTransformer(HookedTransformerConfig(**config))``. A model of the toolkit's own
+:class:`interp.model.ModelSpec` (attention variants, hook-based positional schemes, frozen parameters) is rebuilt by
+:func:`interp.model.build_model` from its spec instead, which must give the same configuration.
 
 :func:`check_rebuilds` is run before a file is written: it rebuilds the model the file would describe, loads the
 model's weights into it and refuses (one :class:`interp.errors.CheckpointError` naming what differs) a model that the
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 
 # HookedTransformerConfig fields that say where a model lives, not what it computes: not stored, chosen at load
 PLACEMENT = ("device", "n_devices")
+# TransformerLens' default dtype, left out of a stored config (the only value a JSON config cannot pass to
+# HookedTransformerConfig as it stands)
+DEFAULT_DTYPE = "float32"
 # tokens of the forward that compares a model with its rebuilt copy: this many sequences of up to this many tokens
 CHECK_BATCH, CHECK_LENGTH = 2, 32
 
@@ -67,8 +71,16 @@ def _plain(name: str, value: Any) -> Any:
 
 
 def config_to_json(cfg: HookedTransformerConfig) -> dict[str, Any]:
-    """Every field of ``cfg`` but :data:`PLACEMENT`, as JSON types (``dtype`` by name)."""
-    return {f.name: _plain(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in PLACEMENT}
+    """Every field of ``cfg`` but :data:`PLACEMENT`, as JSON types; ``dtype`` by name where it is not TransformerLens'
+    default ``float32`` (so a float32 model's config is ``HookedTransformerConfig(**config)`` as it stands)."""
+    return normalised(
+        {f.name: _plain(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in PLACEMENT}
+    )
+
+
+def normalised(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored config as :func:`config_to_json` writes it: without the default ``dtype`` (``"float32"``)."""
+    return {k: v for k, v in config.items() if not (k == "dtype" and v == DEFAULT_DTYPE)}
 
 
 def config_from_json(config: dict[str, Any], device: str) -> HookedTransformerConfig:
@@ -246,7 +258,7 @@ def check_rebuilds(model: HookedTransformer, spec: ModelSpec | None, config: dic
                 "them first (model.reset_hooks(including_permanent=True) removes TransformerLens hooks)"
                 + ("; a model built by interp.build_model needs its spec: pass spec=" if spec is None else "")
             )
-    from .checkpoint import verify_tensors
+    from .integrity import verify_tensors
 
     verify_tensors(
         "cannot save this model",

@@ -272,7 +272,6 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 path, tokens_path, out = sys.argv[1:4]
 with safe_open(path, "pt") as f:
     cfg = json.loads(f.metadata()["tl_config"])
-cfg["dtype"] = getattr(torch, cfg["dtype"])  # JSON holds the dtype's name
 model = HookedTransformer(HookedTransformerConfig(**cfg, device="cpu"))
 model.load_state_dict(load_file(path))
 tokens = torch.tensor(json.load(open(tokens_path)))

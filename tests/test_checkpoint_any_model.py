@@ -2,8 +2,12 @@
 bit-equal logits on the CPU, the toolkit's own ModelSpec models keep their spec, and a model the file would not
 rebuild is refused when saving (nothing is written), never discovered when loading."""
 
+import json
+
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from interp.checkpoint import save_checkpoint
@@ -51,6 +55,15 @@ def round_trip(model, task, path, spec=None):
     }
     assert all(torch.equal(v, sd[k]) for k, v in ckpt.model.state_dict().items())
     assert config_to_json(ckpt.model.cfg) == config_to_json(model.cfg)
+    if spec is None:  # plain TransformerLens rebuilds it from the file alone
+        with safe_open(str(path), "pt") as f:
+            cfg = json.loads(f.metadata()["tl_config"])
+        if "dtype" in cfg:  # stored by name where it is not float32
+            cfg["dtype"] = getattr(torch, cfg["dtype"])
+        plain = HookedTransformer(HookedTransformerConfig(**cfg, device="cpu"))
+        plain.load_state_dict(load_file(str(path)))
+        with torch.no_grad():
+            assert torch.equal(plain(t), ours)
     return ckpt
 
 
