@@ -95,7 +95,14 @@ def save_checkpoint(
     configuration cannot say, attention variants and hook-based positions). A model that what the file holds would
     not rebuild exactly is refused before anything is written (a CheckpointError naming the difference: a hook
     attached, a module or parameter the configuration does not create, a config value that is not JSON, a parameter
-    the spec fixes that holds another value, other logits). ``training`` is the provenance recorded with it."""
+    the spec fixes that holds another value, other logits), and so is a model whose vocabulary sizes do not fit the
+    task's. ``training`` is the provenance recorded with it."""
+    from .task import check_model_task
+
+    try:
+        check_model_task(model, task)
+    except InterpError as e:
+        raise CheckpointError(f"cannot save this model with its task: {e}") from None
     return _write(Path(path), model, spec, {"name": task.name, "params": task.params()}, training or {})
 
 

@@ -26,8 +26,8 @@ def user_model(task, **kw) -> HookedTransformer:
     """A HookedTransformer a user might bring, with every parameter moved off its initial value (biases included),
     so that a weight the file lost or a part the config does not rebuild shows in the logits."""
     cfg = dict(
-        n_layers=2, d_model=16, n_heads=4, d_head=4, d_mlp=24, d_vocab=len(task.vocab), n_ctx=24, act_fn="relu",
-        seed=3, device="cpu",
+        n_layers=2, d_model=16, n_heads=4, d_head=4, d_mlp=24, d_vocab=len(task.vocab), d_vocab_out=task.vocab.n_out,
+        n_ctx=24, act_fn="relu", seed=3, device="cpu",
     )  # fmt: skip
     model = HookedTransformer(HookedTransformerConfig(**{**cfg, **kw}))
     gen = torch.Generator().manual_seed(1)
@@ -35,6 +35,13 @@ def user_model(task, **kw) -> HookedTransformer:
         for p in model.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     return model
+
+
+def user_model_of(cfg, **kw) -> HookedTransformer:
+    """A model like the one of config ``cfg``, with ``kw`` changed."""
+    from interp.rebuild import config_to_json
+
+    return HookedTransformer(HookedTransformerConfig(**{**config_to_json(cfg), "device": "cpu", **kw}))
 
 
 def tokens_for(model, n: int = 5) -> torch.Tensor:
@@ -67,6 +74,7 @@ def round_trip(model, task, path, spec=None):
     return ckpt
 
 
+# (every case has d_vocab_out != d_vocab: the task's 8 outputs of its 9 tokens)
 ARCHITECTURES = {
     "grouped-query attention": dict(n_key_value_heads=2),
     "gated MLP": dict(gated_mlp=True, act_fn="silu"),
@@ -81,7 +89,6 @@ ARCHITECTURES = {
     "RMSPre": dict(normalization_type="RMSPre"),
     "no normalisation": dict(normalization_type=None),
     "attention only": dict(attn_only=True, normalization_type=None),
-    "d_vocab_out < d_vocab": dict(d_vocab_out=5),
     "no attention scale": dict(use_attn_scale=False),
     "attention scale 1.7": dict(attn_scale=1.7),
     "gelu_new": dict(act_fn="gelu_new"),
@@ -99,7 +106,6 @@ ARCHITECTURES = {
         output_logits_soft_cap=3.0,
         attn_scores_soft_cap=2.0,
         normalization_type="RMS",
-        d_vocab_out=6,
     ),
 }
 
@@ -244,6 +250,10 @@ def _with_nan(model):
     return model
 
 
+def _of_another_task(model):
+    return user_model_of(model.cfg, d_vocab_out=model.cfg.d_vocab)
+
+
 REFUSED = {
     "a TransformerLens hook": (_with_hook, r"blocks\.0\.attn\.hook_z has forward_hooks hook\(s\) attached"),
     "a permanent hook": (_with_perma_hook, r"blocks\.1\.hook_resid_pre has forward_hooks hook"),
@@ -254,6 +264,7 @@ REFUSED = {
     "a function in the config": (_with_callable_config, r"config field 'init_mode' holds function"),
     "an attribute the config does not describe": (_with_attribute_outside_config, r"gives other logits"),
     "a NaN weight": (_with_nan, r"tensor unembed\.W_U holds NaN"),
+    "a model of another task": (_of_another_task, r"with its task: the model \(d_vocab 9, d_vocab_out 9\) does not"),
 }
 
 
@@ -264,7 +275,7 @@ def test_what_the_file_would_not_rebuild_is_refused_when_saving(tmp_path, task, 
     model = change(user_model(task))
     with pytest.raises(CheckpointError, match=expected) as e:
         save_checkpoint(model, task, tmp_path / "m.safetensors")
-    assert str(e.value).startswith("cannot save this model: ") and "\n" not in str(e.value)
+    assert str(e.value).startswith("cannot save this model") and "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -290,3 +301,13 @@ def test_saving_changes_neither_the_model_nor_the_random_generators(tmp_path, ta
     got = draw()
     assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
     assert all(m.training for m in model.modules())
+
+
+def test_the_report_of_a_model_saved_without_a_spec_shows_its_config(tmp_path, task):
+    from interp.app.report import write_report
+
+    model = user_model(task, n_layers=1, attn_only=True, normalization_type=None, n_key_value_heads=2, n_ctx=task.n_ctx)
+    save_checkpoint(model, task, tmp_path / "gqa.safetensors")
+    page = write_report(tmp_path / "gqa.safetensors", tmp_path / "gqa.html", device="cpu", progress=False)
+    text = page.read_text()
+    assert "TransformerLens config: the architecture fields" in text and "n_key_value_heads" in text
