@@ -109,6 +109,8 @@ def save_checkpoint(
 def _write(
     path: Path, model: HookedTransformer, spec: ModelSpec | None, task: dict[str, Any], training: dict[str, Any]
 ) -> Path:
+    """Check that the file rebuilds ``model`` (:func:`interp.rebuild.check_rebuilds`), then write it with the task's
+    metadata ``task`` (name and parameters) and ``training``, atomically."""
     from safetensors.torch import save_file
 
     from .attention import sync

@@ -116,17 +116,13 @@ def _rewrite(src, dst, tensors=None, resign=False, **meta_changes):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from interp.checkpoint import COVERED, metadata_checksum, tensor_checksum
+    from .checkpoint_files import resigned
 
     with safe_open(str(src), "pt") as f:
         meta = dict(f.metadata())
     meta.update(meta_changes)
     tensors = tensors if tensors is not None else load_file(str(src))
-    if resign:
-        meta["checksum"] = tensor_checksum(tensors)
-        parsed = {k: json.loads(meta[k]) for k in COVERED}
-        meta["metadata_checksums"] = json.dumps({k: metadata_checksum(k, parsed[k], meta["checksum"]) for k in COVERED})
-    save_file(tensors, str(dst), metadata=meta)
+    save_file(tensors, str(dst), metadata=resigned(meta, tensors) if resign else meta)
 
 
 def test_metadata_that_does_not_match_the_weights(tmp_path, saved):
@@ -236,7 +232,7 @@ def test_version_1_files_still_load_with_a_warning(tmp_path, saved, checksum, tl
     weights, with a CheckpointWarning naming the file: their metadata is not covered."""
     from interp.errors import CheckpointWarning
 
-    from .checkpoint_v1 import write_version_1
+    from .checkpoint_files import write_version_1
 
     model, _, spec = saved
     old = write_version_1(

@@ -20,7 +20,7 @@ from interp.errors import CheckpointError, CheckpointWarning
 from interp.model import ModelSpec, build_model
 from interp.tasks import get_task, load_checkpoint, read_metadata, shipped_checkpoints
 
-from .checkpoint_v1 import write_version_1
+from .checkpoint_files import write_version_1
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # The tensor checksums the shipped checkpoints' version-1 files recorded (before they were re-saved as version 2)

@@ -1,11 +1,21 @@
-"""The version-1 checkpoint writer (interp 0.2.0 and before: the checksum covers the tensors only), kept so the tests
-can check that every file it wrote still loads."""
+"""Checkpoint files as the tests need them: the version-1 writer (interp 0.2.0 and before: the checksum covers the
+tensors only), kept so the tests can check that every file it wrote still loads, and re-signed edits (every checksum
+recomputed: a consistent, edited file, to reach the checks behind the checksums)."""
 
 import json
 
 from safetensors.torch import save_file
 
-from interp.checkpoint import tensor_checksum
+from interp.checkpoint import COVERED, metadata_checksum, tensor_checksum
+
+
+def resigned(metadata: dict[str, str], tensors) -> dict[str, str]:
+    """``metadata`` of a version-2 file with its checksums recomputed for ``tensors`` and its (edited) fields."""
+    out = dict(metadata)
+    out["checksum"] = tensor_checksum(tensors)
+    parsed = {k: json.loads(out[k]) for k in COVERED}
+    out["metadata_checksums"] = json.dumps({k: metadata_checksum(k, parsed[k], out["checksum"]) for k in COVERED})
+    return out
 
 
 def write_version_1(path, model, spec, task, training=None, *, checksum=True, tl_config=True):
