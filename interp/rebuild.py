@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 # HookedTransformerConfig fields that say where a model lives, not what it computes: not stored, chosen at load
 PLACEMENT = ("device", "n_devices")
+# attributes of a HookedTransformer that are not part of what it computes from tokens, nor of the file
+NOT_SAVED = ("tokenizer",)
 # TransformerLens' default dtype, left out of a stored config (the only value a JSON config cannot pass to
 # HookedTransformerConfig as it stands)
 DEFAULT_DTYPE = "float32"
@@ -185,11 +187,14 @@ def _hooks(module: torch.nn.Module) -> dict[str, int]:
 
 def _overrides(module: torch.nn.Module) -> dict[str, str]:
     """Callables set on the instance (a method replaced, e.g. ``attn.calculate_attention_scores``), by name -> their
-    type's name."""
+    type's name; the tokenizer, which maps strings to tokens and is not part of the file, aside."""
     return {
         k: type(v).__name__
         for k, v in vars(module).items()
-        if callable(v) and not isinstance(v, (torch.nn.Module, torch.Tensor, type)) and not k.startswith("__")
+        if callable(v)
+        and not isinstance(v, (torch.nn.Module, torch.Tensor, type))
+        and not k.startswith("__")
+        and k not in NOT_SAVED
     }
 
 

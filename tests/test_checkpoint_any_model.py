@@ -67,6 +67,7 @@ def round_trip(model, task, path, spec=None):
             cfg = json.loads(f.metadata()["tl_config"])
         if "dtype" in cfg:  # stored by name where it is not float32
             cfg["dtype"] = getattr(torch, cfg["dtype"])
+        cfg["tokenizer_name"] = None  # (a named tokenizer would be fetched)
         plain = HookedTransformer(HookedTransformerConfig(**cfg, device="cpu"))
         plain.load_state_dict(load_file(str(path)))
         with torch.no_grad():
@@ -311,3 +312,18 @@ def test_the_report_of_a_model_saved_without_a_spec_shows_its_config(tmp_path, t
     page = write_report(tmp_path / "gqa.safetensors", tmp_path / "gqa.html", device="cpu", progress=False)
     text = page.read_text()
     assert "TransformerLens config: the architecture fields" in text and "n_key_value_heads" in text
+
+
+def test_a_model_with_a_tokenizer_is_saved_without_it(tmp_path, task):
+    """The tokenizer maps strings to tokens, not tokens to logits: it is not saved (nothing is downloaded when
+    loading); its name stays in the config."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(WordLevel({t: i for i, t in enumerate(task.vocab.tokens)}, unk_token=task.vocab.tokens[0]))
+    model = user_model(task)
+    model.tokenizer = PreTrainedTokenizerFast(tokenizer_object=words)  # (set_tokenizer would fetch a BOS variant)
+    model.cfg.tokenizer_name = "my-words"
+    ckpt = round_trip(model, task, tmp_path / "t.safetensors")
+    assert ckpt.model.tokenizer is None and ckpt.model.cfg.tokenizer_name == "my-words"
