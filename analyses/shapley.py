@@ -14,8 +14,10 @@ transform m of v (v(S) = sum_{T in S} m(T)), computed in place in O(n 2^n) by th
 phi_i = sum_{T containing i} m(T) / |T|, beta_i = sum_{T containing i} m(T) / 2^(|T|-1),
 I_ij = sum_{T containing i, j} m(T) / (|T| - 1). Efficiency holds by construction: sum_i phi_i = v(N) - v(empty).
 
-:func:`sampled_shapley` estimates phi by permutation sampling (each permutation adds the heads one by one; a head's
-sample is its marginal contribution where it enters) with a standard error per head, for many heads or a costly v.
+:func:`shapley_values` is the one entry: the exact values of a model's heads, or (``method="sampled"``, and by default
+beyond 16 heads) an estimate by permutation sampling (each permutation adds the heads one by one; a head's sample is
+its marginal contribution where it enters) with a standard error per head, for many heads or a costly v.
+:meth:`analyses.coalitions.CoalitionValues.shapley` transforms values already computed.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from torch import Tensor
 
 from interp.errors import InterpError
 from interp.heads import Head, head_label
-from interp.results import Result, jsonable
+from interp.results import Result, floats, head_of, jsonable
 
 from .coalitions import HIGHER_IS_BETTER, CoalitionValues, bits_of, coalition_evaluator
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
+
+    from interp.task import Task
 
 
 def moebius(values: Float[Tensor, " coalition"]) -> Float[Tensor, " coalition"]:
@@ -145,6 +149,29 @@ class ShapleyResult(Result):
             out["samples"] = self.samples
         return jsonable(out)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> ShapleyResult:
+        rows = d["heads"]
+        known = ("value", "exact", "v_all", "v_empty", "heads", "interactions", "samples")
+
+        def column(key):
+            return floats([r[key] for r in rows]) if rows and key in rows[0] else None
+
+        inter = d["interactions"]
+        return cls(
+            [head_of(r["head"]) for r in rows],
+            column("shapley"),
+            column("banzhaf"),
+            None if inter is None else floats(inter["matrix"]),
+            d["value"],
+            d["v_all"],
+            d["v_empty"],
+            exact=d["exact"],
+            stderr=column("stderr"),
+            samples=d.get("samples"),
+            info={k: v for k, v in d.items() if k not in known},
+        )
+
     @property
     def higher_is_better(self) -> bool | None:
         """Whether more of the value is better (None for a value of the caller's own)."""
@@ -154,6 +181,8 @@ class ShapleyResult(Result):
         """A table: head, Shapley (± standard error), Banzhaf, most helpful first; then the pairs that help most
         together (synergy) and those that overlap most (redundancy), read in the value's direction."""
         kind = "exact" if self.exact else f"sampled, {self.samples} permutations"
+        if "method_note" in self.info:
+            kind += f"; {self.info['method_note']}"
         better = self.higher_is_better
         direction = {
             True: "higher is better",
@@ -245,50 +274,98 @@ class ShapleyResult(Result):
         return fig
 
 
-def shapley(
-    values: CoalitionValues | Tensor, heads: list[Head] | None = None, value: str | None = None
-) -> ShapleyResult:
-    """Exact Shapley and Banzhaf values and pairwise interactions from v of all 2**n coalitions: a
-    :class:`CoalitionValues`, or a bitmask-indexed vector (then ``heads`` names the players, default L0H0...)."""
-    if isinstance(values, CoalitionValues):
-        v, heads, value = values.values, values.heads, values.value
-        info = {"ablation": values.ablation, "n_examples": values.n_examples, **values.info}
-    else:
-        v = torch.as_tensor(values, dtype=torch.float64)
-        n = _n_of(v)
-        heads = heads if heads is not None else [(0, i) for i in range(n)]
-        info = {}
-    v = v.double().cpu()
+def shapley_of_values(values: CoalitionValues) -> ShapleyResult:
+    """Exact Shapley and Banzhaf values and pairwise interactions from v of all 2**n coalitions (what
+    :meth:`CoalitionValues.shapley` returns)."""
+    v = values.values.double().cpu()
     phi, banzhaf, inter = shapley_transform(v)
-    if len(heads) != len(phi):
-        raise InterpError(f"{len(heads)} heads were named for v over {len(phi)} players")
-    return ShapleyResult(list(heads), phi, banzhaf, inter, value or "v", float(v[-1]), float(v[0]), info=info)
+    if len(values.heads) != len(phi):
+        raise InterpError(f"{len(values.heads)} heads were named for v over {len(phi)} players")
+    info = {"ablation": values.ablation, "n_examples": values.n_examples, **values.info, "method": "exact"}
+    return ShapleyResult(list(values.heads), phi, banzhaf, inter, values.value, float(v[-1]), float(v[0]), info=info)
 
 
-exact_shapley = shapley  # the name analyses/__init__ exports (analyses.shapley is this module)
+METHODS = ("auto", "exact", "sampled")
+EXACT_UP_TO = 16  # heads: method="auto" computes exact values up to this many (2**16 coalitions), samples beyond
 
 
-def shapley_of(model: HookedTransformer, data, **kw) -> ShapleyResult:
-    """``shapley(coalition_values(model, data, **kw))``: exact values in one call."""
-    from .coalitions import coalition_values
-
-    return shapley(coalition_values(model, data, **kw))
-
-
-def sampled_shapley(
-    model: HookedTransformer, data, *, samples: int = 200, seed: int = 0, antithetic: bool = True, **kw
+def shapley_values(
+    model: HookedTransformer,
+    data,
+    *,
+    heads: object = None,
+    value="learned-accuracy",
+    method: str = "auto",
+    samples: int = 200,
+    seed: int = 0,
+    antithetic: bool = True,
+    train=None,
+    task: Task | None = None,
+    ablation: str = "zero",
+    reference=None,
+    solver: str = "torch",
+    C: float = 1000.0,
+    batch_size: int | None = None,
+    device: str | None = None,
+    progress: bool = False,
 ) -> ShapleyResult:
-    """Shapley values estimated from ``samples`` random permutations of the heads (keyword arguments as
-    :func:`analyses.coalitions.coalition_values`): each permutation adds the heads one by one, and a head's sample
-    is v(before + head) - v(before). ``antithetic``: permutations come in reversed pairs (a pair's mean is one
-    sample of the standard error), which lowers the variance. The estimate is unbiased; the standard error per
-    head is the sample standard deviation over ``sqrt(samples)``. All prefixes are evaluated as one batch."""
+    """The Shapley value of each head of ``heads`` (one set; default every head) for the coalition value ``value``
+    on ``data`` (:func:`analyses.coalitions.coalition_values` describes ``value``, ``train``, ``ablation``,
+    ``reference``, ``solver``, ``C`` and ``batch_size``).
+
+    ``method``: ``"exact"`` (v of all 2**n coalitions and the Moebius transform: Shapley and Banzhaf values and
+    pairwise interactions; at most 24 heads), ``"sampled"`` (``samples`` random permutations, ``antithetic`` pairs,
+    ``seed``: an unbiased estimate with a standard error per head, any number of heads) or ``"auto"`` (exact up to
+    16 heads, sampled beyond; the result says which it took and why in ``info["method_note"]`` and its text)."""
+    if method not in METHODS:
+        raise InterpError(f"unknown method {method!r}; expected one of {METHODS}")
+    kw = dict(
+        value=value,
+        heads=heads,
+        ablation=ablation,
+        train=train,
+        task=task,
+        solver=solver,
+        reference=reference,
+        C=C,
+        batch_size=batch_size,
+        device=device,
+    )
+    if method in ("sampled", "auto"):
+        _check_samples(samples)
+    ev = coalition_evaluator(model, data, **kw)
+    n = len(ev.heads)
+    note = None
+    if method == "auto":
+        method = "exact" if n <= EXACT_UP_TO else "sampled"
+        note = (
+            f"auto: exact over all 2**{n} coalitions ({n} heads <= {EXACT_UP_TO})"
+            if method == "exact"
+            else f"auto: sampled from {samples} permutations ({n} heads > {EXACT_UP_TO}: exact values take 2**{n} "
+            "coalitions)"
+        )
+    if method == "exact":
+        result = shapley_of_values(ev.all(progress))
+    else:
+        result = _sampled(ev, samples, seed, antithetic, progress)
+    if note is not None:
+        result.info["method_note"] = note
+    return result
+
+
+def _check_samples(samples: object) -> None:
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 2:
         raise InterpError(
             f"samples must be an integer >= 2 (a standard error needs at least two permutations), got {samples!r}"
         )
-    progress = kw.pop("progress", False)
-    ev = coalition_evaluator(model, data, **kw)
+
+
+def _sampled(ev, samples: int, seed: int, antithetic: bool, progress: bool) -> ShapleyResult:
+    """Shapley values estimated from ``samples`` random permutations of the heads: each permutation adds the heads
+    one by one, and a head's sample is v(before + head) - v(before). ``antithetic``: permutations come in reversed
+    pairs (a pair's mean is one sample of the standard error), which lowers the variance. The estimate is unbiased;
+    the standard error per head is the sample standard deviation over ``sqrt(samples)``. All prefixes are evaluated
+    as one batch."""
     n = len(ev.heads)
     g = torch.Generator().manual_seed(seed)
     if antithetic:
@@ -321,5 +398,11 @@ def sampled_shapley(
         exact=False,
         stderr=se,
         samples=samples,
-        info={"ablation": ev.ablation, "n_examples": ev.n_examples, "coalitions_evaluated": len(uniq), **ev.info},
+        info={
+            "ablation": ev.ablation,
+            "n_examples": ev.n_examples,
+            "coalitions_evaluated": len(uniq),
+            **ev.info,
+            "method": "sampled",
+        },
     )
