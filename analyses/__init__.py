@@ -54,8 +54,9 @@ _NAMES = {
         "logit_decomposition",
     ],
     "interp.analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
-    # the module analyses.shapley holds the one entry shapley_values (no exported name equals a module's name)
-    "interp.analyses.shapley": ["ShapleyResult", "shapley_values", "shapley_transform", "moebius"],
+    # analyses.shapley holds the one entry, analyses.shapley_result the math and the result
+    "interp.analyses.shapley": ["shapley_values"],
+    "interp.analyses.shapley_result": ["ShapleyResult", "shapley_transform", "moebius"],
     "interp.analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "interp.analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "interp.analyses.spectrum": ["AttentionSpectrum", "attention_spectrum"],

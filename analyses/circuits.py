@@ -554,7 +554,7 @@ class LogitDecomposition(Result):
 
 
 def logit_decomposition(
-    model: HookedTransformer, data: TaskData | Int[Tensor, "batch pos"], *, device: str | None = None
+    model: HookedTransformer, data: TaskData | Tensor, *, device: str | None = None
 ) -> LogitDecomposition:
     """Split an attention-only, LayerNorm-free model's logits into direct path + per-head terms, on task data
     (contributions then read at its answer positions) or on a token tensor.

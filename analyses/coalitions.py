@@ -45,12 +45,13 @@ from interp.device import check_device
 from interp.errors import HeadError, InterpError
 from interp.evaluation import check_batch_size, check_finite_logits
 from interp.heads import Head, all_heads, head_label, one_set, parse_head
-from interp.query_forward import has_soft_cap, resolve_method, soft_capped
+from interp.query_forward import has_soft_cap, resolve_method, soft_capped, supports_query_forward
 from interp.results import Result, floats, head_of, jsonable
 from interp.task import TaskData
 
 from .answer_cache import AnswerCache, as_cache, check_inputs
 from .learned_accuracies import ABLATIONS, _mean_z, cached_subset_logits, hooked_subset_logits
+from .shapley_result import HIGHER_IS_BETTER, bits_of, shapley_of_values
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -58,18 +59,12 @@ if TYPE_CHECKING:
     from interp.task import Task
 
 VALUES = ("learned-accuracy", "answer-loss", "logit-diff", "separation")
-HIGHER_IS_BETTER = {"learned-accuracy": True, "answer-loss": False, "logit-diff": True, "separation": True}
 RENAMED = {"loss": "answer-loss"}  # old value names, refused with the new one
 SOLVERS = ("torch", "sklearn")
 MAX_PLAYERS = 24  # 2**24 coalition values are 128 MiB in float64; beyond that, sample (sampled_shapley)
 ESTIMATE_ABOVE = 4096  # coalitions: beyond this, all() with progress says how long it will take first
 MAX_BITMASK = 62  # coalitions as int64 bitmasks (exact values, the batched SVC); sampling takes any number
 CALLABLE_CHUNK = 4096  # coalitions per call of a value callable
-
-
-def bits_of(index: Int[Tensor, " coalition"], n: int) -> Tensor:
-    """``[coalition, n]`` 0/1 matrix: bit ``i`` of each coalition index (``heads[i]`` kept)."""
-    return (index[:, None] >> torch.arange(n, device=index.device)) & 1
 
 
 @dataclass
@@ -166,9 +161,7 @@ class CoalitionValues(Result):
 
     def shapley(self):
         """Exact Shapley and Banzhaf values and pairwise interactions of the heads from these values
-        (:class:`analyses.shapley.ShapleyResult`; the Moebius transform, no model run)."""
-        from .shapley import shapley_of_values
-
+        (:class:`analyses.shapley_result.ShapleyResult`; the Moebius transform, no model run)."""
         return shapley_of_values(self)
 
     def figure(self):
@@ -388,7 +381,9 @@ def coalition_evaluator(
         raise InterpError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
     device = check_inputs(model, data, task=task, device=device, batch_size=batch_size)
     cache = data if isinstance(data, AnswerCache) else None
-    method = resolve_method(model, "fast" if cache is not None and method == "auto" else method)
+    if cache is not None and method == "auto":  # a cache serves the fast path; a deep model runs the cache's data
+        method = "fast" if supports_query_forward(model) or cache.data is None else "hooks"
+    method = resolve_method(model, method)
     if method == "hooks" and cache is not None:
         if cache.data is None:
             raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")

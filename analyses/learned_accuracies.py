@@ -33,7 +33,7 @@ from interp.device import model_device
 from interp.errors import HeadError, InterpError
 from interp.evaluation import DEFAULT_BUDGET, check_finite_logits, map_chunks
 from interp.heads import Head, all_heads, head_label, head_mask, parse_head, parse_head_sets
-from interp.query_forward import resolve_method, soft_capped
+from interp.query_forward import resolve_method, soft_capped, supports_query_forward
 from interp.results import Result, floats, head_of, jsonable
 from interp.task import TaskData
 
@@ -234,7 +234,9 @@ def _subset_logits(
     if ablation not in ABLATIONS:
         raise InterpError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
     cache = data if isinstance(data, AnswerCache) else None
-    method = resolve_method(model, "fast" if cache is not None and method == "auto" else method)
+    if cache is not None and method == "auto":  # a cache serves the fast path; a deep model runs the cache's data
+        method = "fast" if supports_query_forward(model) or cache.data is None else "hooks"
+    method = resolve_method(model, method)
     if method == "hooks" and cache is not None:
         if cache.data is None:
             raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")

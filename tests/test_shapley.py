@@ -438,7 +438,7 @@ def test_namespace_exports_do_not_shadow_modules():
     assert analyses.shapley_values is fn and analyses.coalition_values is not None
     importlib.import_module("interp.analyses.shapley")
     assert analyses.shapley_values is fn
-    for name in ("shapley", "coalitions", "batched_svc"):
+    for name in ("shapley", "shapley_result", "coalitions", "batched_svc"):
         assert name not in analyses.__all__
 
 

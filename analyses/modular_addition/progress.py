@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.device import check_device
 from interp.errors import InterpError
 from interp.results import Result, jsonable
 
@@ -59,8 +60,9 @@ def _accuracy(logits, labels) -> float:
     return (logits.argmax(-1) == labels.to(logits.device)).double().mean().item()
 
 
-def sum_squared_weights(model: HookedTransformer) -> float:
+def sum_squared_weights(model: HookedTransformer, *, device: str | None = None) -> float:
     """Sum of squared trained parameters (frozen ones, such as zeroed biases, left out)."""
+    check_device(model, device)
     return float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad))
 
 
