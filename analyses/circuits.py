@@ -81,7 +81,7 @@ class Circuit(Result):
 
         fm = FactoredMatrix(self.matrix.A[i], self.matrix.B[i])
         return Circuit(
-            f"{self.name.split(' of ')[0]} of {key}" if " of " in self.name else f"{self.name} {key}",
+            f"{self.name.split(' of ')[0]}{' ' if '->' in key else ' of '}{key}",
             fm,
             self.row_labels,
             self.col_labels,
