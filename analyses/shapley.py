@@ -144,6 +144,5 @@ def _sampled(ev, samples: int, seed: int, antithetic: bool, progress: bool) -> S
             "n_examples": ev.n_examples,
             "coalitions_evaluated": len(uniq),
             **ev.info,
-            "method": "sampled",
         },
     )

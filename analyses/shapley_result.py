@@ -280,5 +280,5 @@ def shapley_of_values(values) -> ShapleyResult:
     phi, banzhaf, inter = shapley_transform(v)
     if len(values.heads) != len(phi):
         raise InterpError(f"{len(values.heads)} heads were named for v over {len(phi)} players")
-    info = {"ablation": values.ablation, "n_examples": values.n_examples, **values.info, "method": "exact"}
+    info = {"ablation": values.ablation, "n_examples": values.n_examples, **values.info}
     return ShapleyResult(list(values.heads), phi, banzhaf, inter, values.value, float(v[-1]), float(v[0]), info=info)
