@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 VALUES = ("learned-accuracy", "answer-loss", "logit-diff", "separation")
 RENAMED = {"loss": "answer-loss"}  # old value names, refused with the new one
 SOLVERS = ("torch", "sklearn")
-MAX_PLAYERS = 24  # 2**24 coalition values are 128 MiB in float64; beyond that, sample (sampled_shapley)
+MAX_PLAYERS = 24  # 2**24 coalition values are 128 MiB in float64; beyond that, sample (shapley_values, "sampled")
 ESTIMATE_ABOVE = 4096  # coalitions: beyond this, all() with progress says how long it will take first
 MAX_BITMASK = 62  # coalitions as int64 bitmasks (exact values, the batched SVC); sampling takes any number
 CALLABLE_CHUNK = 4096  # coalitions per call of a value callable

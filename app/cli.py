@@ -10,10 +10,11 @@ import argparse
 import json
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from interp.errors import ConfigError, InterpError, TaskError
+from interp.errors import CheckpointWarning, ConfigError, InterpError, TaskError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -389,11 +390,19 @@ def _resumed_run(args):
 
 
 def cmd_train(args) -> int:
+    """Train one model, in the deterministic mode (with ``--threads`` as its thread count, recorded in the
+    checkpoint)."""
+    from interp.determinism import deterministic
+
+    with deterministic(threads=args.threads):
+        return _train_one(args)
+
+
+def _train_one(args) -> int:
     from interp.analyses import suite_for
     from interp.analyses.halving import scorer
     from interp.training import snapshot_directory, train
 
-    _set_threads(args)
     if args.resume:
         task, spec, cfg = _resumed_run(args)
         out = Path(args.out)
@@ -722,6 +731,19 @@ COMMANDS = {
 }
 
 
+def _one_line_warnings(show):
+    """``warnings.showwarning`` that prints the toolkit's own warnings as one line, ``interp: warning: ...``, and
+    hands the others to ``show``."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CheckpointWarning):
+            print(f"interp: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -738,7 +760,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     try:
-        return int(handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", CheckpointWarning)
+            warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            return int(handler(args) or 0)
     except InterpError as e:
         print(f"interp: error: {e}", file=sys.stderr)
         return 1

@@ -66,6 +66,40 @@ def build_report(ckpt, progress: bool = True) -> Report:
     return report
 
 
+# the HookedTransformerConfig fields a model card shows for a model without a ModelSpec
+ARCHITECTURE = (
+    "original_architecture",
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "d_head",
+    "n_key_value_heads",
+    "d_mlp",
+    "d_vocab",
+    "d_vocab_out",
+    "n_ctx",
+    "attn_only",
+    "parallel_attn_mlp",
+    "gated_mlp",
+    "act_fn",
+    "normalization_type",
+    "final_rms",
+    "positional_embedding_type",
+    "rotary_dim",
+    "use_local_attn",
+    "window_size",
+    "attn_scores_soft_cap",
+    "output_logits_soft_cap",
+    "dtype",
+)
+
+
+def _config_of(model) -> dict[str, Any]:
+    from interp.rebuild import config_to_json
+
+    return config_to_json(model.cfg)
+
+
 def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
     """Task, model spec, training provenance, and accuracy on every split (evaluated now)."""
     from interp.evaluation import evaluate_splits
@@ -95,14 +129,18 @@ def add_model_card(ckpt, report: Report, progress: bool = False) -> None:
         formats={k: ".4f" for k in rows[0] if k != "split"} if rows else None,
         caption=f"Metrics per split, evaluated in {secs:.1f} s on {next(ckpt.model.parameters()).device}",
     )
-    spec = meta.get("model_spec", {})
+    spec = meta.get("model_spec") or (ckpt.spec.to_dict() if ckpt.spec is not None else {})
+    caption = "Model spec (interp.model.ModelSpec -> HookedTransformer)"
+    if not spec:  # a model saved from its TransformerLens config alone: the fields that say its shape
+        spec = {k: v for k, v in (meta.get("tl_config") or _config_of(ckpt.model)).items() if k in ARCHITECTURE}
+        caption = "Model (its TransformerLens config: the architecture fields)"
     n_params = sum(p.numel() for p in ckpt.model.parameters())
     n_trainable = sum(p.numel() for p in ckpt.model.parameters() if p.requires_grad)
     spec_table = render_table(
         [{"field": k, "value": _short(v)} for k, v in spec.items()]
         + [{"field": "parameters (trainable)", "value": f"{n_params} ({n_trainable})"}]
         + _attention_counts(ckpt),
-        caption="Model spec (interp.model.ModelSpec -> HookedTransformer)",
+        caption=caption,
     )
     training = meta.get("training", {})
     prov = {k: v for k, v in training.items() if k not in ("history", "metrics", "accuracy", "config")}

@@ -149,11 +149,14 @@ def train_group(
     """Train one group of runs: as one population where they can be batched, else one at a time (halving runs get
     ``scorer_for(strategy)`` as their head scorer). What a sweep runs locally, or as one Ray task. ``snapshot_every``:
     each run's snapshots beside its checkpoint (``runs/NAME.snapshots/``), as ``interp train --snapshots`` writes
-    them."""
-    import torch
+    them. Runs in :func:`interp.determinism.deterministic` with ``threads`` as the thread count (restored after)."""
+    from interp.determinism import deterministic
 
-    if threads:
-        torch.set_num_threads(threads)
+    with deterministic(threads=threads):
+        return _train_group(task, specs, cfgs, paths, device, scorer_for, progress, compile, snapshot_every)
+
+
+def _train_group(task, specs, cfgs, paths, device, scorer_for, progress, compile, snapshot_every):
     try:
         check_population(specs, cfgs)
         batchable = True

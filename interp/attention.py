@@ -469,10 +469,12 @@ def parameter_counts(model: HookedTransformer, spec: ModelSpec | None = None) ->
     return out
 
 
-def verify_tensors(path, tensors: dict[str, Tensor], spec: ModelSpec) -> None:
+def verify_tensors(
+    path, tensors: dict[str, Tensor], spec: ModelSpec, why: str = "the file is corrupt or was edited"
+) -> None:
     """One CheckpointError, naming the tensor, where a checkpoint's weights break its attention variant: an entry
     that ``diagonal``/``sparse`` fixes at zero that is not zero, or a ``W_Q``/``W_K``/``W_V`` that is not the product
-    of its low-rank factors."""
+    of its low-rank factors (``why`` ends the message: what that means where the check runs)."""
     qkv = parse_qkv(spec.qkv)
     if qkv.kind == "full":
         return
@@ -490,8 +492,7 @@ def verify_tensors(path, tensors: dict[str, Tensor], spec: ModelSpec) -> None:
                     W.float(), _factor_product(a.float(), b.float(), spec.n_heads), atol=1e-6, rtol=1e-4
                 ):
                     raise CheckpointError(
-                        f"{path}: tensor {name} is not the product of its low-rank factors (qkv={spec.qkv!r}): the "
-                        "file is corrupt or was edited"
+                        f"{path}: tensor {name} is not the product of its low-rank factors (qkv={spec.qkv!r}): {why}"
                     )
             else:
                 free = free_entries(
@@ -499,6 +500,5 @@ def verify_tensors(path, tensors: dict[str, Tensor], spec: ModelSpec) -> None:
                 )
                 if bool((W[~free] != 0).any()):
                     raise CheckpointError(
-                        f"{path}: tensor {name} has non-zero entries where qkv={spec.qkv!r} fixes zeros: the file is "
-                        "corrupt or was edited"
+                        f"{path}: tensor {name} has non-zero entries where qkv={spec.qkv!r} fixes zeros: {why}"
                     )

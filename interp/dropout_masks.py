@@ -18,15 +18,13 @@ with no generator state to carry.
 
 from __future__ import annotations
 
-import functools
-import inspect
-import shutil
 from collections.abc import Sequence
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .compiled import compiled_or_plain
 from .errors import ConfigError
 
 SITES = {"embedding": 1, "attention": 2, "pattern": 3}
@@ -70,17 +68,10 @@ def _keep_mask(h: Tensor, threshold: int, scale: float) -> Tensor:
     return (mix32(h & M32) >> 8 >= threshold).to(torch.float32) * scale
 
 
-@functools.cache
-def _compiled_keep_mask():
-    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        return inspect.unwrap(_keep_mask)
-    return torch.compile(inspect.unwrap(_keep_mask), dynamic=True)
-
-
 def _mask(h: Int[Tensor, "*shape"], p: float) -> Float[Tensor, "*shape"]:
     threshold, scale = round(p * (1 << 24)), 1.0 / (1.0 - p)
     if h.device.type == "cpu":
-        return _compiled_keep_mask()(h, threshold, scale)
+        return compiled_or_plain(_keep_mask, dynamic=True)(h, threshold, scale)
     return _keep_mask(h, threshold, scale)
 
 

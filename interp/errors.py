@@ -26,3 +26,8 @@ class HeadError(InterpError):
 
 class ConfigError(InterpError):
     """Invalid model or training configuration values."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint that loads but whose file cannot vouch for all of itself (a version-1 file, whose checksum covers
+    the weights only)."""

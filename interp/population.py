@@ -29,7 +29,6 @@ noise, which Adam scales to full steps; the population and the solo run then dri
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -45,20 +44,23 @@ from tqdm.auto import tqdm
 
 from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
 from .checkpoint import save_checkpoint
+from .compiled import compiled_step
 from .configs import SELF_SCORED, check_snapshot_every
+from .determinism import deterministic
 from .device import pick_device
 from .dropout_masks import position_mask, row_keys, run_keys
-from .errors import CheckpointError, ConfigError
+from .errors import ConfigError
 from .evaluation import target_positions
-from .files import AtomicFile, atomic_write
+from .files import AtomicFile
 from .halving import HEAD_PARAMS, Halving, Scorer
 from .initialisation import initialise
 from .model import ModelSpec, build_model
 from .objectives import eval_pads, lm_targets
-from .population_paths import _position_losses, compiled, forward_of, position_losses, prefix_step
+from .population_paths import _position_losses, forward_of, position_losses, prefix_step
 from .position_forward import NO_NORM, NORMS, Norm, build_layout, stacked_position_logits
 from .prefix_counts import prefix_count_losses, prefix_rows
 from .query_forward import supports_query_forward
+from .resume_file import check_identity, read_resume_file, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .training import TrainConfig, snapshot_directory, snapshot_name, snapshot_training
@@ -291,18 +293,6 @@ def _count_losses(
     return inspect.unwrap(_mean_losses)(logits, targets)
 
 
-def _compiled(fn):
-    """``torch.compile(fn)`` for fixed shapes, or one clear error where this machine cannot compile."""
-    import shutil
-
-    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")) and torch.device(pick_device(None)).type == "cpu":
-        raise ConfigError(
-            "compile=True (--compile) needs a C++ compiler on the CPU (torch.compile generates C++); "
-            "install g++ or train without it"
-        )
-    return torch.compile(inspect.unwrap(fn), dynamic=False)
-
-
 def _mask_heads(
     P: dict[str, Tensor], names: Sequence[str], head_on: Float[Tensor, "K n_heads"], opt=None, k: int | None = None
 ) -> None:
@@ -455,8 +445,8 @@ def train_population(
     """Train ``len(specs)`` models as one batched computation; write model k to ``outs[k]`` as an ordinary
     checkpoint; return each model's provenance (the keys :func:`interp.training.train` returns, plus
     ``population``). Only ``init_seed`` (specs) and ``seed`` / ``lr`` (configs) may differ between models.
-    Runs with deterministic algorithms, as :func:`interp.training.train` does (same seed, torch and thread count:
-    same weights).
+    Runs in :func:`interp.determinism.deterministic`, as :func:`interp.training.train` does (same seed, torch and
+    thread count: same weights).
 
     ``cfg.halving`` (the same strategy for all) halves heads per model, as :func:`interp.training.train` does:
     each model has its own :class:`interp.halving.Halving` schedule and head mask (a ``[K, n_heads]`` tensor that
@@ -478,9 +468,7 @@ def train_population(
     (``<out>.snapshots/epoch-00000N.safetensors``, ordinary checkpoints with the epoch, seed, config and that
     epoch's history record), before any halving step of that epoch and before the resume file; a resumed
     population rewrites the snapshots of the epochs it replays with the same weights."""
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
+    with deterministic():
         return _train_population(
             task,
             specs,
@@ -493,8 +481,6 @@ def train_population(
             resume_file=resume_file,
             snapshot_every=snapshot_every,
         )
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 class _Population:
@@ -660,7 +646,7 @@ class _Population:
         model = self.models[k]
         model.load_state_dict({**model.state_dict(), **{n: self.P[n].detach()[k] for n in self.names}})
         training = snapshot_training(self.cfgs[k], self.epoch, self.records[k].history[-1])
-        save_checkpoint(path, model, self.specs[k], self.task, training)
+        save_checkpoint(model, self.task, path, training=training, spec=self.specs[k])
 
     def _halve(self, k: int, acc: float, train_data, val_data) -> None:
         """Score model ``k``'s current weights in a HookedTransformer, as its solo run does, and mask half of its
@@ -765,12 +751,14 @@ def _train_population(
         train_counted = token_counts(train_data, d_vocab, pad_token)
         pop.train_qpos = target_positions(train_data)
         pop.train_targets = train_data.targets.gather(1, pop.train_qpos)
-        count_losses = _compiled(_count_losses) if compile else _count_losses
+        count_losses = compiled_step(_count_losses, dynamic=False, device=device) if compile else _count_losses
     elif forward == "prefix counts":
         train_rows = prefix_rows(train_data.tokens, lm_targets(train_data), d_vocab)
-        prefix_losses = compiled(prefix_count_losses, dynamic=True) if compile else prefix_count_losses
+        prefix_losses = (
+            compiled_step(prefix_count_losses, dynamic=True, device=device) if compile else prefix_count_losses
+        )
     else:
-        position_fn = compiled(_position_losses, dynamic=True) if compile else None
+        position_fn = compiled_step(_position_losses, dynamic=True, device=device) if compile else None
     val_counted = _eval_counts(val_data, d_vocab, cfg) if eval_counts else None
     started = time.time()
     if resume_file is not None and Path(resume_file).is_file():
@@ -852,7 +840,7 @@ def _train_population(
                 "resumed_at_epoch": resumed_at,
             },
         )
-        save_checkpoint(out, model, spec, task, prov)
+        save_checkpoint(model, task, out, training=prov, spec=spec)
         results.append(prov)
     if resume_file is not None:
         Path(resume_file).unlink(missing_ok=True)
@@ -877,38 +865,20 @@ def _snapshot_writer(outs: Sequence[Path], snapshot_every: int | None):
 
 
 def _save_resume(path: Path, identity: dict[str, Any], tensors: dict[str, Tensor], progress: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
-
-    meta = {"identity": json.dumps(identity, sort_keys=True), "progress": json.dumps(progress)}
-    atomic_write(
-        path,
-        lambda tmp: save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=meta),
-        "the population's resume file",
-    )
+    write_resume_file(path, tensors, identity, "the population's resume file", progress=progress)
 
 
 def _load_resume(path: Path, identity: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-        tensors = load_file(str(path))
-        saved, progress = json.loads(meta["identity"]), json.loads(meta["progress"])
-    except Exception as e:
-        raise CheckpointError(f"population resume file {path} is corrupt ({e}); delete it to start over") from None
-    if saved != json.loads(json.dumps(identity, sort_keys=True)):
-        diff = sorted(
-            k
-            for k in set(saved) | set(identity)
-            if json.dumps(saved.get(k), sort_keys=True) != json.dumps(identity.get(k), sort_keys=True)
-        )
-        raise CheckpointError(
-            f"population resume file {path} belongs to another population (differs in: "
-            f"{', '.join(diff)}); use the same runs or delete it"
-        )
-    return tensors, progress
+    tensors, meta = read_resume_file(path, "population resume file", required=("identity", "progress"))
+    check_identity(
+        path,
+        meta["identity"],
+        identity,
+        what="population resume file",
+        owner="another population",
+        fix="use the same runs or delete it",
+    )
+    return tensors, meta["progress"]
 
 
 def _record_from_dict(d: dict[str, Any], cfg: TrainConfig) -> RunRecord:

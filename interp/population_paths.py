@@ -19,7 +19,6 @@ The forward is a function of the recipe (:func:`forward_of`), recorded in each c
 from __future__ import annotations
 
 import inspect
-import shutil
 from collections.abc import Sequence
 
 import torch
@@ -28,7 +27,6 @@ from torch import Tensor
 
 from .configs import ModelSpec, TrainConfig
 from .dropout_masks import run_keys
-from .errors import ConfigError
 from .position_forward import (
     Layout,
     Norm,
@@ -52,21 +50,6 @@ def forward_of(spec: ModelSpec, cfg: TrainConfig) -> str:
         if cfg.padding == "right" and (not sites or cfg.dropout_rng == "counter"):
             return "prefix counts"
     return "positions"
-
-
-def _compiler_present() -> bool:
-    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
-
-
-def compiled(fn, dynamic: bool):
-    """``torch.compile`` of the plain function (a runtime type checker's wrapper cannot be traced), or one clear
-    error where this machine has no C++ compiler."""
-    if not _compiler_present():
-        raise ConfigError(
-            "compile=True (--compile) needs a C++ compiler on the CPU (torch.compile generates C++); "
-            "install g++ or train without it"
-        )
-    return torch.compile(inspect.unwrap(fn), dynamic=dynamic)
 
 
 def prefix_step(

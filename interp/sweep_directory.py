@@ -351,7 +351,7 @@ def flat_row(row: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[st
         out["task_params"] = json.dumps(out["task_params"], sort_keys=True)
     opts = grid_options()
     if meta is not None:
-        spec, training = meta.get("model_spec", {}), meta.get("training", {})
+        spec, training = meta.get("model_spec") or {}, meta.get("training", {})
         cfg = training.get("config", {})
         for k in opts:
             if k in spec or k in cfg:  # an option the checkpoint predates takes its default below

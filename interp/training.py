@@ -26,7 +26,6 @@ nondeterministic). A new run never deletes another run's resume file unless told
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -41,11 +40,12 @@ from tqdm.auto import tqdm
 from .attention import is_plain
 from .checkpoint import save_checkpoint
 from .configs import TrainConfig, check_snapshot_every
+from .determinism import deterministic
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
 from .evaluation import evaluate, evaluate_splits, target_positions
 from .fast_attention import fast_attention, has_fast_path
-from .files import AtomicFile, atomic_write
+from .files import AtomicFile
 from .halving import Halving, Scorer
 from .initialisation import initialise
 from .model import ModelSpec, build_model, trainable_parameters
@@ -53,6 +53,7 @@ from .objectives import lm_targets
 from .options import options
 from .position_forward import evaluate_left_padded, solo_batch_loss
 from .query_forward import logits_at, supports_query_forward
+from .resume_file import check_identity, read_resume_file, read_resume_metadata, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .task import IGNORE, Task, TaskData
@@ -181,48 +182,38 @@ class _State:
         self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def save(self, path: Path, identity: dict[str, Any], options: dict[str, Any]) -> None:
-        from safetensors.torch import save_file
-
-        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
-        tensors.update({f"best.{k}": v.detach().cpu().contiguous() for k, v in self.best_state.items()})
+        tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+        tensors.update({f"best.{k}": v for k, v in self.best_state.items()})
         opt_sd = self.opt.state_dict()
         for i, st in opt_sd["state"].items():
             for k, v in st.items():
-                tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
+                tensors[f"opt.{i}.{k}"] = torch.as_tensor(v)
         tensors["rng.torch"] = torch.random.get_rng_state()
         tensors["rng.shuffle"] = self.gen.get_state()
         if torch.cuda.is_available():
             tensors["rng.cuda"] = torch.cuda.get_rng_state()
-        meta = {
-            "identity": json.dumps(identity, sort_keys=True),
-            "options": json.dumps(options, sort_keys=True),
-            "progress": json.dumps({"epoch": self.epoch, "step": self.step, "record": self.record.to_dict()}),
-            "param_groups": json.dumps(opt_sd["param_groups"]),
-        }
-        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta), "the resume file")
+        write_resume_file(
+            path,
+            tensors,
+            identity,
+            "the resume file",
+            options=options,
+            progress={"epoch": self.epoch, "step": self.step, "record": self.record.to_dict()},
+            param_groups=opt_sd["param_groups"],
+        )
 
     def load(self, path: Path, identity: dict[str, Any]) -> None:
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
-        try:
-            with safe_open(str(path), "pt") as f:
-                meta = f.metadata()
-            tensors = load_file(str(path))
-        except Exception as e:
-            raise CheckpointError(f"resume file {path} is corrupt ({e}); delete it to start over") from None
-        saved = json.loads(meta["identity"])
+        tensors, meta = read_resume_file(path, "resume file", required=("identity", "progress", "param_groups"))
         # options added since the file was written count as their defaults (e.g. loss_dtype)
-        saved = {
-            **{f.name: f.default for f in fields(TrainConfig) if f.name in identity and f.name not in saved},
-            **saved,
-        }
-        diff = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
-        if diff:
-            raise CheckpointError(
-                f"resume file {path} belongs to a different run (differs in: {', '.join(diff)}); "
-                "use the same options or delete it"
-            )
+        check_identity(
+            path,
+            meta["identity"],
+            identity,
+            what="resume file",
+            owner="a different run",
+            fix="use the same options or delete it",
+            defaults={f.name: f.default for f in fields(TrainConfig)},
+        )
         dev = next(self.model.parameters()).device
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         self.best_state = {k[5:]: v.to(dev) for k, v in tensors.items() if k.startswith("best.")}
@@ -231,12 +222,12 @@ class _State:
             if k.startswith("opt."):
                 _, i, name = k.split(".", 2)
                 state.setdefault(int(i), {})[name] = v if name == "step" else v.to(dev)
-        self.opt.load_state_dict({"state": state, "param_groups": json.loads(meta["param_groups"])})
+        self.opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         torch.random.set_rng_state(tensors["rng.torch"])
         self.gen.set_state(tensors["rng.shuffle"])
         if "rng.cuda" in tensors and torch.cuda.is_available():
             torch.cuda.set_rng_state(tensors["rng.cuda"])
-        prog = json.loads(meta["progress"])
+        prog = meta["progress"]
         self.epoch, self.step = prog["epoch"], prog["step"]
         keep, patience = self.record.keep, self.record.patience
         if "record" in prog:
@@ -259,20 +250,11 @@ class _State:
 def resume_options(out) -> dict[str, Any]:
     """The options of the interrupted run whose resume file belongs to ``out``: ``{"task": {"name", "params"},
     "spec": {...}, "config": {...}}`` (so that ``--resume`` needs none of them retyped)."""
-    from safetensors import safe_open
-
     rpath = resume_path(Path(out))
     if not rpath.is_file():
         raise CheckpointError(f"--resume: no resume file {rpath} (one is written every few epochs; see --save-every)")
-    try:
-        with safe_open(str(rpath), "pt") as f:
-            meta = f.metadata() or {}
-        identity = json.loads(meta["identity"])
-        options = json.loads(meta["options"]) if "options" in meta else {}
-    except Exception as e:
-        raise CheckpointError(
-            f"resume file {rpath} is corrupt or from an older version ({e}); start over with --restart"
-        ) from None
+    meta = read_resume_metadata(rpath, "resume file", fix="start over with --restart (is it from an older version?)")
+    identity, options = meta["identity"], meta.get("options", {})
     config = {**{k: v for k, v in identity.items() if k not in ("task", "spec")}, **options}
     return {"task": identity["task"], "spec": identity["spec"], "config": config}
 
@@ -308,16 +290,14 @@ def train(
 
     The validation split is the task's ``"val"`` split, or its last split when it has none (e.g. ``"test"``).
 
-    Training runs with ``torch.use_deterministic_algorithms(True, warn_only=True)``: on CPU, multi-threaded
-    scatter-adds (the backward of embedding / index lookups) otherwise make runs differ in the last bits.
-    The same seed, torch version and thread count then give bit-identical weights.
+    Training runs in :func:`interp.determinism.deterministic` (deterministic algorithms: on CPU, multi-threaded
+    scatter-adds, the backward of embedding / index lookups, otherwise make runs differ in the last bits). The same
+    seed, torch version and thread count then give bit-identical weights.
 
     ``cfg.halving`` trains with halving heads (:mod:`interp.halving`); strategies other than ``random`` and
     ``mask-all-but-one`` need ``head_scorer`` (``interp.analyses.halving.train_halving`` passes it). The kept model is
     then the best one-head state (or, if the run never got down to one head, the last state: a failure)."""
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
+    with deterministic():
         return _train(
             task,
             spec,
@@ -333,8 +313,6 @@ def train(
             snapshot_dir=snapshot_dir,
             head_scorer=head_scorer,
         )
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 def _train(
@@ -383,11 +361,11 @@ def _train(
                 record.history[-1].update(history_extras(model, state.epoch))
         if snapshot_dir is not None and state.epoch % snapshot_every == 0:
             save_checkpoint(
-                snapshot_dir / snapshot_name(state.epoch),
                 model,
-                spec,
                 task,
-                snapshot_training(cfg, state.epoch, record.history[-1]),
+                snapshot_dir / snapshot_name(state.epoch),
+                training=snapshot_training(cfg, state.epoch, record.history[-1]),
+                spec=spec,
             )
         if halving is not None:
             record.note_halving(
@@ -418,7 +396,7 @@ def _train(
         else evaluate_splits(model, task)
     )
     provenance = record.provenance(cfg, metrics, device, time.time() - started)
-    save_checkpoint(out, model, spec, task, provenance)
+    save_checkpoint(model, task, out, training=provenance, spec=spec)
     rpath.unlink(missing_ok=True)
     return provenance
 

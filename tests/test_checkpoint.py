@@ -27,7 +27,7 @@ def saved(tmp_path_factory, small_task):
     with torch.no_grad():
         model.unembed.b_U.add_(torch.arange(8.0))  # make sure non-initial values survive
     path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
-    save_checkpoint(path, model, spec, small_task, {"seed": 7, "epochs": 3, "accuracy": {"test": 0.5}})
+    save_checkpoint(model, small_task, path, training={"seed": 7, "epochs": 3, "accuracy": {"test": 0.5}}, spec=spec)
     return model, path, spec
 
 
@@ -47,17 +47,17 @@ def test_round_trip_gives_bit_identical_outputs(saved, small_task):
 
 def test_metadata_is_json_and_versioned(saved):
     meta = read_metadata(saved[1])
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == 2
     assert meta["task"]["name"] == "noisy-majority" and meta["task"]["params"]["test_lengths"] == [10, 20]
     assert meta["model_spec"]["n_heads"] == 4
 
 
 def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, saved, small_task):
     model, _, spec = saved
-    save_checkpoint(tmp_path / "a.safetensors", model, spec, small_task)
+    save_checkpoint(model, small_task, tmp_path / "a.safetensors", spec=spec)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors"]
     with pytest.raises(interp.errors.InterpError, match="does not exist"):
-        save_checkpoint(tmp_path / "missing-dir" / "b.safetensors", model, spec, small_task)
+        save_checkpoint(model, small_task, tmp_path / "missing-dir" / "b.safetensors", spec=spec)
 
 
 def test_shipped_checkpoint_loads_by_name():
@@ -110,14 +110,19 @@ def test_other_formats_are_refused(tmp_path):
         load_checkpoint(foreign)
 
 
-def _rewrite(src, dst, tensors=None, **meta_changes):
+def _rewrite(src, dst, tensors=None, resign=False, **meta_changes):
+    """``src`` rewritten to ``dst`` with other tensors and metadata; ``resign``: every checksum recomputed (a file
+    edited consistently, to reach the checks behind the checksums)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
+
+    from .checkpoint_files import resigned
 
     with safe_open(str(src), "pt") as f:
         meta = dict(f.metadata())
     meta.update(meta_changes)
-    save_file(tensors if tensors is not None else load_file(str(src)), str(dst), metadata=meta)
+    tensors = tensors if tensors is not None else load_file(str(src))
+    save_file(tensors, str(dst), metadata=resigned(meta, tensors) if resign else meta)
 
 
 def test_metadata_that_does_not_match_the_weights(tmp_path, saved):
@@ -125,6 +130,19 @@ def test_metadata_that_does_not_match_the_weights(tmp_path, saved):
     spec = read_metadata(path)["model_spec"]
     wrong = tmp_path / "wrong.safetensors"
     _rewrite(path, wrong, model_spec=json.dumps({**spec, "n_heads": 8, "d_model": 16}))
+    with pytest.raises(CheckpointError, match="model_spec does not match the checksum"):
+        load_checkpoint(wrong)
+    _rewrite(path, wrong, resign=True, model_spec=json.dumps({**spec, "n_heads": 8, "d_model": 16}))
+    with pytest.raises(CheckpointError, match=r"another TransformerLens config than the stored one \(.*n_heads"):
+        load_checkpoint(wrong)
+    from interp.rebuild import config_to_json
+
+    other = ModelSpec.from_dict({**spec, "n_heads": 8, "d_model": 16})
+    changed = {
+        "model_spec": json.dumps(other.to_dict()),
+        "tl_config": json.dumps(config_to_json(build_model(other).cfg)),
+    }
+    _rewrite(path, wrong, resign=True, **changed)  # spec and config edited alike: the weights do not fit
     with pytest.raises(CheckpointError, match="do not match the model spec"):
         load_checkpoint(wrong)
     from safetensors.torch import load_file
@@ -132,11 +150,11 @@ def test_metadata_that_does_not_match_the_weights(tmp_path, saved):
     tensors = load_file(str(path))
     del tensors["unembed.b_U"]
     missing = tmp_path / "missing.safetensors"
-    _rewrite(path, missing, tensors=tensors)
+    _rewrite(path, missing, tensors=tensors, resign=True)
     with pytest.raises(CheckpointError, match=r"missing \['unembed\.b_U'\]"):
         load_checkpoint(missing)
     badjson = tmp_path / "badjson.safetensors"
-    _rewrite(path, badjson, task="{not json")
+    _rewrite(path, badjson, task="{not json")  # (not re-signed: the JSON is refused first)
     with pytest.raises(CheckpointError, match="malformed metadata"):
         load_checkpoint(badjson)
     version = tmp_path / "v9.safetensors"
@@ -144,7 +162,7 @@ def test_metadata_that_does_not_match_the_weights(tmp_path, saved):
     with pytest.raises(CheckpointError, match="format version 9"):
         load_checkpoint(version)
     unknown_task = tmp_path / "task.safetensors"
-    _rewrite(path, unknown_task, task=json.dumps({"name": "sorting", "params": {}}))
+    _rewrite(path, unknown_task, resign=True, task=json.dumps({"name": "sorting", "params": {}}))
     with pytest.raises(CheckpointError, match="unknown task 'sorting'"):
         load_checkpoint(unknown_task)
 
@@ -203,23 +221,40 @@ def test_fixed_and_non_finite_weights_are_named(tmp_path, saved, name, value, ex
     _rewrite(saved[1], bad, tensors=tensors)  # keeps the old checksum: the checksum catches it first
     with pytest.raises(CheckpointError, match="checksum"):
         load_checkpoint(bad)
-    from interp.checkpoint import tensor_checksum
-
-    _rewrite(saved[1], bad, tensors=tensors, checksum=tensor_checksum(tensors))  # a consistent, edited file
+    _rewrite(saved[1], bad, tensors=tensors, resign=True)  # a consistent, edited file
     with pytest.raises(CheckpointError, match=expected):
         load_checkpoint(bad)
 
 
-def test_files_without_checksum_or_tl_config_still_load(tmp_path, saved):
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+@pytest.mark.parametrize("checksum, tl_config", [(True, True), (True, False), (False, False)])
+def test_version_1_files_still_load_with_a_warning(tmp_path, saved, checksum, tl_config):
+    """Files of the version-1 writer (with or without the tensor checksum and the spec's tl_config) load to the same
+    weights, with a CheckpointWarning naming the file: their metadata is not covered."""
+    from interp.errors import CheckpointWarning
 
-    with safe_open(str(saved[1]), "pt") as f:
-        meta = {k: v for k, v in f.metadata().items() if k not in ("checksum", "tl_config")}
-    old = tmp_path / "old.safetensors"
-    save_file(load_file(str(saved[1])), str(old), metadata=meta)
-    ckpt = load_checkpoint(old, device="cpu")
-    assert ckpt.spec == saved[2] and read_metadata(old)["checksum"] is None
+    from .checkpoint_files import write_version_1
+
+    model, _, spec = saved
+    old = write_version_1(
+        tmp_path / "old.safetensors",
+        model,
+        spec,
+        get_task(**_task_meta(saved)),
+        {"seed": 7},
+        checksum=checksum,
+        tl_config=tl_config,
+    )
+    with pytest.warns(CheckpointWarning, match=f"{old} is a version-1 checkpoint: its metadata .* is not covered"):
+        ckpt = load_checkpoint(old, device="cpu")
+    assert ckpt.spec == spec and read_metadata(old)["format_version"] == 1
+    assert (read_metadata(old)["checksum"] is None) is not checksum
+    sd = model.state_dict()
+    assert all(torch.equal(v, sd[k]) for k, v in ckpt.model.state_dict().items())
+
+
+def _task_meta(saved) -> dict:
+    meta = read_metadata(saved[1])["task"]
+    return {"name": meta["name"], **meta["params"]}
 
 
 # -- checkpoints open in plain TransformerLens --------------------------------------------------------------------

@@ -266,7 +266,7 @@ def test_checkpoint_round_trip_per_scheme(tmp_path, positional):
     task = get_task("integer-addition", digits=2, reverse_operands=True, val_size=50, test_size=50, cascades_size=20)
     spec = _spec(task, positional)
     model = _perturbed(spec, seed=0, scale=0.1)
-    path = save_checkpoint(tmp_path / f"{positional}.safetensors", model, spec, task, {"seed": 0})
+    path = save_checkpoint(model, task, tmp_path / f"{positional}.safetensors", training={"seed": 0}, spec=spec)
     ckpt = load_checkpoint(path, device="cpu")
     assert ckpt.spec == spec and ckpt.spec.positional == positional
     assert ckpt.task == task

@@ -162,7 +162,7 @@ def test_bring_your_own_plain_hooked_transformer():
 def test_a_saved_one_head_checkpoint_round_trips(tmp_path):
     task = small_task("noisy-majority")
     model, spec = shaped(task, "1-head")
-    path = save_checkpoint(tmp_path / "one.safetensors", model, spec, task)
+    path = save_checkpoint(model, task, tmp_path / "one.safetensors", spec=spec)
     from interp.tasks import load_checkpoint
 
     back = load_checkpoint(path, device="cpu")
@@ -218,7 +218,7 @@ def test_the_shapley_cli_on_a_one_head_checkpoint(tmp_path, capsys):
 
     task = small_task("noisy-majority")
     model, spec = shaped(task, "1-head")
-    path = save_checkpoint(tmp_path / "one.safetensors", model, spec, task)
+    path = save_checkpoint(model, task, tmp_path / "one.safetensors", spec=spec)
     capsys.readouterr()
     assert main(["shapley", str(path), "--json", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out)

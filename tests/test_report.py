@@ -310,7 +310,7 @@ def small_checkpoint(tmp_path_factory):
     task = get_task("noisy-majority")
     spec = ModelSpec(**{**task.default_spec(), "n_heads": 2, "d_model": 4})
     path = tmp_path_factory.mktemp("ckpt") / "small.safetensors"
-    return save_checkpoint(path, build_model(spec, device="cpu"), spec, task, {"seed": 0})
+    return save_checkpoint(build_model(spec, device="cpu"), task, path, training={"seed": 0}, spec=spec)
 
 
 @pytest.mark.parametrize(

@@ -413,7 +413,7 @@ def test_eval_on_longer_inputs_than_n_ctx(tmp_path, capsys, tiny_task):
     from interp.checkpoint import save_checkpoint
 
     task = tiny_task
-    path = save_checkpoint(tmp_path / "pos.safetensors", build_model(spec, device="cpu"), spec, task)
+    path = save_checkpoint(build_model(spec, device="cpu"), task, tmp_path / "pos.safetensors", spec=spec)
     assert _cli("eval", str(path), "--set", "test_lengths=[201,260]", "--threads", "1") == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "position" in err and "n_ctx" in err

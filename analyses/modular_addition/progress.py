@@ -137,7 +137,6 @@ def write_progress(checkpoint_path, snapshot_dir, device: str | None = None) -> 
     """Recompute the progress measures from a run's snapshots with the final model's key frequencies and write them
     into the checkpoint's history (the file is rewritten atomically; the weights are unchanged)."""
     from interp.checkpoint import save_checkpoint
-    from interp.model import ModelSpec
     from interp.tasks import load_checkpoint
 
     ck = load_checkpoint(checkpoint_path, device=device)
@@ -147,7 +146,7 @@ def write_progress(checkpoint_path, snapshot_dir, device: str | None = None) -> 
     training["history"] = merge_progress(training.get("history", []), rows)
     training["progress_key_frequencies"] = keys
     training["progress_every"] = rows[1]["epoch"] - rows[0]["epoch"] if len(rows) > 1 else None
-    save_checkpoint(ck.path, ck.model, ModelSpec.from_dict(ck.metadata["model_spec"]), ck.task, training)
+    save_checkpoint(ck.model, ck.task, ck.path, training=training, spec=ck.spec)
     return {"key_frequencies": keys, "snapshots": len(rows)}
 
 

@@ -1,0 +1,49 @@
+"""The one cache of compiled training steps (``torch.compile``).
+
+A step function is compiled once per process for each ``dynamic`` setting and reused (a sweep trains many
+populations in one process; each used to compile its step afresh). ``torch.compile`` on the CPU generates C++:
+where no C++ compiler is installed, :func:`compiled_step` refuses in one line (``compile=True`` was asked for), and
+:func:`compiled_or_plain` falls back to the plain function (an optional speed-up). The plain function is compiled
+(``inspect.unwrap``): a runtime type checker's wrapper, as the test run puts on every annotated function, cannot be
+traced.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import shutil
+from collections.abc import Callable
+
+import torch
+
+from .errors import ConfigError
+
+COMPILERS = ("g++", "c++", "clang++")
+
+
+@functools.cache
+def has_compiler() -> bool:
+    """Whether a C++ compiler is on the PATH (what ``torch.compile`` needs on the CPU)."""
+    return any(shutil.which(c) for c in COMPILERS)
+
+
+@functools.cache
+def _compiled(fn: Callable, dynamic: bool) -> Callable:
+    return torch.compile(inspect.unwrap(fn), dynamic=dynamic)
+
+
+def compiled_step(fn: Callable, *, dynamic: bool, device) -> Callable:
+    """``torch.compile(fn, dynamic=dynamic)``, from the cache; a ConfigError where ``device`` is the CPU and no C++
+    compiler is installed."""
+    if torch.device(device).type == "cpu" and not has_compiler():
+        raise ConfigError(
+            "compile=True (--compile) needs a C++ compiler on the CPU (torch.compile generates C++); "
+            "install g++ or train without it"
+        )
+    return _compiled(fn, dynamic)
+
+
+def compiled_or_plain(fn: Callable, *, dynamic: bool) -> Callable:
+    """The compiled ``fn`` from the cache where a C++ compiler is installed, else the plain function."""
+    return _compiled(fn, dynamic) if has_compiler() else inspect.unwrap(fn)

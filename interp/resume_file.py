@@ -1,0 +1,86 @@
+"""Resume files: the one reader and writer of both trainers' state files (a solo run's, :mod:`interp.training`, and a
+population's, :mod:`interp.population`).
+
+A resume file is one ``.safetensors`` file: the state's tensors (weights, optimiser moments, best and last states,
+random generators' states) and JSON metadata entries: ``identity`` (what the run is: its task, model spec(s) and
+the training options a resumed run must share; written with sorted keys) and the trainer's own entries (its progress,
+its options that may change on resuming, its optimiser's parameter groups). It is written atomically (a kill leaves
+the previous file), never pickles, and is read back with one clear error for a damaged file and one naming the
+differing keys for another run's file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from .errors import CheckpointError
+from .files import atomic_write
+
+
+def write_resume_file(path, tensors: dict[str, Tensor], identity: dict[str, Any], what: str, **entries: Any) -> Path:
+    """Write ``tensors`` (moved to the CPU) with ``identity`` and each of ``entries`` as JSON metadata to ``path``,
+    atomically (``what`` names the file in errors, e.g. "the resume file")."""
+    from safetensors.torch import save_file
+
+    meta = {"identity": json.dumps(identity, sort_keys=True), **{k: json.dumps(v) for k, v in entries.items()}}
+    cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    return atomic_write(path, lambda tmp: save_file(cpu, tmp, metadata=meta), what)
+
+
+def read_resume_metadata(
+    path, what: str, required: tuple[str, ...] = ("identity",), fix: str = "delete it to start over"
+) -> dict[str, Any]:
+    """The JSON metadata entries of the resume file at ``path``, decoded; a CheckpointError saying it is corrupt (and
+    what to do: ``fix``) where the file or one of the ``required`` entries cannot be read."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            raw = f.metadata() or {}
+        missing = [k for k in required if k not in raw]
+        if missing:
+            raise KeyError(", ".join(missing))
+        return {k: json.loads(v) for k, v in raw.items()}
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise CheckpointError(f"{what} {path} is corrupt ({e}); {fix}") from None
+
+
+def read_resume_file(
+    path, what: str, required: tuple[str, ...] = ("identity",)
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The tensors (on the CPU) and the decoded metadata entries of the resume file at ``path``."""
+    from safetensors.torch import load_file
+
+    meta = read_resume_metadata(path, what, required)
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:
+        raise CheckpointError(f"{what} {path} is corrupt ({e}); delete it to start over") from None
+    return tensors, meta
+
+
+def check_identity(
+    path,
+    saved: dict[str, Any],
+    identity: dict[str, Any],
+    *,
+    what: str,
+    owner: str,
+    fix: str,
+    defaults: dict[str, Any] | None = None,
+) -> None:
+    """Refuse a resume file that belongs to another run: its ``saved`` identity must equal the run's ``identity``
+    (compared as JSON); keys of ``defaults`` the file lacks (options added since it was written) count as those
+    defaults. The error names the differing keys: ``{what} {path} belongs to {owner} (differs in: ...); {fix}``."""
+    saved = {**{k: v for k, v in (defaults or {}).items() if k in identity and k not in saved}, **saved}
+
+    def plain(x):
+        return json.loads(json.dumps(x, sort_keys=True))
+
+    diff = sorted(k for k in set(saved) | set(identity) if plain(saved.get(k)) != plain(identity.get(k)))
+    if diff:
+        raise CheckpointError(f"{what} {path} belongs to {owner} (differs in: {', '.join(diff)}); {fix}")
