@@ -26,6 +26,7 @@ from interp.analyses.pattern_scores import HeadScores, head_scores
 from interp.analyses.repeated_tokens.corrupt import corrupted_pair
 from interp.analyses.separation_accuracies import separation_accuracy
 from interp.checkpoint import Checkpoint
+from interp.device import model_device
 from interp.errors import HeadError, InterpError, TaskError
 from interp.evaluation import predictions_and_loss
 from interp.heads import Head, all_heads, head_label, parse_head
@@ -122,7 +123,7 @@ class Explorer(anywidget.AnyWidget):
         self._name = name or checkpoint or f"a {task.name} model"
         cfg = model.cfg
         self._L, self._H = cfg.n_layers, cfg.n_heads
-        self._device = next(model.parameters()).device
+        self._device = model_device(model)
         if not isinstance(max_positions, int) or max_positions < 2:
             raise InterpError(f"max_positions must be an integer >= 2, got {max_positions!r}")
         self._max_positions = max_positions
@@ -277,7 +278,7 @@ class Explorer(anywidget.AnyWidget):
     @property
     def accuracy(self) -> float:
         """Learned accuracy under the mask (heads off ablated) on the first ``batch_size`` examples of the current
-        split: ``interp.analyses.learned_accuracy(model, batch, [kept heads], ablation=...)``."""
+        split: ``interp.analyses.learned_accuracy(model, batch, heads=[kept heads], ablation=...)``."""
         return float(self._acc.accuracy[0])
 
     @property
@@ -551,15 +552,10 @@ class Explorer(anywidget.AnyWidget):
         }
 
     def _accuracy_options(self) -> dict[str, Any]:
-        """The keyword arguments of every learned accuracy on the batch: the ablation, its reference (the batch's
-        answer cache), the cache itself where the fast path applies, and the task."""
+        """The keyword arguments of every learned accuracy on the batch's answer cache (the fast path's input; the
+        hook path runs the batch it was built from): the ablation, its reference (the cache) and the task."""
         b = self._batch()
-        return {
-            "ablation": self._ablation,
-            "reference": b["cache"],
-            "cache": b["cache"] if self._fast() else None,
-            "task": self.task,
-        }
+        return {"ablation": self._ablation, "reference": b["cache"], "task": self.task}
 
     def _accuracy(self) -> None:
         """Learned accuracy of the kept heads (and, with a panel open, of the mask with that head toggled) in one
@@ -568,20 +564,20 @@ class Explorer(anywidget.AnyWidget):
         kw = self._accuracy_options()
         if self._ablation not in b["full"]:
             b["full"][self._ablation] = float(
-                learned_accuracy(self.model, b["batch"], [self._all_heads()], **kw).accuracy[0]
+                learned_accuracy(self.model, b["cache"], heads=[self._all_heads()], **kw).accuracy[0]
             )
         subsets = [self._kept()]
         if self._head is not None:
             subsets.append(self._kept(self._off ^ {self._head}))
         self._metrics = None
-        self._acc = learned_accuracy(self.model, b["batch"], subsets, **kw)
+        self._acc = learned_accuracy(self.model, b["cache"], heads=subsets, **kw)
 
     def _single_head_accuracies(self) -> LearnedAccuracy:
         """Every head's learned accuracy alone, once per batch and ablation."""
         b = self._batch()
         if self._ablation not in b["singles"]:
             b["singles"][self._ablation] = learned_accuracy(
-                self.model, b["batch"], [[h] for h in self._all_heads()], **self._accuracy_options()
+                self.model, b["cache"], heads=[[h] for h in self._all_heads()], **self._accuracy_options()
             )
         return b["singles"][self._ablation]
 
@@ -596,9 +592,13 @@ class Explorer(anywidget.AnyWidget):
             if not self._is_pair(self._corruption):
                 self._corrupted = self._corrupt(self._corruption, self._corrupt_text, self._clean)
             clean, corrupted = self._clean, self._corrupted
-            self._patch = activation_patching(self.model, clean, corrupted, metric="logit_diff", where="z", per="head")
+            self._patch = activation_patching(
+                self.model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="head"
+            )
             if self._sender is not None:
-                self._path = path_patching(self.model, clean, corrupted, metric="logit_diff", senders=[self._sender])
+                self._path = path_patching(
+                    self.model, clean, corrupted=corrupted, metric="logit_diff", senders=[self._sender]
+                )
         except InterpError as e:
             self._patch = self._path = None
             self._patch_error = one_line(e)
@@ -708,7 +708,9 @@ class Explorer(anywidget.AnyWidget):
         t0 = time.perf_counter()
         if what == "separation":
             if b["separation"] is None:
-                b["separation"] = separation_accuracy(self.model, self._separation_train(), b["cache"], task=self.task)
+                b["separation"] = separation_accuracy(
+                    self.model, b["cache"], train=self._separation_train(), task=self.task
+                )
         elif what == "shapley":
             if self._ablation not in b["shapley"]:
                 b["shapley"][self._ablation] = shapley_values(
@@ -938,8 +940,8 @@ class Explorer(anywidget.AnyWidget):
             lines += self._snippet_patching()
         if self._head is not None:
             lines += [
-                f"qk = analyses.full_qk_circuit(model, {self.head!r}, task.vocab)",
-                f"ov = analyses.full_ov_circuit(model, {self.head!r}, task.vocab)",
+                f"qk = analyses.full_qk_circuit(model, heads={self.head!r}, vocab=task.vocab)",
+                f"ov = analyses.full_ov_circuit(model, heads={self.head!r}, vocab=task.vocab)",
             ]
         return "\n".join(lines) + "\n"
 
@@ -982,7 +984,7 @@ class Explorer(anywidget.AnyWidget):
             "L, H = model.cfg.n_layers, model.cfg.n_heads",
             f"off = {self.mask!r}  # heads switched off",
             "kept = [(l, h) for l in range(L) for h in range(H) if interp.head_label(l, h) not in off]",
-            f"acc = analyses.learned_accuracy(model, batch, [kept], ablation={self._ablation!r})",
+            f"acc = analyses.learned_accuracy(model, batch, heads=[kept], ablation={self._ablation!r})",
             (
                 f"print(acc.accuracy[0])  # the accuracy shown: {self.accuracy:.6g} "
                 f"({self._accuracy_view()['correct']}/{self._batch()['key'][1]})"
@@ -1008,12 +1010,12 @@ class Explorer(anywidget.AnyWidget):
                 f"corrupted = typed_example(task, {self._corrupt_text!r})",
             ]
         lines.append(
-            "patching = analyses.activation_patching(model, example, corrupted, metric='logit_diff', "
+            "patching = analyses.activation_patching(model, example, corrupted=corrupted, metric='logit_diff', "
             "where='z', per='head')"
         )
         if self._sender is not None:
             lines.append(
-                f"paths = analyses.path_patching(model, example, corrupted, metric='logit_diff', "
+                f"paths = analyses.path_patching(model, example, corrupted=corrupted, metric='logit_diff', "
                 f"senders=[{self.sender!r}])"
             )
         return lines
