@@ -1,10 +1,13 @@
 """What we compute about trained models.
 
-Generic analyses live at the top, with signatures ``(model, data, ...)`` (``model`` a TransformerLens
-``HookedTransformer``, ``data`` the task's ``interp.task.TaskData`` or tokens); they never name a task. Each task's
-own analyses and its ``analyze``/``report`` suite live in ``analyses/<task_module>/`` (``noisy_majority``,
-``repeated_tokens``, ``modular_addition``). Every result is an :class:`interp.results.Result`: ``to_dict()``,
-``figure()``, a rich display in Jupyter.
+Every analysis speaks one dialect (docs/analyses.md, "The dialect"): ``fn(model, data, *, heads=..., layers=...,
+batch_size=..., device=...)`` (``model`` a TransformerLens ``HookedTransformer``, ``data`` a ``TaskData`` or token
+ids; everything after ``data`` keyword-only), or ``fn(model, *, ...)`` for analyses of the weights alone. Generic
+analyses live at the top and never name a task. Each task's own analyses and its ``analyze``/``report`` suite live in
+``analyses/<task_module>/`` (``noisy_majority``, ``repeated_tokens``, ``modular_addition``, ``integer_addition``).
+Every result is an :class:`interp.results.Result`: ``to_dict()``, ``from_dict()``, ``text()``, ``figure()``, a rich
+display in Jupyter. The slow plain-loop oracles the tests compare with are in :mod:`interp.analyses.reference`, not
+here.
 
 ``import analyses`` is cheap: names are imported on first use. ``interp.analyses.__all__`` lists every analysis function
 and result type.
@@ -27,7 +30,6 @@ _NAMES = {
         "learned_accuracy",
         "learned_accuracy_of",
         "learned_accuracy_of_size",
-        "learned_accuracy_loop",
         "head_subsets",
         "mean_head_outputs",
         "subset_answer_logits",
@@ -52,16 +54,9 @@ _NAMES = {
         "logit_decomposition",
     ],
     "interp.analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
-    # the module analyses.shapley holds the function shapley(); here it is exact_shapley, so that the module and the
-    # function never shadow each other in this namespace
-    "interp.analyses.shapley": [
-        "ShapleyResult",
-        "exact_shapley",
-        "shapley_of",
-        "sampled_shapley",
-        "shapley_transform",
-        "moebius",
-    ],
+    # analyses.shapley holds the one entry, analyses.shapley_result the math and the result
+    "interp.analyses.shapley": ["shapley_values"],
+    "interp.analyses.shapley_result": ["ShapleyResult", "shapley_transform", "moebius"],
     "interp.analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "interp.analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "interp.analyses.spectrum": ["AttentionSpectrum", "attention_spectrum"],
@@ -94,8 +89,6 @@ _NAMES = {
         "PathPatching",
         "activation_patching",
         "path_patching",
-        "path_patching_loop",
-        "variant_metric",
     ],
     # noisy majority (Fraknói 2024, §5)
     "interp.analyses.noisy_majority.attention_ratios": [

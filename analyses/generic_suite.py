@@ -147,7 +147,7 @@ def analyze(ckpt: Checkpoint) -> TaskSummary:
     data = task.dataset(split)
     data = data.select(slice(0, min(N_EXAMPLES, len(data))))
     heads = all_heads(cfg.n_layers, cfg.n_heads)
-    acc = learned_accuracy(model, data, [[h] for h in heads] + [heads], task=task).accuracy.tolist()
+    acc = learned_accuracy(model, data, heads=[[h] for h in heads] + [heads], task=task).accuracy.tolist()
     probes, scores_on = random_repeat_probes(task.vocab, cfg.n_ctx)
     scores = None if probes is None else head_scores(model, probes).rows()
     return TaskSummary(

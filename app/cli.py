@@ -696,8 +696,7 @@ def _shapley_parser(sub) -> None:
 def cmd_shapley(args) -> int:
     import time
 
-    from interp.analyses.coalitions import coalition_values
-    from interp.analyses.shapley import sampled_shapley, shapley
+    from interp.analyses.shapley import shapley_values
     from interp.loading import load_checkpoint
 
     _set_threads(args)
@@ -715,11 +714,12 @@ def cmd_shapley(args) -> int:
         if args.value == "separation":
             kw["train"] = task.dataset("train")
         test = task.dataset("test")
-        t0 = time.perf_counter()
-        if args.samples:
-            result = sampled_shapley(ckpt.model, test, samples=args.samples, seed=args.seed, **kw)
+        if args.samples:  # without --samples: all 2^n coalitions (at most 24 heads), as before
+            kw.update(method="sampled", samples=args.samples, seed=args.seed)
         else:
-            result = shapley(coalition_values(ckpt.model, test, **kw))
+            kw.update(method="exact")
+        t0 = time.perf_counter()
+        result = shapley_values(ckpt.model, test, **kw)
         result.info["seconds"] = round(time.perf_counter() - t0, 3)
         result.info["checkpoint"] = str(ckpt.path)
         text = result.to_json()

@@ -16,6 +16,7 @@ import torch
 
 import interp
 from interp import analyses
+from interp.analyses.reference import learned_accuracy_loop
 from interp.analyses.repeated_tokens.corrupt import corrupted_pair
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.tasks import get_task, shipped_checkpoints
@@ -88,7 +89,7 @@ def kept_of(model, off):
 
 
 def reference_hooks(model, kept, z_ref=None):
-    """hook_z hooks written here, as analyses.learned_accuracy_loop writes them (one mask, zero or mean)."""
+    """hook_z hooks written here, as learned_accuracy_loop (the reference) writes them (one mask, zero or mean)."""
     mask = interp.head_mask([kept], model.cfg.n_layers, model.cfg.n_heads)[0]
 
     def hook(z, hook):
@@ -115,8 +116,12 @@ def check_view(w, model, task, split, index, off, ablation, batch_size):
     # the answer position: the learned-accuracy path's logits (hooks, and the fast path where it applies)
     pred = w.prediction
     row = pred.positions.index(pred.answer_pos)
-    fast = analyses.subset_answer_logits(model, ex, [kept], ablation=ablation, reference=batch, method="auto")[0, 0]
-    la = analyses.subset_answer_logits(model, ex, [kept], ablation=ablation, reference=batch, method="hooks")[0, 0]
+    fast = analyses.subset_answer_logits(model, ex, heads=[kept], ablation=ablation, reference=batch, method="auto")[
+        0, 0
+    ]
+    la = analyses.subset_answer_logits(model, ex, heads=[kept], ablation=ablation, reference=batch, method="hooks")[
+        0, 0
+    ]
     torch.testing.assert_close(pred.logits[row], la, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pred.logits[row], fast, rtol=1e-5, atol=1e-5)
     assert pred.answer["correct"] == bool(la.argmax() == ex.labels[0])
@@ -124,10 +129,10 @@ def check_view(w, model, task, split, index, off, ablation, batch_size):
     assert pred.top_ids[row].tolist() == top.indices.tolist()
     torch.testing.assert_close(pred.top_probs[row], top.values, rtol=1e-5, atol=1e-6)
     # accuracy: learned_accuracy on the same batch, exactly (and its slow one-forward-per-subset reference)
-    assert w.accuracy == float(analyses.learned_accuracy(model, batch, [kept], ablation=ablation).accuracy[0])
-    assert w.accuracy == float(analyses.learned_accuracy_loop(model, batch, [kept], ablation=ablation).accuracy[0])
+    assert w.accuracy == float(analyses.learned_accuracy(model, batch, heads=[kept], ablation=ablation).accuracy[0])
+    assert w.accuracy == float(learned_accuracy_loop(model, batch, heads=[kept], ablation=ablation).accuracy[0])
     assert w.full_accuracy == float(
-        analyses.learned_accuracy(model, batch, [all_heads(model)], ablation=ablation).accuracy[0]
+        analyses.learned_accuracy(model, batch, heads=[all_heads(model)], ablation=ablation).accuracy[0]
     )
     view = w.accuracy_view
     assert (
@@ -159,7 +164,7 @@ def test_each_example_of_the_batch_agrees_with_the_batched_accuracy(shaped):
     w = interp.explore(model, task, batch_size=BATCH, ablation="mean")
     w.ablated = off
     batch = task.dataset("test").select(slice(0, BATCH))
-    logits = analyses.subset_answer_logits(model, batch, [kept_of(model, off)], ablation="mean")[0]
+    logits = analyses.subset_answer_logits(model, batch, heads=[kept_of(model, off)], ablation="mean")[0]
     ok = (logits.argmax(-1) == batch.labels).tolist()
     for i in range(12):
         w.example = ("test", i)
@@ -174,7 +179,7 @@ def test_patching_equals_activation_and_path_patching(shaped):
     clean = task.dataset("test").select([2])
     w.corruption = "flip"
     ref = analyses.activation_patching(
-        model, clean, analyses.flip_answer(clean, seed=0), metric="logit_diff", where="z", per="head"
+        model, clean, corrupted=analyses.flip_answer(clean, seed=0), metric="logit_diff", where="z", per="head"
     )
     assert torch.equal(w.patching.values, ref.values) and w.patching.clean == ref.clean
     assert w.corrupted_tokens == task.vocab.decode(analyses.flip_answer(clean, seed=0).tokens[0])
@@ -182,11 +187,11 @@ def test_patching_equals_activation_and_path_patching(shaped):
     j = w.patch_view["resampled"]
     corrupted = task.dataset("test").select([j])
     assert j > 2 and corrupted.tokens.shape == clean.tokens.shape and int(corrupted.labels[0]) != int(clean.labels[0])
-    ref = analyses.activation_patching(model, clean, corrupted, metric="logit_diff", where="z", per="head")
+    ref = analyses.activation_patching(model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="head")
     assert torch.equal(w.patching.values, ref.values)
     if model.cfg.n_layers > 1:
         w.sender = "L0H1"
-        path = analyses.path_patching(model, clean, corrupted, metric="logit_diff", senders=["L0H1"])
+        path = analyses.path_patching(model, clean, corrupted=corrupted, metric="logit_diff", senders=["L0H1"])
         torch.testing.assert_close(w.path_patching.values, path.values, rtol=0, atol=0, equal_nan=True)
         assert [r["receiver"] for r in w.patch_view["path"]["rows"]] == [r["receiver"] for r in path.rows()]
     else:
@@ -252,13 +257,13 @@ def test_every_shipped_checkpoint(name):
             c, corrupted = clean, analyses.flip_answer(clean, seed=0)
         else:
             c, corrupted = clean, task.dataset("test").select([w.patch_view["resampled"]])
-        ref = analyses.activation_patching(model, c, corrupted, metric="logit_diff", where="z", per="head")
+        ref = analyses.activation_patching(model, c, corrupted=corrupted, metric="logit_diff", where="z", per="head")
         assert torch.equal(w.patching.values, ref.values), kind
         assert w.patching.corrupted == ref.corrupted
     w.corruption = None
     assert w.example == ("test", 7)
     w.head = interp.head_label(0, 0)
-    qk = analyses.full_qk_circuit(model, "L0H0", task.vocab).dense()
+    qk = analyses.full_qk_circuit(model, heads="L0H0", vocab=task.vocab).dense()
     c = w.head_view["circuits"][0]
     got = torch.frombuffer(bytearray(c["data"]), dtype=torch.float32).view(*c["shape"])
     assert torch.equal(got, qk[: c["shape"][0], : c["shape"][1]].float())
@@ -391,10 +396,12 @@ def test_page_events_drive_the_state(nm):
     assert send(w, type="toggle", head="L0H3") == "" and w.ablated == []
     assert send(w, type="only", head="L0H5") == ""
     assert w.ablated == [interp.head_label(0, h) for h in range(16) if h != 5]
-    assert w.accuracy == analyses.learned_accuracy_of(model, batch, ["L0H5"])
+    assert w.accuracy == analyses.learned_accuracy_of(model, batch, heads=["L0H5"])
     assert send(w, type="ablated", heads=["L0H1", "L0H7"]) == "" and w.ablated == ["L0H1", "L0H7"]
     assert send(w, type="ablation", value="mean") == "" and w.ablation == "mean"
-    assert w.accuracy == analyses.learned_accuracy_of(model, batch, kept_of(model, ["L0H1", "L0H7"]), ablation="mean")
+    assert w.accuracy == analyses.learned_accuracy_of(
+        model, batch, heads=kept_of(model, ["L0H1", "L0H7"]), ablation="mean"
+    )
     assert send(w, type="batch_size", value="32") == "" and w.batch_size == 32 and w.accuracy_view["n"] == 32
     assert send(w, type="example", split="val", index=4) == "" and w.example == ("val", 4)
     assert send(w, type="random", split="test") == ""
@@ -422,9 +429,9 @@ def test_head_panel_numbers(nm):
     batch = task.dataset("test").select(slice(0, BATCH))
     ex = task.dataset("test").select([3])
     p = w.head_panel
-    singles = analyses.learned_accuracy(model, batch, [[h] for h in all_heads(model)])
+    singles = analyses.learned_accuracy(model, batch, heads=[[h] for h in all_heads(model)])
     assert p["learned_alone"] == singles["L0H8"]
-    assert p["toggled_accuracy"] == analyses.learned_accuracy_of(model, batch, kept_of(model, ["L0H8"]))
+    assert p["toggled_accuracy"] == analyses.learned_accuracy_of(model, batch, heads=kept_of(model, ["L0H8"]))
     # direct logit contribution: the head's term of the toolkit's logit decomposition (no LayerNorm here)
     dec = analyses.logit_decomposition(model, ex)
     ap, label = int(ex.answer_pos[0]), int(ex.labels[0])
@@ -442,10 +449,10 @@ def test_head_panel_numbers(nm):
     # on request: separation accuracy and Shapley values of every head
     assert p["separation"] is None and p["shapley"] is None
     assert send(w, type="compute", what="separation") == ""
-    sep = analyses.separation_accuracy(model, task.dataset("train").select(slice(0, 2000)), batch)
+    sep = analyses.separation_accuracy(model, batch, train=task.dataset("train").select(slice(0, 2000)))
     assert w.head_panel["separation"]["accuracy"] == float(sep.accuracy[8])
     assert send(w, type="compute", what="shapley") == ""
-    shap = analyses.exact_shapley(analyses.coalition_values(model, batch, value="learned-accuracy"))
+    shap = analyses.coalition_values(model, batch, value="learned-accuracy").shapley()
     assert w.head_panel["shapley"]["value"] == shap["L0H8"] and w.head_panel["shapley"]["exact"]
     # switching the open head off: the panel and the toggled accuracy follow
     assert send(w, type="toggle", head="L0H8") == ""
@@ -556,7 +563,7 @@ def test_mask_is_one_for_kept_heads_and_ablated_lists_the_heads_off(nm):
     w.mask = keep
     assert w.ablated == ["L0H3"] and torch.equal(w.mask, keep)
     batch = task.dataset("test").select(slice(0, BATCH))
-    assert w.accuracy == analyses.learned_accuracy(model, batch, [kept_of(model, ["L0H3"])]).accuracy[0]
+    assert w.accuracy == analyses.learned_accuracy(model, batch, heads=[kept_of(model, ["L0H3"])]).accuracy[0]
     with pytest.raises(HeadError, match="use ablated="):
         w.mask = ["L0H1"]  # a list of heads to switch off is not a mask
     with pytest.raises(HeadError, match=r"\[1, 16\] tensor of 1 \(kept\) and 0 \(ablated\)"):
@@ -604,7 +611,7 @@ def test_a_task_without_a_suite_of_its_own(own_task):
     w.example = ("test", 1)
     w.corruption = "resample"
     clean, corrupted = task.dataset("test").select([1]), task.dataset("test").select([w.patch_view["resampled"]])
-    ref = analyses.activation_patching(model, clean, corrupted, metric="logit_diff", where="z", per="head")
+    ref = analyses.activation_patching(model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="head")
     assert torch.equal(w.patching.values, ref.values)
     w.head = "L1H2"
     assert "random output tokens" in w.head_panel["scores_on"]
@@ -613,13 +620,6 @@ def test_a_task_without_a_suite_of_its_own(own_task):
     assert float(ns["acc"].accuracy[0]) == w.accuracy and torch.equal(ns["patching"].values, w.patching.values)
 
 
-GQA_XFAIL = pytest.mark.xfail(
-    reason="path_patching on grouped-query attention is fixed in interp.analyses.patching (the dialect work)",
-    strict=False,
-)
-
-
-@GQA_XFAIL
 def test_grouped_query_attention_with_a_sender(small_task):
     """A HookedTransformer with grouped-query attention (2 key/value heads for 4 query heads) paired with a task:
     the view, the patching and the path patching from a sender equal the toolkit's own calls."""
@@ -648,7 +648,7 @@ def test_grouped_query_attention_with_a_sender(small_task):
     assert w.status["error"] == "" and w.patch_view["error"] == ""
     clean = small_task.dataset("test").select([2])
     corrupted = analyses.flip_answer(clean, seed=0)
-    path = analyses.path_patching(model, clean, corrupted, metric="logit_diff", senders=["L0H1"])
+    path = analyses.path_patching(model, clean, corrupted=corrupted, metric="logit_diff", senders=["L0H1"])
     torch.testing.assert_close(w.path_patching.values, path.values, rtol=0, atol=0, equal_nan=True)
     w.head = "L1H3"
     assert w.head_panel["head"] == "L1H3" and len(w.head_view["circuits"]) >= 2

@@ -63,9 +63,9 @@ def _expected_click():
     model, task = interp.load("noisy-majority", device="cpu")
     batch = task.dataset("test").select(slice(0, BATCH))
     heads = [(0, h) for h in range(model.cfg.n_heads)]
-    without = analyses.learned_accuracy(model, batch, [[x for x in heads if x != h] for h in heads])
+    without = analyses.learned_accuracy(model, batch, heads=[[x for x in heads if x != h] for h in heads])
     i = int(without.accuracy.argmin())
-    full = analyses.learned_accuracy_of(model, batch, heads)
+    full = analyses.learned_accuracy_of(model, batch, heads=heads)
     return interp.head_label(*heads[i]), float(without.accuracy[i]), full
 
 

@@ -18,7 +18,7 @@ sends events; the kernel computes:
   :func:`analyses.full_ov_circuit`, and :func:`analyses.positional_qk_circuit` where positions are learned), its
   learned accuracy alone, its induction / previous-token scores (:func:`analyses.head_scores`, Olsson et al.,
   "In-context Learning and Induction Heads"), its separation accuracy (:func:`analyses.separation_accuracy`) and
-  Shapley value (:func:`analyses.exact_shapley`) when asked for, and its direct logit contribution;
+  Shapley value (:func:`analyses.shapley_values`) when asked for, and its direct logit contribution;
 - activation patching of every head's output between the input and a corrupted one
   (:func:`analyses.activation_patching`), and path patching from a chosen sender head
   (:func:`analyses.path_patching`; Wang et al., "Interpretability in the Wild").

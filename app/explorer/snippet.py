@@ -23,8 +23,8 @@ def snippet(s: Session, v: Views, checkpoint: str | None) -> str:
     if s.head is not None:
         head = v.head_view.get("head") or _label(s.head)
         lines += [
-            f"qk = analyses.full_qk_circuit(model, {head!r}, task.vocab)",
-            f"ov = analyses.full_ov_circuit(model, {head!r}, task.vocab)",
+            f"qk = analyses.full_qk_circuit(model, heads={head!r}, vocab=task.vocab)",
+            f"ov = analyses.full_ov_circuit(model, heads={head!r}, vocab=task.vocab)",
         ]
     return "\n".join(lines) + "\n"
 
@@ -74,7 +74,7 @@ def _mask(s: Session, v: Views) -> list[str]:
         "L, H = model.cfg.n_layers, model.cfg.n_heads",
         f"ablated = {s.ablated_names()!r}  # heads switched off",
         "kept = [(l, h) for l in range(L) for h in range(H) if interp.head_label(l, h) not in ablated]",
-        f"acc = analyses.learned_accuracy(model, batch, [kept], ablation={s.ablation!r})",
+        f"acc = analyses.learned_accuracy(model, batch, heads=[kept], ablation={s.ablation!r})",
         f"print(acc.accuracy[0])  # the accuracy shown: {acc:.6g} ({round(acc * n)}/{n})",
         "from interp.app.explorer import keep_mask, mask_hooks, masked_forward",
         "z_ref = analyses.mean_head_outputs(model, batch)" if s.ablation == "mean" else "z_ref = None",
@@ -98,11 +98,12 @@ def _patching(s: Session) -> list[str]:
     elif not s.is_pair(s.corruption):
         lines.append(f"corrupted = analyses.suite_for(task).corruptions(task)[{s.corruption!r}].make(example, 0)")
     lines.append(
-        "patching = analyses.activation_patching(model, example, corrupted, metric='logit_diff', where='z', per='head')"
+        "patching = analyses.activation_patching(model, example, corrupted=corrupted, metric='logit_diff', "
+        "where='z', per='head')"
     )
     if s.sender is not None:
         lines.append(
-            f"paths = analyses.path_patching(model, example, corrupted, metric='logit_diff', "
+            f"paths = analyses.path_patching(model, example, corrupted=corrupted, metric='logit_diff', "
             f"senders=[{_label(s.sender)!r}])"
         )
     return lines

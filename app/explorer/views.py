@@ -100,15 +100,10 @@ class Views:
         }
 
     def accuracy_options(self) -> dict[str, Any]:
-        """The keyword arguments of every learned accuracy on the batch: the ablation, its reference (the batch's
-        answer cache), the cache itself where the fast path applies, and the task."""
+        """The keyword arguments of every learned accuracy on the batch's answer cache (the fast path's input; the
+        hook path runs the batch it was built from): the ablation, its reference (the cache) and the task."""
         b = self.s.batch()
-        return {
-            "ablation": self.s.ablation,
-            "reference": b["cache"],
-            "cache": b["cache"] if self.s.fast() else None,
-            "task": self.s.task,
-        }
+        return {"ablation": self.s.ablation, "reference": b["cache"], "task": self.s.task}
 
     def accuracy(self) -> None:
         """Learned accuracy of the kept heads (and, with a panel open, of the mask with that head toggled) in one
@@ -117,12 +112,14 @@ class Views:
         b = s.batch()
         kw = self.accuracy_options()
         if s.ablation not in b["full"]:
-            b["full"][s.ablation] = float(learned_accuracy(s.model, b["batch"], [s.all_heads()], **kw).accuracy[0])
+            b["full"][s.ablation] = float(
+                learned_accuracy(s.model, b["cache"], heads=[s.all_heads()], **kw).accuracy[0]
+            )
         subsets = [s.kept()]
         if s.head is not None:
             subsets.append(s.kept(s.ablated ^ {s.head}))
         self.metrics = None
-        self.acc = learned_accuracy(s.model, b["batch"], subsets, **kw)
+        self.acc = learned_accuracy(s.model, b["cache"], heads=subsets, **kw)
 
     def full_accuracy(self) -> float:
         """The learned accuracy with every head on."""
@@ -134,7 +131,7 @@ class Views:
         b = s.batch()
         if s.ablation not in b["singles"]:
             b["singles"][s.ablation] = learned_accuracy(
-                s.model, b["batch"], [[h] for h in s.all_heads()], **self.accuracy_options()
+                s.model, b["cache"], heads=[[h] for h in s.all_heads()], **self.accuracy_options()
             )
         return b["singles"][s.ablation]
 
@@ -156,9 +153,11 @@ class Views:
         try:
             s.recorrupt()
             clean, corrupted = s.clean, s.corrupted
-            self.patch = activation_patching(s.model, clean, corrupted, metric="logit_diff", where="z", per="head")
+            self.patch = activation_patching(
+                s.model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="head"
+            )
             if s.sender is not None:
-                self.path = path_patching(s.model, clean, corrupted, metric="logit_diff", senders=[s.sender])
+                self.path = path_patching(s.model, clean, corrupted=corrupted, metric="logit_diff", senders=[s.sender])
         except InterpError as e:
             self.patch = self.path = None
             self.patch_error = one_line(e)
@@ -224,7 +223,7 @@ class Views:
         b = s.batch()
         if what == "separation":
             if b["separation"] is None:
-                b["separation"] = separation_accuracy(s.model, self.separation_train(), b["cache"], task=s.task)
+                b["separation"] = separation_accuracy(s.model, b["cache"], train=self.separation_train(), task=s.task)
         elif what == "shapley":
             if s.ablation not in b["shapley"]:
                 b["shapley"][s.ablation] = shapley_values(s.model, b["batch"], b["cache"], s.ablation, s.fast())

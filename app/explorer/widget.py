@@ -226,7 +226,7 @@ class Explorer(anywidget.AnyWidget):
     @property
     def accuracy(self) -> float:
         """Learned accuracy with the heads in :attr:`ablated` ablated, on the first ``batch_size`` examples of the
-        current split: ``interp.analyses.learned_accuracy(model, batch, [kept heads], ablation=...)``."""
+        current split: ``interp.analyses.learned_accuracy(model, batch, heads=[kept heads], ablation=...)``."""
         return float(self._views.acc.accuracy[0])
 
     @property
