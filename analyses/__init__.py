@@ -74,6 +74,7 @@ _NAMES = {
         "ablation_induction_test",
         "repeated_random_tokens",
     ],
+    "interp.analyses.generic_suite": ["TaskSummary", "random_repeat_probes"],
     "interp.analyses.populations": ["population_table", "format_table", "wilson_interval"],
     "interp.analyses.population_figures": [
         "Survival",
@@ -168,18 +169,15 @@ def __dir__():
 
 
 def suite_for(task: Task | str) -> Suite:
-    """The analysis suite of a task (:class:`interp.suite.Suite`: ``SUITE`` in ``interp.analyses.<task module>.suite``,
-    found by the task's name), or a TaskError naming the tasks that have one."""
-    from pathlib import Path
+    """The analysis suite of a task: the one its registration names (:func:`interp.registry.suite_of`), or the
+    generic suite every task has (:data:`interp.analyses.generic_suite.SUITE`: evaluation, per-head learned accuracy,
+    head scores where defined, the explorer's generic inputs) where it names none or the task is not registered. An
+    unregistered name is the registry's one-line TaskError."""
+    from interp.registry import suite_of
 
-    from interp.errors import TaskError
+    suite = suite_of(task)
+    if suite is None:
+        from .generic_suite import SUITE
 
-    name = getattr(task, "name", task)
-    module = f"interp.analyses.{str(name).replace('-', '_')}.suite"
-    try:
-        return importlib.import_module(module).SUITE
-    except ModuleNotFoundError as e:
-        if e.name not in (module, module.rsplit(".", 1)[0]):
-            raise
-        have = sorted(p.parent.name.replace("_", "-") for p in Path(__file__).parent.glob("*/suite.py"))
-        raise TaskError(f"no analysis suite for task {name!r}; suites exist for: {', '.join(have)}") from None
+        return SUITE
+    return suite

@@ -20,8 +20,9 @@ from interp.checkpoint import Checkpoint
 from interp.device import model_device
 from interp.errors import InterpError, TaskError
 from interp.files import AtomicFile
+from interp.loading import load_checkpoint
+from interp.registry import get_task
 from interp.report_page import Report
-from interp.tasks import get_task, load_checkpoint
 from interp.visualize import render_table
 
 if TYPE_CHECKING:

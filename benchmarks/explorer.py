@@ -61,7 +61,7 @@ def bench(name: str, args) -> str:
         assert w.status["error"] == "", w.status["error"]
 
     def naive():
-        return naive_click(model, example, batch, set(w.mask), args.ablation)
+        return naive_click(model, example, batch, set(w.ablated), args.ablation)
 
     example = task.dataset("test").select([0])
     batch = task.dataset("test").select(slice(0, w.batch_size))

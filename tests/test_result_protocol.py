@@ -147,7 +147,7 @@ def _explorer_results(ck):
     import interp
 
     w = interp.explore(ck.model, ck.task, batch_size=16)
-    w.mask = ["L0H1"]
+    w.ablated = ["L0H1"]
     return {"Prediction": w.prediction, "ExplorerState": w.state()}
 
 
@@ -215,6 +215,8 @@ def _population_results(ck):
 
 @pytest.fixture(scope="module")
 def results(nm, rt):
+    from interp.analyses.generic_suite import analyze as generic_analyze
+
     return {
         **_nm_results(nm),
         **_rt_results(rt),
@@ -222,6 +224,7 @@ def results(nm, rt):
         **_ia_results(),
         **_population_results(nm),
         **_explorer_results(nm),
+        "TaskSummary": generic_analyze(nm),  # the generic suite's, as for a task that registered no suite
     }
 
 

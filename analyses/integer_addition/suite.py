@@ -18,6 +18,7 @@ from interp.suite import FunctionSuite
 from interp.tasks.integer_addition import make_sums, seq_len
 from interp.visualize import attention_view
 
+from . import inputs
 from .ablation import DigitAblation, component_ablation
 from .accuracy import CaseAccuracy, LengthAccuracy, accuracy_by_case, accuracy_by_length
 
@@ -166,4 +167,4 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
     )
 
 
-SUITE = FunctionSuite("integer-addition", analyze, add_report_sections)
+SUITE = FunctionSuite("integer-addition", analyze, add_report_sections, typed_fn=inputs.typed_example)

@@ -11,6 +11,7 @@ from interp.results import Result, jsonable
 from interp.suite import FunctionSuite
 from interp.task import check_model_task
 
+from . import inputs
 from .exhaustive import AblationTable, AttentionSplit, ablation_table, attention_split
 from .fourier import FrequencyNorms, NeuronFrequencies, embedding_norms, neuron_frequencies, neuron_logit_map
 from .progress import Phases, find_phases, progress_measures, write_progress
@@ -204,4 +205,6 @@ def finish_run(out, snapshot_dir, device=None) -> dict:
     return write_progress(out, snapshot_dir, device=device)
 
 
-SUITE = FunctionSuite("modular-addition", analyze, add_report_sections, finish_fn=finish_run)
+SUITE = FunctionSuite(
+    "modular-addition", analyze, add_report_sections, finish_fn=finish_run, typed_fn=inputs.typed_example
+)

@@ -13,6 +13,7 @@ from interp.checkpoint import Checkpoint
 from interp.device import model_device
 from interp.suite import FunctionSuite
 
+from . import inputs
 from .head_outputs import head_outputs
 from .head_summary import HeadSummary, checkpoint_summary
 from .interventions import attention_intervention_sweep
@@ -315,4 +316,11 @@ def add_training_census_section(directory, report, progress: bool = False) -> No
     )
 
 
-SUITE = FunctionSuite("noisy-majority", analyze, add_report_sections, add_sweep_sections)
+SUITE = FunctionSuite(
+    "noisy-majority",
+    analyze,
+    add_report_sections,
+    add_sweep_sections,
+    typed_fn=inputs.typed_example,
+    corruptions_fn=inputs.corruptions,
+)

@@ -22,6 +22,7 @@ from ..circuits import OVCopying, full_ov_circuit, k_composition_circuit, ov_cop
 from ..composition import MODES, CompositionScores, composition_scores
 from ..patching import activation_patching, path_patching
 from ..pattern_scores import PATHS, AblationTest, HeadScores, ablation_induction_test, head_scores
+from . import inputs
 from .corrupt import corrupted_pair
 from .probe import probe_tokens
 
@@ -327,4 +328,11 @@ def add_patching_sections(model: HookedTransformer, task: Task, report, prev=Non
     report.result(paths)
 
 
-SUITE = FunctionSuite("repeated-tokens", analyze, add_report_sections)
+SUITE = FunctionSuite(
+    "repeated-tokens",
+    analyze,
+    add_report_sections,
+    typed_fn=inputs.typed_example,
+    corruptions_fn=inputs.corruptions,
+    probes_fn=inputs.probes,
+)

@@ -15,8 +15,8 @@ from torch import Tensor
 
 from interp.ablation import ablation_hooks
 from interp.analyses.circuits import Circuit, full_ov_circuit, full_qk_circuit, positional_qk_circuit
-from interp.analyses.pattern_scores import HeadScores, repeated_random_tokens
-from interp.analyses.repeated_tokens.probe import probe_tokens
+from interp.analyses.generic_suite import random_repeat_probes
+from interp.analyses.pattern_scores import HeadScores
 from interp.analyses.separation_accuracies import SeparationAccuracy
 from interp.analyses.shapley import EXACT_UP_TO, ShapleyResult
 from interp.analyses.shapley import shapley_values as shapley_values_of
@@ -29,13 +29,13 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
     from interp.analyses.answer_cache import AnswerCache
+    from interp.suite import Suite
     from interp.task import Task, TaskData, Vocab
 
 MAX_POSITIONS = 256  # attention patterns drawn: at most this many positions (the last ones) per head
 CELL_BUDGET = 1 << 21  # attention entries sent to the page at most (all heads): 4 MiB as uint16
 TOP_K = 3  # tokens shown per answer position
 CIRCUIT_MAX = 128  # circuit rows/columns drawn at most
-SCORE_SEQS = 32  # repeated-random-token sequences of the induction / previous-token scores
 SCORE_NAMES = ("induction", "prev_token", "duplicate", "bos")  # the pattern scores the head panel shows
 SHAPLEY_EXACT_MAX = EXACT_UP_TO  # heads: exact Shapley values (2**16 coalitions); more heads are sampled
 SHAPLEY_SAMPLES = 200  # permutations of sampled Shapley values
@@ -181,19 +181,15 @@ def quantised_patterns(p: Float[Tensor, "layer head query key"], window: int) ->
 # -- the head panel ------------------------------------------------------------------------------------------------
 
 
-def score_probes(task: Task, n_ctx: int) -> tuple[Int[Tensor, "batch pos"] | None, str]:
+def score_probes(suite: Suite, task: Task, n_ctx: int) -> tuple[Int[Tensor, "batch pos"] | None, str]:
     """The sequences the induction / previous-token scores are measured on (Olsson et al.), and what they are in
-    words: the task's own ``[BOS] R R`` probes for repeated tokens, else repeated random output tokens (outside the
-    task's distribution); no sequences where a context of ``n_ctx`` tokens holds no repeat."""
-    if task.name == "repeated-tokens":
-        return probe_tokens(task, n_seqs=SCORE_SEQS), f"{SCORE_SEQS} of the task's [BOS] R R probe sequences"
-    if n_ctx < 9:
-        return None, f"not defined: a context of {n_ctx} tokens holds no repeat"
-    rep = min((n_ctx - 1) // 2, 32)
-    tokens = repeated_random_tokens(SCORE_SEQS, rep, task.vocab.n_out, bos=task.vocab.bos, seed=0)
-    return tokens, (
-        f"{SCORE_SEQS} sequences [BOS] R R of random output tokens, len(R) = {rep} (outside the task's distribution)"
-    )
+    words: the task's own probe sequences where its suite has them (:meth:`interp.suite.Suite.probe_tokens`), else
+    repeated random output tokens (outside the task's distribution; :func:`analyses.random_repeat_probes`); no
+    sequences where a context of ``n_ctx`` tokens holds no repeat."""
+    own = suite.probe_tokens(task)
+    if own is not None:
+        return own, f"{own.shape[0]} of the task's own probe sequences ({own.shape[1]} tokens)"
+    return random_repeat_probes(task.vocab, n_ctx)
 
 
 def head_circuits(model: HookedTransformer, head: Head, vocab: Vocab) -> list[Circuit]:

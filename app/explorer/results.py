@@ -97,8 +97,8 @@ class Prediction(Result):
 
 
 class ExplorerState(Result):
-    """The explorer's view as a result: ``to_dict()`` holds the input, the mask, the prediction, the accuracy, the
-    open head panel and the patching, all as plain JSON types; ``table_html()`` a summary."""
+    """The explorer's view as a result: ``to_dict()`` holds the input, the heads ablated, the prediction, the
+    accuracy, the open head panel and the patching, all as plain JSON types; ``table_html()`` a summary."""
 
     def __init__(self, data: dict):
         self.data = data
@@ -116,8 +116,8 @@ class ExplorerState(Result):
         acc = d["accuracy"]
         lines = [
             f"model {d['model']}; input {' '.join(d['input']['tokens'])}",
-            f"heads off: {', '.join(d['mask']) or 'none'} ({d['ablation']} ablation); accuracy {acc['accuracy']:.4f} "
-            f"({acc['correct']}/{acc['n']} {acc['split']})",
+            f"heads off: {', '.join(d['ablated']) or 'none'} ({d['ablation']} ablation); "
+            f"accuracy {acc['accuracy']:.4f} ({acc['correct']}/{acc['n']} {acc['split']})",
         ]
         lines += [
             f"  pos {r['pos']}: target {r['target']}, top " + ", ".join(f"{t} {p:.3f}" for t, p in r["top"])
@@ -133,7 +133,7 @@ class ExplorerState(Result):
             for k, v in (
                 ("model", d["model"]),
                 ("input", " ".join(d["input"]["tokens"])),
-                ("heads off", ", ".join(d["mask"]) or "none"),
+                ("heads off", ", ".join(d["ablated"]) or "none"),
                 ("ablation", d["ablation"]),
                 ("accuracy", f"{acc['accuracy']:.4f} ({acc['correct']}/{acc['n']} {acc['split']})"),
             )
