@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list the registered tasks (and where each comes from) and the named checkpoints")
     _shapley_parser(sub)
+    _hypothesis_parser(sub)
     return p
 
 
@@ -729,6 +730,84 @@ def cmd_shapley(args) -> int:
     return 0
 
 
+# ---- interp hypothesis: a causal model tested by interchange interventions ----------------------------------------
+def _hypothesis_parser(sub) -> None:
+    h = sub.add_parser(
+        "hypothesis",
+        help="test one of the task's hypotheses (a causal model's variable) by interchange interventions: its "
+        "accuracy (IIA) at each site, and with --das K distributed alignment search",
+    )
+    h.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
+    h.add_argument("name", nargs="?", default=None, help="the hypothesis (without it: list the task's hypotheses)")
+    h.add_argument(
+        "--site",
+        action="append",
+        default=None,
+        metavar="SITE",
+        help="where to look (repeatable): L0H3, L0H1+L0H3, L0H*, resid_pre.1, resid_post.0, attn_out.1, mlp_out.0, "
+        "each with an optional @POSITION (answer, answer-1, last, an integer, or a position the hypothesis names); "
+        "default: the hypothesis's sites",
+    )
+    h.add_argument(
+        "--das",
+        type=_positive_int,
+        default=None,
+        metavar="K",
+        help="also learn a K-dimensional subspace by distributed alignment search (at the hypothesis's DAS site, or "
+        "at each --site), trained on half of the split's examples and scored on the other half with the other rows",
+    )
+    h.add_argument("--pairs", type=_positive_int, default=1000, help="(base, source) pairs (default 1000)")
+    h.add_argument(
+        "--changed",
+        type=_checked(float, lambda v: 0 <= v <= 1, "a share in [0, 1]"),
+        default=0.5,
+        help="share of drawn pairs whose counterfactual answer differs from the base answer (default 0.5)",
+    )
+    h.add_argument("--split", default="test", help="the task split the pairs come from (default: test)")
+    h.add_argument("--steps", type=_positive_int, default=300, help="DAS training steps (default 300)")
+    h.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the pairs and of DAS (default 0)")
+    h.add_argument("--json", action="store_true", help="print one JSON object")
+    h.add_argument("--out", default=None, help="also save the JSON to this file")
+    _add_common(h)
+
+
+def cmd_hypothesis(args) -> int:
+    from interp.analyses import suite_for
+    from interp.analyses.hypotheses import evaluate_hypothesis
+    from interp.loading import load_checkpoint
+
+    _set_threads(args)
+    with _output(args.out, "the hypothesis JSON") as output:
+        ckpt = load_checkpoint(args.checkpoint, device=args.device)
+        task = ckpt.task
+        found = suite_for(task).hypotheses(task)
+        listing = "; ".join(f"{k} ({h.about})" if h.about else k for k, h in found.items()) or "none"
+        if args.name is None:
+            print(f"hypotheses of {task.name}: {listing}")
+            return 0
+        if args.name not in found:
+            raise ConfigError(f"unknown hypothesis {args.name!r} for task {task.name}; its hypotheses: {listing}")
+        if args.split not in task.splits:
+            raise ConfigError(f"unknown split {args.split!r}; task {task.name} has {list(task.splits)}")
+        result = evaluate_hypothesis(
+            ckpt.model,
+            task.dataset(args.split),
+            hypothesis=found[args.name],
+            sites=args.site,
+            das=args.das,
+            pairs=args.pairs,
+            changed=args.changed,
+            seed=args.seed,
+            steps=args.steps,
+        )
+        result.info.update({"checkpoint": str(ckpt.path or args.checkpoint), "split": args.split, "name": args.name})
+        text = result.to_json()
+        if output is not None:
+            output.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+    print(text if args.json else result.text())
+    return 0
+
+
 COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
@@ -738,6 +817,7 @@ COMMANDS = {
     "table": cmd_table,
     "shapley": cmd_shapley,
     "list": cmd_list,
+    "hypothesis": cmd_hypothesis,
 }
 
 

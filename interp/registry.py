@@ -333,7 +333,7 @@ def suite_of(task_or_name: Task | str) -> Suite | None:
     if suite is not None and not isinstance(suite, Suite):
         raise TaskError(
             f"the suite of task {name!r} is a {type(suite).__name__}, not an interp.suite.Suite (analyze, "
-            "add_report_sections, add_sweep_sections, finish_run and the explorer's hooks)"
+            "add_report_sections, add_sweep_sections, finish_run, the explorer's hooks and hypotheses)"
         )
     _suites[name] = suite
     return suite

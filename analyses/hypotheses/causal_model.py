@@ -12,7 +12,8 @@ network should predict at the **readout** position (by default each example's an
         output="answer",
     )
 
-A variable's parents are the names of its function's parameters (or ``Variable(fn, parents=(...))``). An
+A variable's parents are the names of its function's parameters (or ``Variable(fn, parents=(...))``); a parameter
+named like the variable itself reads the data (``"a": lambda a: a`` is the operand ``a`` as a variable). An
 **intervention** fixes a variable to given values and recomputes what depends on it; an **interchange** sets a
 variable of the *base* input to the value it takes on a *source* input, and the output then is the counterfactual
 output an aligned network should give when its aligned site is patched from the source run (Geiger et al. 2021;
@@ -110,7 +111,9 @@ class CausalModel:
         self.about = about
         self.parents = {k: v.parent_names(k) for k, v in self.variables.items()}
         self.order = self._topological_order()
-        self.inputs = tuple(sorted({p for ps in self.parents.values() for p in ps if p not in self.variables}))
+        self.inputs = tuple(
+            sorted({p for k, ps in self.parents.items() for p in ps if p not in self.variables or p == k})
+        )
 
     def _topological_order(self) -> list[str]:
         order: list[str] = []
@@ -123,7 +126,7 @@ class CausalModel:
                 raise ConfigError(f"the causal model has a cycle: {' -> '.join((*path, name))}")
             state[name] = 1
             for p in self.parents[name]:
-                if p in self.variables:
+                if p in self.variables and p != name:
                     visit(p, (*path, name))
             state[name] = 2
             order.append(name)
@@ -145,7 +148,7 @@ class CausalModel:
         """The variables that depend on ``variable`` (itself included)."""
         out = {variable}
         for k in self.order:
-            if any(p in out for p in self.parents[k]):
+            if any(p in out and p != k for p in self.parents[k]):
                 out.add(k)
         return out
 
@@ -180,7 +183,10 @@ class CausalModel:
             if k in interventions:
                 env[k] = torch.as_tensor(interventions[k], device=data.device)
                 continue
-            args = [env[p] if p in self.variables else self._input(data, p).to(data.device) for p in self.parents[k]]
+            args = [
+                env[p] if p in self.variables and p != k else self._input(data, p).to(data.device)
+                for p in self.parents[k]
+            ]
             try:
                 value = self.variables[k].fn(*args)
             except Exception as e:  # a user's function failed: name the variable, keep the cause
