@@ -142,6 +142,16 @@ def _ia_results():
     }
 
 
+def _hypothesis_results(ck):
+    """Interchange interventions and DAS of the noisy-majority hypothesis ``diff`` on the small model."""
+    from interp.analyses import suite_for
+    from interp.analyses.hypotheses import evaluate_hypothesis
+
+    hyp = suite_for(ck.task).hypotheses(ck.task)["diff"]
+    res = evaluate_hypothesis(ck.model, ck.task.dataset("test"), hypothesis=hyp, das=1, pairs=20, steps=3)
+    return {"CausalAbstraction": res}
+
+
 def _explorer_results(ck):
     """The explorer's two results (interp.app.explorer.results): the prediction under the mask and the view."""
     import interp
@@ -224,6 +234,7 @@ def results(nm, rt):
         **_ia_results(),
         **_population_results(nm),
         **_explorer_results(nm),
+        **_hypothesis_results(nm),
         "TaskSummary": generic_analyze(nm),  # the generic suite's, as for a task that registered no suite
     }
 

@@ -69,14 +69,21 @@ def principal_angles(a: Tensor, b: Tensor) -> Tensor:
     return torch.arccos(s).flip(0)
 
 
-def _split_pairs(data: TaskData, seed: int) -> tuple[TaskData, TaskData]:
+def _split_pairs(data: TaskData, seed: int) -> tuple[TaskData, TaskData, Tensor]:
     """Two disjoint halves of ``data`` (a seeded permutation): training pairs come from the first, held-out pairs from
-    the second, so no held-out example was seen in training."""
+    the second, so no held-out example was seen in training. Also the second half's indices into ``data``."""
     if len(data) < 4:
         raise TaskError(f"held-out pairs need at least four examples to split; the data has {len(data)}")
-    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(seed) + 7919)).to(data.device)
+    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(seed) + 7919))
     half = len(data) // 2
-    return data.select(perm[:half]), data.select(perm[half:])
+    return data.select(perm[:half].to(data.device)), data.select(perm[half:].to(data.device)), perm[half:]
+
+
+def remap(pairs: Pairs | None, index: Tensor | None) -> Pairs | None:
+    """Pairs drawn from a subset of the data, re-indexed into the whole (``index``: the subset's rows)."""
+    if pairs is None or index is None:
+        return pairs
+    return Pairs(index[pairs.base], index[pairs.source], pairs.changed, pairs.variable, pairs.target, pairs.seed)
 
 
 def distributed_alignment_search(
@@ -125,8 +132,9 @@ def distributed_alignment_search(
         raise ConfigError(f"lr must be positive, got {lr!r}")
     var = causal_model.check_variable(variable)
     pos = causal_model.readout if the_site.position is None else the_site.position
+    held_index = None
     if train is None and source is None:
-        train_data, data = _split_pairs(data, seed)
+        train_data, data, held_index = _split_pairs(data, seed)
         split_note = "training and held-out pairs from two disjoint halves of the data"
     else:
         train_data = data if train is None else check_inputs(model, train, None, batch_size)
@@ -197,7 +205,7 @@ def distributed_alignment_search(
         src,
         causal_model=causal_model,
         aligned=rows,
-        pairs=drawn,
+        pairs=remap(drawn, held_index),
         method=method,
         batch_size=batch_size,
         how=describe_pairs(drawn, changed),

@@ -144,6 +144,7 @@ class Engine:
                         f"site {p.site.where()}: this model has no {p.site.hook} in layer {p.site.layer} "
                         "(an attention-only or parallel block has no resid_mid or mlp_out)"
                     )
+        self._prefixes: dict[int, Tensor] = {}
         self._cache_sources()
         self._base_pass()
         last = model.cfg.n_layers - 1
@@ -395,7 +396,18 @@ class Engine:
         whole site); differentiable in the bases (outside inference mode)."""
         if self.direct[j]:
             return self._direct_logits(j, rows, bases)
-        return self._hooked_logits([j], rows, {j: bases})
+        start = min(p.site.layer for p in self.plans[j])
+        prefix = None
+        if start > 0:  # the base runs up to the first patched layer do not change between calls: cached once
+            if start not in self._prefixes:
+                t = int(self.base.lengths.max())
+                full = torch.zeros(self.n, t, self.model.cfg.d_model, device=self.readout.device, dtype=self.model.cfg.dtype)
+                for idx in self._chunks(self.base.lengths):
+                    got = self._prefix(idx, start)
+                    full[idx, : got.shape[1]] = got.to(full.dtype)
+                self._prefixes[start] = full
+            prefix = self._prefixes[start][rows, : int(self.base.lengths[rows].max())]
+        return self._hooked_logits([j], rows, {j: bases}, prefix)
 
     def all_logits(self, bases: Sequence[Sequence[Tensor | None]] | None = None) -> Float[Tensor, "plan pair vocab"]:
         """Every plan's readout logits on every pair."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from interp.errors import ConfigError
 
 from .causal_model import CausalModel
-from .das import _split_pairs, distributed_alignment_search
+from .das import _split_pairs, distributed_alignment_search, remap
 from .interchange import check_inputs, describe_pairs, draw_pairs, run_alignments
 from .result import CausalAbstraction
 from .sites import parse_site
@@ -84,9 +84,9 @@ def evaluate_hypothesis(
         raise ConfigError("no sites to test: give sites=[...] (e.g. 'L0H3@answer')")
     positions = (site_list or das_sites)[0].position
     positions = cm.readout if positions is None else positions
-    tr_data = train
+    tr_data, held_index = train, None
     if das_sites and train is None:  # DAS trains on one half of the examples; every row is scored on the other
-        tr_data, data = _split_pairs(data, seed)
+        tr_data, data, held_index = _split_pairs(data, seed)
     train_pairs = None
     if hypothesis.pairs is not None:
         base, src = hypothesis.pairs(data, pairs, seed)
@@ -103,6 +103,7 @@ def evaluate_hypothesis(
             same=hypothesis.same, positions=positions,
         )  # fmt: skip
         how = describe_pairs(drawn, changed)
+    drawn = remap(drawn, held_index)  # indices into the data given
     result = None
     if site_list:
         result = run_alignments(
