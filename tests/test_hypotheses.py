@@ -177,7 +177,10 @@ def sites_for(model) -> list[Site]:
     return out
 
 
-@pytest.mark.parametrize("shape", [*SHAPES, "user's HookedTransformer"])
+@pytest.mark.parametrize(
+    "shape",
+    ["1 head", *(pytest.param(s, marks=pytest.mark.slow) for s in [*list(SHAPES)[1:], "user's HookedTransformer"])],
+)
 def test_iia_equals_a_plain_loop(small, shape):
     model = shaped_model(small, shape)
     cm = majority_model(small)
@@ -399,6 +402,7 @@ def test_bad_input_is_one_clear_error(nm_ckpt, small):
         interchange_accuracy(model, other, causal_model=cm, alignment=al, pairs=10)
 
 
+@pytest.mark.slow
 def test_batch_size_changes_memory_not_numbers(small):
     model = shaped_model(small, "2 layers with MLP")
     cm = majority_model(small)
@@ -424,3 +428,73 @@ def test_the_result_protocol(nm_ckpt):
     assert len(d["rows"]) == 4 and d["das"][0]["k"] == 1 and len(d["das"][0]["basis"]) == 4
     merged = res.merged(res)
     assert len(merged.labels) == 8
+
+
+# -- the shipped hypotheses, the suites' hook and the command line ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_every_shipped_task_offers_hypotheses():
+    from interp.analyses import suite_for
+    from interp.analyses.generic_suite import SUITE
+
+    names = {
+        "noisy-majority": {"diff", "sign"},
+        "integer-addition": {"carry1", "carry5", "digit0", "digit5"},
+        "repeated-tokens": {"prev", "next"},
+        "modular-addition": {"a", "b"},
+    }
+    for task_name, want in names.items():
+        task = get_task(task_name)
+        got = suite_for(task).hypotheses(task)
+        assert want <= set(got), task_name
+    assert SUITE.hypotheses(get_task("noisy-majority")) == {}
+
+
+@pytest.mark.slow
+def test_shipped_hypotheses_on_the_shipped_models():
+    from interp.analyses import suite_for
+    from interp.analyses.hypotheses import evaluate_hypothesis
+    from interp.tasks import load_checkpoint
+
+    ia = load_checkpoint("integer-addition", device="cpu")
+    hyp = suite_for(ia.task).hypotheses(ia.task)["carry2"]
+    data = ia.task.dataset("test").select(slice(0, 400))
+    res = evaluate_hypothesis(ia.model, data, hypothesis=hyp, sites=["L0H3@out2", "L1H0@out2"], pairs=80)
+    assert res.base_accuracy == 1.0 and res.info["readout"] == "out2"
+    assert res["L0H3@out2"] > res["L1H0@out2"]  # (measured on 1,000 pairs: 0.79 and 0.50, the no-patch score)
+    rt = load_checkpoint("repeated-tokens", device="cpu")
+    hyp = suite_for(rt.task).hypotheses(rt.task)["prev"]
+    test = rt.task.dataset("test")
+    base, source = hyp.pairs(test, 40, 0)
+    diff = (base.tokens != source.tokens).sum(1)
+    assert bool((diff == 2).all())  # two tokens exchanged, before the two patched positions
+    keys = base.fields["keys"]
+    assert torch.equal(base.tokens[torch.arange(40), keys[:, 0] - 1], source.tokens[torch.arange(40), keys[:, 1] - 1])
+    cm = hyp.causal_model
+    changed = cm.interchange(base, source, "prev", keys, source.fields["keys"]) != cm.output_of(base)
+    assert bool(changed[::2].all()) and not bool(changed[1::2].any())  # even rows: the key and a decoy
+    res = evaluate_hypothesis(rt.model, test, hypothesis=hyp, sites=["L0H0@keys", "L0H1@keys"], pairs=40)
+    assert res.base_accuracy == 1.0 and res["L0H1@keys"] > res["L0H0@keys"]
+
+
+@pytest.mark.slow
+def test_the_command_line(tmp_path, capsys):
+    from interp.app.cli import main
+
+    assert main(["hypothesis", "noisy-majority", "--device", "cpu"]) == 0
+    assert "diff (" in capsys.readouterr().out
+    assert main(["hypothesis", "noisy-majority", "nope", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown hypothesis 'nope'" in err and "diff" in err and err.count("\n") == 1
+    out = tmp_path / "h.json"
+    rc = main(
+        ["hypothesis", "noisy-majority", "diff", "--site", "L0H8", "--site", "L0H*@answer", "--pairs", "40", "--json"]
+        + ["--out", str(out), "--device", "cpu"]
+    )
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d == json.loads(out.read_text()) and [r["site"] for r in d["rows"]] == ["L0H8", "L0H0-15@answer"]
+    assert d["rows"][1]["iia"] == 1.0
+    assert main(["hypothesis", "noisy-majority", "diff", "--site", "L9H0", "--device", "cpu"]) == 1
+    assert "out of range" in capsys.readouterr().err

@@ -162,11 +162,12 @@ class Engine:
 
     # -- caches ---------------------------------------------------------------------------------------------------
 
-    def _chunks(self, lengths: Tensor, query: bool = False):
+    def _chunks(self, lengths: Tensor, query: bool = False, stacked: bool = False):
         """Index chunks of the pairs, sorted by length, of at most the row budget (``batch_size``, or one sized for
-        the longest sequence; ``query``: for the query-restricted forward, linear in the length)."""
+        the longest sequence; ``query``: for the query-restricted forward, linear in the length; ``stacked``: for the
+        patched forwards)."""
         order = torch.argsort(lengths.cpu(), stable=True).to(lengths.device)
-        size = self._rows_for(lengths, query)
+        size = self._stacked_rows() if stacked else self._rows_for(lengths, query)
         for start in range(0, len(order), size):
             yield order[start : start + size]
 
@@ -177,6 +178,13 @@ class Engine:
             return self.batch_size
         t = max(int(lengths.max()), 1)
         return max(1, DEFAULT_BUDGET // (t if query else t * t))
+
+    def _stacked_rows(self) -> int:
+        """Rows of one patched forward: activation patching's rule (``batch_size``; on the CPU few enough rows that
+        their activations stay in cache, measured faster per row; elsewhere the memory budget)."""
+        from interp.analyses.patching import _rows_per_chunk
+
+        return _rows_per_chunk(self.model, max(int(self.base.lengths.max()), 1), self.batch_size)
 
     def _cache_sources(self) -> None:
         """Each patch's source vectors ``[pair, m, dim]`` and the source run's logits at its readout, from one pass
@@ -427,8 +435,8 @@ class Engine:
                 for j in hooked:
                     by_start.setdefault(min(p.site.layer for p in self.plans[j]), []).append(j)
                 bmap = {j: bases[j] for j in hooked}
-                budget = self._rows_for(self.base.lengths)
-                for idx in self._chunks(self.base.lengths):
+                budget = self._stacked_rows()
+                for idx in self._chunks(self.base.lengths, stacked=True):
                     per = max(1, budget // len(idx))  # plans per forward within the row budget
                     for start, group in by_start.items():
                         prefix = self._prefix(idx, start)

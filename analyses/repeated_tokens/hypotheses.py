@@ -8,8 +8,9 @@ the query token (the token that followed the previous occurrence).
 ``prev``: is the previous token in layer 0's head output at the key position? Pairs are built per example
 (:func:`key_swap_pairs`): the query is the last position of the second copy of ``R`` whose token occurs once before
 it, the key ``k`` the position after that occurrence, and the source is the base with the tokens before two positions
-exchanged: before the key and before a random decoy position (half the pairs: the output should become the decoy's
-token), or before two decoys (the other half: the output should not move). The sites patch both positions.
+exchanged: before the key and before a random decoy position whose token differs from the key's (half the pairs:
+the output should become the decoy's token), or before two decoys whose previous tokens differ (the other half: the
+source differs from the base, the output should not move). The sites patch both positions.
 
 ``next``: the output itself, interchanged between random sequences at the query (the data's answer position):
 which site decides what is copied.
@@ -90,10 +91,16 @@ def key_swap_pairs(data: TaskData, n: int, seed: int) -> tuple[TaskData, TaskDat
     keys = torch.zeros(n, 2, dtype=torch.long)
     src_tok = base_tok.clone()
     for i in range(n):
-        cands = [p for p in range(2, int(qp[i]) + 1) if p != int(key[i])]
-        a, b = torch.randperm(len(cands), generator=gen)[:2].tolist()
-        first = int(key[i]) if i % 2 == 0 else cands[b]
-        keys[i] = torch.tensor([first, cands[a]])
+        t, k = base_tok[i], int(key[i])
+        cands = [p for p in range(2, int(qp[i]) + 1) if p != k]
+        if i % 2 == 0:  # the key and a decoy whose token differs from the key's: the output moves
+            pool = [p for p in cands if p != k - 1 and t[p] != t[k]] or cands
+            first, second = k, pool[int(torch.randint(0, len(pool), (1,), generator=gen))]
+        else:  # two decoys with different previous tokens: the source differs, the output stays
+            first = cands[int(torch.randint(0, len(cands), (1,), generator=gen))]
+            pool = [p for p in cands if p != first and t[p - 1] != t[first - 1]] or [p for p in cands if p != first]
+            second = pool[int(torch.randint(0, len(pool), (1,), generator=gen))]
+        keys[i] = torch.tensor([first, second])
         p0, p1 = keys[i] - 1
         src_tok[i, p0], src_tok[i, p1] = base_tok[i, p1], base_tok[i, p0]
     base = data.select(pick.to(data.device))
