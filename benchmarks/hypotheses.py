@@ -79,9 +79,11 @@ def main() -> None:
         model, data, causal_model=cm, variable="diff", site="L0H*@answer", k=1, steps=args.steps
     )
     rec = das.das[0]
-    print(f"DAS {rec['site']} (dim {rec['dim']}, {rec['method']}): training {rec['seconds']:.1f} s, in all "
-          f"{time.perf_counter() - t0:.1f} s; held-out IIA learned {rec['heldout_iia']:.3f}, random mean "
-          f"{sum(rec['random_iia']) / len(rec['random_iia']):.3f}, whole {rec['whole_iia']:.3f}")
+    print(
+        f"DAS {rec['site']} (dim {rec['dim']}, {rec['method']}): training {rec['seconds']:.1f} s, in all "
+        f"{time.perf_counter() - t0:.1f} s; held-out IIA learned {rec['heldout_iia']:.3f}, random mean "
+        f"{sum(rec['random_iia']) / len(rec['random_iia']):.3f}, whole {rec['whole_iia']:.3f}"
+    )
     from interp.analyses.integer_addition.hypotheses import digit_model
 
     ia = load_checkpoint("integer-addition", device=args.device)
@@ -97,9 +99,11 @@ def main() -> None:
         same=("n_digits",),
     )
     rec = das.das[0]
-    print(f"DAS {rec['site']} of integer-addition (dim {rec['dim']}, {rec['method']}): training {rec['seconds']:.1f} s, "
-          f"in all {time.perf_counter() - t0:.1f} s; held-out IIA learned {rec['heldout_iia']:.3f}, random mean "
-          f"{sum(rec['random_iia']) / len(rec['random_iia']):.3f}, whole {rec['whole_iia']:.3f}")
+    print(
+        f"DAS {rec['site']} of integer-addition (dim {rec['dim']}, {rec['method']}): training {rec['seconds']:.1f} s, "
+        f"in all {time.perf_counter() - t0:.1f} s; held-out IIA learned {rec['heldout_iia']:.3f}, random mean "
+        f"{sum(rec['random_iia']) / len(rec['random_iia']):.3f}, whole {rec['whole_iia']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -226,7 +226,9 @@ def test_the_last_layer_shortcut_is_used_and_exact(nm_ckpt):
     assert torch.equal(fast.correct, hooks.correct)
     assert fast["L0H0-15"] == 1.0  # every head together carries the answer
     with pytest.raises(ConfigError, match="method='fast' needs every site in the last layer"):
-        interchange_accuracy(model, data, causal_model=cm, alignment=Alignment("diff", "resid_pre.0"), pairs=10, method="fast")
+        interchange_accuracy(
+            model, data, causal_model=cm, alignment=Alignment("diff", "resid_pre.0"), pairs=10, method="fast"
+        )
 
 
 def test_minimal_transformer_carries_diff_by_construction():
@@ -419,7 +421,16 @@ def test_the_result_protocol(nm_ckpt):
     data = task.dataset("test").select(slice(0, 300))
     cm = majority_model(task)
     res = distributed_alignment_search(
-        model, data, causal_model=cm, variable="diff", site="L0H8+L0H9", k=1, pairs=60, train_pairs=60, steps=10, n_random=2
+        model,
+        data,
+        causal_model=cm,
+        variable="diff",
+        site="L0H8+L0H9",
+        k=1,
+        pairs=60,
+        train_pairs=60,
+        steps=10,
+        n_random=2,
     )
     d = json.loads(res.to_json())
     again = CausalAbstraction.from_dict(d)
@@ -430,7 +441,7 @@ def test_the_result_protocol(nm_ckpt):
     assert len(merged.labels) == 8
 
 
-# -- the shipped hypotheses, the suites' hook and the command line ------------------------------------------------------
+# -- the shipped hypotheses, the suites' hook and the command line -----------------------------------------------------
 
 
 @pytest.mark.slow

@@ -197,7 +197,9 @@ class CausalModel:
             want = 2 if self.variables[k].positional else 1
             if v.dim() != want or v.shape[0] != b:
                 kind = "[batch, pos]" if want == 2 else "[batch]"
-                raise ConfigError(f"variable {k!r} gave a value of shape {tuple(v.shape)}; expected {kind} ({b} examples)")
+                raise ConfigError(
+                    f"variable {k!r} gave a value of shape {tuple(v.shape)}; expected {kind} ({b} examples)"
+                )
         out = env[self.output]
         if out.dtype in (torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.bool):
             raise ConfigError(f"the output {self.output!r} must be integer token ids, got dtype {out.dtype}")

@@ -33,7 +33,7 @@ from .engine import Engine, Patch
 from .interchange import check_inputs, describe_pairs, draw_pairs, run_alignments
 from .pairs import Pairs
 from .result import CausalAbstraction
-from .sites import Site, parse_site, resolve_positions
+from .sites import parse_site, resolve_positions
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -197,7 +197,9 @@ def distributed_alignment_search(
     where = the_site.name
     randoms = random_bases(dim, k, n_random, seed + 104729, dev, dtype)
     rows = [(f"{where} DAS k={k}", "das", variable, [the_site.with_basis(learned)])]
-    rows += [(f"{where} random k={k} #{i}", "random", variable, [the_site.with_basis(b)]) for i, b in enumerate(randoms)]
+    rows += [
+        (f"{where} random k={k} #{i}", "random", variable, [the_site.with_basis(b)]) for i, b in enumerate(randoms)
+    ]
     rows += [(f"{where} whole", "whole", variable, [the_site])]
     result = run_alignments(
         model,

@@ -246,7 +246,7 @@ class Engine:
                 else:
                     out, cache = self.model.run_with_cache(tokens, names_filter=lambda n: n in names)
                     logits.append(out[rows, at])
-                    for k in cache.keys():
+                    for k in cache:
                         acts.setdefault(k.split(".")[-1].removeprefix("hook_"), []).append(cache[k][rows, at])
                 order.append(idx)
         perm = torch.cat(order)
@@ -409,7 +409,9 @@ class Engine:
         if start > 0:  # the base runs up to the first patched layer do not change between calls: cached once
             if start not in self._prefixes:
                 t = int(self.base.lengths.max())
-                full = torch.zeros(self.n, t, self.model.cfg.d_model, device=self.readout.device, dtype=self.model.cfg.dtype)
+                full = torch.zeros(
+                    self.n, t, self.model.cfg.d_model, device=self.readout.device, dtype=self.model.cfg.dtype
+                )
                 for idx in self._chunks(self.base.lengths):
                     got = self._prefix(idx, start)
                     full[idx, : got.shape[1]] = got.to(full.dtype)
@@ -421,7 +423,9 @@ class Engine:
         """Every plan's readout logits on every pair."""
         bases = bases or [[p.site.basis for p in plan] for plan in self.plans]
         dtype = self.base_logits.dtype
-        out = torch.empty(len(self.plans), self.n, self.base_logits.shape[-1], device=self.base_logits.device, dtype=dtype)
+        out = torch.empty(
+            len(self.plans), self.n, self.base_logits.shape[-1], device=self.base_logits.device, dtype=dtype
+        )
         every = torch.arange(self.n, device=self.readout.device)
         hooked = [j for j in range(len(self.plans)) if not self.direct[j]]
         with torch.no_grad():

@@ -68,7 +68,11 @@ def alignments(variable: str, sites: Sequence[object]) -> list[Alignment]:
 def _alignment_list(alignment) -> list[Alignment]:
     if isinstance(alignment, Alignment):
         return [alignment]
-    if isinstance(alignment, Sequence) and not isinstance(alignment, str) and all(isinstance(a, Alignment) for a in alignment):
+    if (
+        isinstance(alignment, Sequence)
+        and not isinstance(alignment, str)
+        and all(isinstance(a, Alignment) for a in alignment)
+    ):
         if not alignment:
             raise ConfigError("alignment= is empty; give at least one Alignment")
         return list(alignment)

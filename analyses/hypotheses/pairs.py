@@ -118,7 +118,9 @@ def sample_pairs(
     pairs_s = torch.cat(got_same) if got_same else torch.zeros(0, 2, dtype=torch.long)
     if len(pairs_c) + len(pairs_s) == 0:
         raise TaskError(
-            "no pair of examples could be drawn" + (f" with equal {list(same)}" if same else "") + f" in {size} examples"
+            "no pair of examples could be drawn"
+            + (f" with equal {list(same)}" if same else "")
+            + f" in {size} examples"
         )
     flags = torch.cat([torch.ones(len(pairs_c), dtype=torch.bool), torch.zeros(len(pairs_s), dtype=torch.bool)])
     both = torch.cat([pairs_c, pairs_s])

@@ -11,6 +11,7 @@ prediction against the counterfactual output): what a site that carries nothing 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +75,9 @@ class CausalAbstraction(Result):
 
     def _masked(self, mask: Tensor) -> Tensor:
         n = mask.sum(1)
-        return torch.where(n > 0, (self.correct & mask).sum(1) / n.clamp(min=1), torch.full_like(n, float("nan"), dtype=torch.float))
+        return torch.where(
+            n > 0, (self.correct & mask).sum(1) / n.clamp(min=1), torch.full_like(n, float("nan"), dtype=torch.float)
+        )
 
     @property
     def iia_changed(self) -> Tensor:
@@ -133,7 +136,7 @@ class CausalAbstraction(Result):
             )
         return out
 
-    # -- protocol -------------------------------------------------------------------------------------------------------
+    # -- protocol ------------------------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
         def idx(x):
@@ -320,4 +323,4 @@ class CausalAbstraction(Result):
 
 
 def _fmt(x: float) -> str:
-    return "-" if x != x else f"{x:.3f}"
+    return "-" if math.isnan(x) else f"{x:.3f}"

@@ -7,11 +7,11 @@ the heads' values concatenated) or the residual stream (``resid_pre``, ``resid_m
 subspace is taken from the source run).
 
 Written as text (the command line's ``--site``): ``L0H3`` (head 3 of layer 0), ``L0H1+L0H3`` (two heads together),
-``L0H*`` (every head of layer 0 together), ``L0H2-5`` (heads 2 to 5 together), ``resid_pre.1``, ``resid_post.0``, ``attn_out.1``, ``mlp_out.0``, each with
-an optional ``@POSITION``: ``answer`` (each example's answer position), ``answer-1`` / ``answer+2``, ``last`` (each
-example's last real token), an integer (an absolute position), or a position the causal model names. Without one a
-site sits at the causal model's readout, the position whose prediction is compared with the output.
-"""
+``L0H*`` (every head of layer 0 together), ``L0H2-5`` (heads 2 to 5 together), ``resid_pre.1``, ``resid_post.0``,
+``attn_out.1``, ``mlp_out.0``, each with an optional ``@POSITION``: ``answer`` (each example's answer position),
+``answer-1`` / ``answer+2``, ``last`` (each example's last real token), an integer (an absolute position), or a position
+the causal model names. Without one a site sits at the causal model's readout, the position whose prediction is compared
+with the output."""
 
 from __future__ import annotations
 
@@ -102,15 +102,21 @@ class Site:
         orthonormal); returns the site."""
         cfg = model.cfg
         if not 0 <= self.layer < cfg.n_layers:
-            raise HeadError(f"site {self.name}: layer {self.layer} is out of range; the model has layers 0..{cfg.n_layers - 1}")
+            raise HeadError(
+                f"site {self.name}: layer {self.layer} is out of range; the model has layers 0..{cfg.n_layers - 1}"
+            )
         bad = [h for h in self.heads if not 0 <= h < cfg.n_heads]
         if bad:
-            raise HeadError(f"site {self.name}: head(s) {bad} out of range; layer {self.layer} has heads 0..{cfg.n_heads - 1}")
+            raise HeadError(
+                f"site {self.name}: head(s) {bad} out of range; layer {self.layer} has heads 0..{cfg.n_heads - 1}"
+            )
         if self.basis is not None:
             b = self.basis
             d = self.dim(model)
             if b.dim() != 2 or b.shape[0] != d or not 1 <= b.shape[1] <= d:
-                raise ConfigError(f"site {self.where()}: basis of shape {tuple(b.shape)}; expected [{d}, k] with 1 <= k <= {d}")
+                raise ConfigError(
+                    f"site {self.where()}: basis of shape {tuple(b.shape)}; expected [{d}, k] with 1 <= k <= {d}"
+                )
             gram = b.detach().double().T @ b.detach().double()
             if not torch.allclose(gram, torch.eye(b.shape[1], dtype=torch.float64, device=b.device), atol=1e-4):
                 raise ConfigError(f"site {self.where()}: the basis columns must be orthonormal (B^T B = I)")
@@ -144,7 +150,9 @@ def parse_site(spec: object, model: HookedTransformer, position=None) -> Site:
             )
         lay = int(hm.group(1))
         if layer is not None and lay != layer:
-            raise ConfigError(f"site {spec!r}: heads patched together must be of one layer (one hook); got {layer} and {lay}")
+            raise ConfigError(
+                f"site {spec!r}: heads patched together must be of one layer (one hook); got {layer} and {lay}"
+            )
         layer = lay
         if hm.group(2) == "*":
             heads += list(range(cfg.n_heads))

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from interp.analyses.hypotheses import CausalModel, Hypothesis, Variable
 from interp.heads import head_label
 from interp.tasks.integer_addition import answer_positions

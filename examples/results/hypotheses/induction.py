@@ -31,7 +31,7 @@ from interp.tasks import load_checkpoint
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     opts = {a.split("=", 1)[0][2:]: a.split("=", 1)[1] for a in argv if a.startswith("--")}
-    out = Path([a for a in argv if not a.startswith("--")][0])
+    out = Path(next(a for a in argv if not a.startswith("--")))
     pairs, steps = int(opts.get("pairs", 1000)), int(opts.get("steps", 300))
     ck = load_checkpoint("repeated-tokens", device="cpu")
     model, task = ck.model, ck.task
@@ -72,7 +72,9 @@ def main(argv: list[str]) -> None:
     print(json.dumps(breakdown, indent=1))
     das = {}
     for k in (4, 8, 16):
-        r = evaluate_hypothesis(model, test, hypothesis=hyps["prev"], sites=["L0H1@keys"], das=k, pairs=pairs, steps=steps)
+        r = evaluate_hypothesis(
+            model, test, hypothesis=hyps["prev"], sites=["L0H1@keys"], das=k, pairs=pairs, steps=steps
+        )
         rec = r.das[0]
         das[k] = {
             "heldout": rec["heldout_iia"],

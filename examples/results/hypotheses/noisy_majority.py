@@ -88,7 +88,7 @@ def additive(model, data, basis: torch.Tensor, n: int, seed: int = 0) -> dict:
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     opts = {a.split("=", 1)[0][2:]: a.split("=", 1)[1] for a in argv if a.startswith("--")}
-    out = Path([a for a in argv if not a.startswith("--")][0])
+    out = Path(next(a for a in argv if not a.startswith("--")))
     pairs, steps = int(opts.get("pairs", 1000)), int(opts.get("steps", 300))
     ck = load_checkpoint("noisy-majority", device="cpu")
     model, task = ck.model, ck.task
