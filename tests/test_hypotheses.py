@@ -177,10 +177,22 @@ def sites_for(model) -> list[Site]:
     return out
 
 
-@pytest.mark.parametrize(
-    "shape",
-    ["1 head", *(pytest.param(s, marks=pytest.mark.slow) for s in [*list(SHAPES)[1:], "user's HookedTransformer"])],
-)
+def test_iia_equals_a_plain_loop_small(small):
+    """The default suite's copy of the check below: one head, six pairs, three sites."""
+    model = shaped_model(small, "1 head")
+    cm = majority_model(small)
+    data = small.dataset("test")
+    sites = sites_for(model)[:4:2] + [sites_for(model)[5]]  # a head, a head set, a residual subspace
+    pairs = sample_pairs(data, causal_model=cm, variable="diff", n=6, seed=2)
+    base, source = pairs.select(data)
+    with torch.no_grad():
+        ref = torch.stack([loop_logits(model, base, source, [_loop_site(s, model)]) for s in sites])
+    res = interchange_accuracy(model, data, causal_model=cm, alignment=alignments("diff", sites), pairs=pairs)
+    assert torch.equal(res.correct, ref.argmax(-1) == cm.interchange(base, source, "diff")[None])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [*SHAPES, "user's HookedTransformer"])
 def test_iia_equals_a_plain_loop(small, shape):
     model = shaped_model(small, shape)
     cm = majority_model(small)
@@ -214,6 +226,7 @@ def test_iia_equals_a_plain_loop(small, shape):
     assert torch.equal(res.correct[0], ref.argmax(-1) == cm.interchange(base, source, "diff"))
 
 
+@pytest.mark.slow
 def test_the_last_layer_shortcut_is_used_and_exact(nm_ckpt):
     model = nm_ckpt.model
     task = get_task("noisy-majority", test_size=200, test_lengths=[20, 40])  # shorter than trained: no positions
@@ -296,6 +309,7 @@ def planted_model(d_head: int = 8, c_signal: float = 4.0, c_noise: float = 16.0,
     return model, data, u[:, None]
 
 
+@pytest.mark.slow
 def test_das_finds_a_planted_subspace():
     model, data, planted = planted_model()
     cm = CausalModel({"bit": lambda x: x, "out": lambda bit: bit}, output="out", name="planted bit")
@@ -416,6 +430,7 @@ def test_batch_size_changes_memory_not_numbers(small):
     assert torch.equal(a.correct, b.correct) and torch.equal(a.correct, c.correct)
 
 
+@pytest.mark.slow
 def test_the_result_protocol(nm_ckpt):
     model, task = nm_ckpt.model, nm_ckpt.task
     data = task.dataset("test").select(slice(0, 300))
