@@ -524,3 +524,31 @@ def test_the_command_line(tmp_path, capsys):
     assert d["rows"][1]["iia"] == 1.0
     assert main(["hypothesis", "noisy-majority", "diff", "--site", "L9H0", "--device", "cpu"]) == 1
     assert "out of range" in capsys.readouterr().err
+
+
+def test_the_shipped_population_summary_is_a_recount_of_its_runs():
+    """examples/results/hypotheses/population_d8.json (docs/hypotheses.md's population answer): the failing runs, the
+    shares and their Wilson intervals, recounted here from the per-run numbers."""
+    from pathlib import Path
+
+    from interp.analyses.populations import wilson_interval
+
+    doc = json.loads(
+        (Path(__file__).resolve().parents[1] / "examples/results/hypotheses/population_d8.json").read_text()
+    )
+    runs = doc["runs"]
+    assert len(runs) == 100 and len({r["seed"] for r in runs}) == 100
+    fail = [r for r in runs if r["test_accuracy"] < 1.0]
+    ok = [r for r in runs if r["test_accuracy"] >= 1.0]
+    assert doc["summary"]["failing"] == len(fail) == 18 and doc["summary"]["succeeding"] == len(ok) == 82
+    for name, key in (
+        ("probe_accuracy == 1", "probe_accuracy"),
+        ("readout_best_threshold == 1", "readout_best_threshold"),
+    ):
+        for group, rows in (("failing", fail), ("succeeding", ok)):
+            k = sum(r[key] >= 1.0 for r in rows)
+            got = doc["summary"]["shares"][name][group]
+            assert (got["k"], got["n"]) == (k, len(rows))
+            assert (got["low"], got["high"]) == pytest.approx(wilson_interval(k, len(rows)))
+    assert sum(r["probe_accuracy"] >= 1.0 for r in fail) == 18  # the docs' answer: every failing run carries the count
+    assert sum(r["readout_best_threshold"] >= 1.0 for r in fail) == 10
