@@ -1,7 +1,7 @@
 """The shipped induction model (``repeated-tokens``: 2 attention-only layers of 2 heads): is the previous token in
 layer 0's head output at the key position?
 
-    python examples/results/hypotheses/induction.py OUT.json [--pairs 1000] [--steps 300]
+    python examples/results/hypotheses/induction.py OUT.json [--pairs=1000] [--steps=300]
 
 1. The shipped hypothesis ``prev`` (``interp hypothesis repeated-tokens prev``): pairs built per example (the key's
    previous token exchanged with a decoy position's in the source; half the pairs exchange two decoys instead), IIA

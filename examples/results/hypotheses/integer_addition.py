@@ -2,7 +2,7 @@
 carries? (Quirke and Barez 2024, *Understanding Addition in Transformers*: base add, make carry 1 (MC1), make sum 9
 (MS9) and sum-9 cascades.)
 
-    python examples/results/hypotheses/integer_addition.py OUT.json [--pairs 1000] [--steps 300]
+    python examples/results/hypotheses/integer_addition.py OUT.json [--pairs=1000] [--steps=300]
 
 For each answer digit k = 1 .. 5, the shipped hypothesis ``carry{k}`` (``interp hypothesis integer-addition
 carryK --das 1``): IIA of the carry into digit k at every head and every layer's attention and MLP outputs where

@@ -1,7 +1,7 @@
 """The shipped noisy-majority model (1 layer, 16 heads of d_head 2, no positions): is ``diff = n0 - n1`` (or only its
 sign) carried by the heads the analyses single out, in one direction?
 
-    python examples/results/hypotheses/noisy_majority.py OUT.json [--pairs 1000] [--steps 300]
+    python examples/results/hypotheses/noisy_majority.py OUT.json [--pairs=1000] [--steps=300]
 
 1. The shipped hypothesis ``diff`` (``interp hypothesis noisy-majority diff --das 1``): IIA of each head's output at
    '=' alone, of all 16 together, of the residual stream after the layer, and DAS: a 1-dimensional subspace of the

@@ -1,7 +1,7 @@
 """Across a population: does each run of a noisy-majority sweep carry the count difference, and do failing runs
 carry it and misread it, or not carry it?
 
-    python examples/results/hypotheses/population.py SWEEP_DIR OUT.json [KEY=VALUE ...] [--pairs N] [--steps S]
+    python examples/results/hypotheses/population.py SWEEP_DIR OUT.json [KEY=VALUE ...] [--pairs=N] [--steps=S]
 
 For each selected run (KEY=VALUE selects rows of SWEEP_DIR/results.jsonl, as ``interp table`` reads them), on its
 test split:
