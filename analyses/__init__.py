@@ -42,7 +42,7 @@ _NAMES = {
         "head_features",
     ],
     "interp.analyses.circuits": [
-        "Circuit",
+        "CircuitMatrix",
         "OVCopying",
         "LogitDecomposition",
         "full_qk_circuit",

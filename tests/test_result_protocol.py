@@ -94,7 +94,7 @@ def _rt_results(ck):
         "PathPatching": path_patching(ck.model, clean, corrupted=corrupted),
         "HeadScores": head_scores(ck.model, toks),
         "AblationTest": ablation_induction_test(ck.model, toks, path="key"),
-        "Circuit": full_qk_circuit(ck.model, heads="L1H0", vocab=ck.task.vocab),
+        "CircuitMatrix": full_qk_circuit(ck.model, heads="L1H0", vocab=ck.task.vocab),
         "OVCopying": ov_copying(ck.model),
         "LogitDecomposition": logit_decomposition(ck.model, ck.task.dataset("test").select(slice(0, 4))),
         "CompositionScores": composition_scores(ck.model, n_baseline=50),
