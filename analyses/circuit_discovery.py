@@ -240,6 +240,29 @@ def top_k_masks(scores: Float[Tensor, " edge"], sizes: Sequence[int]) -> Tensor:
     return masks
 
 
+def _smallest_reaching(ctx: Context, scores: Tensor, sizes: list[int], values: list[float], empty: float,
+                       target: float) -> int:  # fmt: skip
+    """The smallest k whose top-k circuit reaches faithfulness ``target``: the first curve point that does, then
+    bisection between it and the point before (faithfulness need not grow with k; this finds one crossing)."""
+    span = ctx.full - empty
+
+    def ok(m: float) -> bool:
+        return abs(span) > 1e-12 and (m - empty) / span >= target
+
+    hits = [i for i, m in enumerate(values) if ok(m)]
+    if not hits:
+        return ctx.graph.n_edges
+    hi = sizes[hits[0]]
+    lo = sizes[hits[0] - 1] if hits[0] > 0 else -1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(float(circuit_metrics(ctx, top_k_masks(scores, [mid]))[0])):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def _scores(ctx: Context, method: str, steps: int | None, tau: float | None) -> tuple[Tensor, Tensor | None]:
     if method == "patching":
         return edge_patching(ctx), None
@@ -264,7 +287,7 @@ def discover_circuit(
     threshold: float | None = None,
     tau: float | None = None,
     target: float = 0.9,
-    curve: bool = True,
+    curve_points: int = CURVE_POINTS,
     batch_size: int | None = None,
     device: str | None = None,
 ) -> Circuit:
@@ -277,7 +300,8 @@ def discover_circuit(
     M(empty)|... see below). Kept edges: ``top_n``, or ``|score| >= threshold``, or (neither given) the smallest
     top-k circuit of the curve with faithfulness ``>= target``; ACDC keeps what its pass keeps (``tau`` default: 1%
     of the distance between the full model's metric and the empty circuit's). ``batch_size``: sequences per stacked
-    forward (``variant x example``; None = automatic)."""
+    forward (``variant x example``; None = automatic). ``curve_points``: sizes on the faithfulness curve (0 = no
+    curve, unless the target rule needs one; then at least 8)."""
     t0 = time.perf_counter()
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -292,6 +316,8 @@ def discover_circuit(
         raise ConfigError(f"steps is EAP-IG's number of interpolations; method {method!r} takes none")
     if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0):
         raise ConfigError(f"top_n must be a non-negative integer, got {top_n!r}")
+    if not isinstance(curve_points, int) or isinstance(curve_points, bool) or curve_points < 0:
+        raise ConfigError(f"curve_points must be a non-negative integer, got {curve_points!r}")
     if not 0 < target <= 1:
         raise ConfigError(f"target faithfulness must lie in (0, 1], got {target!r}")
     ctx = prepare(model, data, corrupted=corrupted, ablation=ablation, metric=metric, batch_size=batch_size,
@@ -303,7 +329,8 @@ def discover_circuit(
     if method == "acdc" and tau is None:
         tau = 0.01 * abs(ctx.full - empty)
     scores, acdc_keep = _scores(ctx, method, steps, tau)
-    sizes = _curve_sizes(g.n_edges) if curve or (top_n is None and threshold is None and acdc_keep is None) else []
+    need = top_n is None and threshold is None and acdc_keep is None  # the target rule reads the curve
+    sizes = _curve_sizes(g.n_edges, max(curve_points, 8 if need else 0)) if curve_points or need else []
     values = circuit_metrics(ctx, top_k_masks(scores, sizes)).tolist() if sizes else []
     span = ctx.full - empty
     if acdc_keep is not None:
@@ -313,8 +340,7 @@ def discover_circuit(
     elif threshold is not None:
         kept = scores.abs() >= threshold
     else:
-        ok = [k for k, m in zip(sizes, values) if abs(span) > 1e-12 and (m - empty) / span >= target]
-        kept = top_k_masks(scores, [ok[0] if ok else g.n_edges])[0]
+        kept = top_k_masks(scores, [_smallest_reaching(ctx, scores, sizes, values, empty, target)])[0]
     circuit = float(circuit_metrics(ctx, kept[None])[0])
     rule = {"top_n": top_n, "threshold": threshold, "tau": tau, "steps": steps}
     if acdc_keep is None and top_n is None and threshold is None:

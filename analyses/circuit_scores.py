@@ -204,6 +204,10 @@ def prepare(
                 f"{tuple(corr_tokens.shape)}"
             )
     vm = circuit_metric(metric, data, corrupted)
+    if vm.positions is not None and model.cfg.attention_dir == "causal":  # later positions cannot reach the answer
+        keep_to = int(vm.positions.max()) + 1
+        tokens = tokens[:, :keep_to]
+        corr_tokens = None if corr_tokens is None else corr_tokens[:, :keep_to]
     graph = computational_graph(model)
     names = _cache_names(graph)
     with torch.inference_mode():
