@@ -754,6 +754,13 @@ def _circuit_parser(sub) -> None:
         default=0.9,
         help="without --top-n/--threshold: the smallest top-k circuit with this faithfulness (default 0.9)",
     )
+    c.add_argument(
+        "--curve-points",
+        type=_nonneg_int,
+        default=24,
+        help="circuit sizes on the faithfulness-against-size curve (default 24; 0 = none, unless the target rule "
+        "needs it)",
+    )
     c.add_argument("--batch-size", type=_positive_int, default=None, help="sequences per stacked forward")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--out", default=None, help="also save the circuit's JSON to this file (Circuit.load reads it)")
@@ -784,6 +791,7 @@ def cmd_circuit(args) -> int:
             threshold=args.threshold,
             tau=args.tau,
             target=args.target,
+            curve_points=args.curve_points,
             batch_size=args.batch_size,
         )
         result.info.update(checkpoint=str(ckpt.path), inputs=what)
