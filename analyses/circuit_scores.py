@@ -37,12 +37,13 @@ from interp.evaluation import check_batch_size, check_finite_parameters, check_t
 from interp.task import TaskData
 
 from .circuit_graph import ComputationalGraph, check_graph_model, computational_graph
-from .patching import VariantMetric, _rows_per_chunk, _stacked_run
+from .patching import VariantMetric, _query_rows_apply, _rows_per_chunk, _stacked_run
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 ABLATIONS = ("patch", "mean", "zero")
+LIGHT_ROWS = 4096  # variant x example rows of one stacked chunk on the answer-row paths (per-edge patching)
 METRICS = ("logit_diff", "loss")
 
 
@@ -131,7 +132,9 @@ class Context:
     ref_input: Tensor
     full: float
     batch_size: int | None
-    forwards: int = 0
+    forwards: float = 0
+    resid_mid: Tensor | None = None  # the last layer's residual stream after attention (models with an MLP)
+    last: tuple = ()  # the last layer's clean q, k, v and z (the answer-row path of edge_patching)
 
     @property
     def delta(self) -> Tensor:
@@ -154,7 +157,9 @@ def _cache_names(graph: ComputationalGraph) -> set[str]:
     names |= {f"blocks.{l}.attn.hook_z" for l in range(L)}
     if graph.has_mlp:
         names |= {f"blocks.{l}.hook_mlp_out" for l in range(L)}
-    return names
+        if not graph.parallel:
+            names.add(f"blocks.{L - 1}.hook_resid_mid")
+    return names | {f"blocks.{L - 1}.attn.hook_{x}" for x in "qkv"}
 
 
 def prepare(
@@ -226,9 +231,11 @@ def prepare(
         else:
             ref_out = torch.zeros_like(clean_out[:1])
     ref_input = ref_out[:, :, 0].expand_as(resid[0]).clone()
+    mid = cache.cache_dict.get(f"blocks.{graph.n_layers - 1}.hook_resid_mid")
     return Context(
         model, graph, tokens, vm, ablation, resid, clean_out.clone(), ref_out.clone(), ref_input, full, batch_size,
-        forwards,
+        forwards, None if mid is None else mid.clone(),
+        tuple(cache[f"blocks.{graph.n_layers - 1}.attn.hook_{x}"].clone() for x in "qkvz"),
     )  # fmt: skip
 
 
@@ -272,25 +279,27 @@ def edge_patching(ctx: Context) -> Float[Tensor, " edge"]:
     out = torch.full((g.n_edges,), float("nan"), device=ctx.tokens.device)
     chunk = _chunk(ctx)
     with _Flags(model), torch.inference_mode():
+        rows_ok = ctx.metric.positions is not None and _query_rows_apply(model, split_ok=True)
         for l in range(g.n_layers + 1):
             edges = (layer_of == l).nonzero().squeeze(-1)
             slots = g.receiver_slots(l) if l < g.n_layers else {}
-            for c in range(0, len(edges), chunk):
-                part = edges[c : c + chunk]
+            # the answer-row paths (the logits; the last layer) hold [variant, batch, pos, d_model] at most
+            light = l == g.n_layers or (l == g.n_layers - 1 and rows_ok)
+            step = max(1, (ctx.batch_size or LIGHT_ROWS) // B) if light else chunk
+            for c in range(0, len(edges), step):
+                part = edges[c : c + step]
                 n = len(part)
                 dv = delta[:, :, s_idx[part]].permute(2, 0, 1, 3)  # [n, batch, pos, d_model]
                 if l == g.n_layers:  # the logits: the last residual stream plus the change, then unembed
                     resid = (ctx.resid[-1][None] + dv).reshape(n * B, T, d)
                     vals = _stacked_run(model, resid, ctx.tokens, l, [], ctx.metric, n)
+                elif l == g.n_layers - 1 and rows_ok:  # the last layer: the answer rows only
+                    vals = _last_layer_edges(ctx, part, dv, slots, r_idx)
                 else:
                     hooks = []
                     for letter, width in (("q", H), ("k", K), ("v", K)):
-                        base = slots[letter][0]
-                        sel = (r_idx[part] >= base) & (r_idx[part] < base + width)
-                        if sel.any():
-                            add = torch.zeros(n, B, T, width, d, device=dv.device, dtype=dv.dtype)
-                            v = sel.nonzero().squeeze(-1)
-                            add[v, :, :, r_idx[part][v] - base] = dv[v]
+                        add = _slot_add(r_idx[part], dv, slots[letter][0], width)
+                        if add is not None:
                             hooks.append(
                                 (f"blocks.{l}.hook_{letter}_input", lambda x, hook, a=add: x + a.flatten(0, 1))
                             )
@@ -304,6 +313,99 @@ def edge_patching(ctx: Context) -> Float[Tensor, " edge"]:
                 ctx.forwards += n
                 out[part] = vals.float().to(out.device) - ctx.full
     return out.cpu()
+
+
+def _slot_add(r: Tensor, dv: Tensor, base: int, width: int) -> Tensor | None:
+    """``[n, batch, pos, width, d_model]``: each variant's change in the slot of its receiver among ``base ..
+    base + width - 1`` (zero for the variants whose receiver is elsewhere), or None when no variant's is there."""
+    sel = (r >= base) & (r < base + width)
+    if not sel.any():
+        return None
+    n, B, T, d = dv.shape
+    add = torch.zeros(n, B, T, width, d, device=dv.device, dtype=dv.dtype)
+    v = sel.nonzero().squeeze(-1)
+    add[v, :, :, r[v] - base] = dv[v]
+    return add
+
+
+def _last_layer_edges(ctx: Context, part: Tensor, dv: Tensor, slots: dict, r_idx: Tensor) -> Tensor:
+    """The metric of edges into the last layer's receivers, computing only the answer rows (exact for the plain
+    softmax attention of :func:`interp.analyses.patching._query_rows_apply`): the q/k/v inputs through the
+    query-row forward of :mod:`interp.analyses.patching` (keys and values at every position, the query and the
+    attention row at the answer only), the MLP input at the answer row (the MLP acts per position)."""
+    model, g = ctx.model, ctx.graph
+    n, B, T, d = dv.shape
+    L = g.n_layers - 1
+    r = r_idx[part]
+    vals = torch.empty(n, device=dv.device)
+    mlp = r == slots["mlp"][0] if slots["mlp"] else torch.zeros_like(r, dtype=torch.bool)
+    attn = (~mlp).nonzero().squeeze(-1)
+    if len(attn):
+        vals[attn] = _last_layer_heads(ctx, r[attn], dv[attn], slots)
+    if mlp.any():
+        idx = mlp.nonzero().squeeze(-1)
+        at = ctx.metric.positions.to(dv.device)
+        b = torch.arange(B, device=dv.device)
+        mid = ctx.resid_mid[b, at]  # [batch, d_model]: the last layer's clean residual stream after attention
+        x = mid[None] + dv[idx][:, b, at]
+        blk = model.blocks[L]
+        out = mid[None] + blk.mlp(blk.ln2(x))
+        vals[idx] = _unembed_rows(model, out, ctx.metric)
+    return vals
+
+
+def _last_layer_heads(ctx: Context, r: Tensor, dv: Tensor, slots: dict) -> Tensor:
+    """The metric of edges into a q, k or v input of a last-layer head: only that head's output changes, and only
+    the answer row is read, so each variant recomputes one head's query at the answer (or its keys or values at every
+    position) and one attention row, and adds the change of that head's output to the cached clean row."""
+    model, g = ctx.model, ctx.graph
+    blk, a = model.blocks[-1], model.blocks[-1].attn
+    n, B, T, d = dv.shape
+    H = g.n_heads
+    dev = dv.device
+    at = ctx.metric.positions.to(dev)
+    b = torch.arange(B, device=dev)
+    q_c, k_c, v_c, z_c = ctx.last  # clean q, k, v, z of the last layer: [batch, pos, head, d_head]
+    letter = torch.full((n,), 0, dtype=torch.long, device=dev)
+    head = r - slots["q"][0]
+    is_k = (r >= slots["k"][0]) & (r < slots["k"][0] + H)
+    is_v = r >= slots["v"][0]
+    letter[is_k], letter[is_v] = 1, 2
+    head = torch.where(is_k, r - slots["k"][0], torch.where(is_v, r - slots["v"][0], head))
+    spe = model.pos_embed(ctx.tokens) if model.cfg.positional_embedding_type == "shortformer" else None
+    x = ctx.resid[g.n_layers - 1]  # the residual stream entering the last layer
+    h_in = blk.ln1(x[None] + dv)  # [n, batch, pos, d_model]: the patched input, normalised
+    h_qk = h_in + spe[None] if spe is not None else h_in
+    q = q_c[:, :, head].permute(2, 0, 1, 3).clone()  # [n, batch, pos, d_head]
+    k = k_c[:, :, head].permute(2, 0, 1, 3).clone()
+    v = v_c[:, :, head].permute(2, 0, 1, 3).clone()
+    for which, W, bias, src in ((0, a.W_Q, a.b_Q, h_qk), (1, a.W_K, a.b_K, h_qk), (2, a.W_V, a.b_V, h_in)):
+        sel = (letter == which).nonzero().squeeze(-1)
+        if len(sel):
+            new = torch.einsum("nbpd,nde->nbpe", src[sel], W[head[sel]]) + bias[head[sel]][:, None, None]
+            (q, k, v)[which][sel] = new
+    q_row = q[:, b, at]  # [n, batch, d_head]
+    scores = torch.einsum("nbe,nbte->nbt", q_row, k) / a.attn_scale
+    future = torch.arange(T, device=dev)[None, :] > at[:, None]
+    pattern = scores.masked_fill(future[None], float("-inf")).softmax(-1)
+    z = torch.einsum("nbt,nbte->nbe", pattern, v)
+    dz = z - z_c[b, at][:, head].permute(1, 0, 2)  # [n, batch, d_head]
+    change = torch.einsum("nbe,ned->nbd", dz, a.W_O[head])
+    if model.cfg.attn_only:
+        return _unembed_rows(model, ctx.resid[-1][b, at][None] + change, ctx.metric)
+    mid = ctx.resid_mid[b, at][None] + change
+    return _unembed_rows(model, mid + blk.mlp(blk.ln2(mid)), ctx.metric)
+
+
+def _unembed_rows(model: HookedTransformer, rows: Float[Tensor, "n batch d_model"], metric: VariantMetric) -> Tensor:
+    """The metric of residual streams leaving the model at the answer rows."""
+    from transformer_lens.utilities.activation_functions import apply_softcap
+
+    x = rows[:, :, None]
+    if model.cfg.normalization_type is not None:
+        x = model.ln_final(x)
+    logits = apply_softcap(model.unembed(x), model.cfg.output_logits_soft_cap)[:, :, 0]
+    return metric(logits).float()
 
 
 # -- EAP and EAP-IG ------------------------------------------------------------------------------------------------
