@@ -173,11 +173,13 @@ class Circuit(Result):
 
     def save(self, path) -> None:
         """Write :meth:`to_json` to ``path`` atomically."""
+        from pathlib import Path
+
         from interp.files import AtomicFile
 
         text = self.to_json()
         with AtomicFile(path, "the circuit JSON") as out:
-            out.commit(lambda tmp: open(tmp, "w", encoding="utf-8").write(text + "\n"))
+            out.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
 
     def text(self) -> str:
         rule = ", ".join(f"{k} {v}" for k, v in self.rule.items() if v is not None)
@@ -332,7 +334,6 @@ def discover_circuit(
     need = top_n is None and threshold is None and acdc_keep is None  # the target rule reads the curve
     sizes = _curve_sizes(g.n_edges, max(curve_points, 8 if need else 0)) if curve_points or need else []
     values = circuit_metrics(ctx, top_k_masks(scores, sizes)).tolist() if sizes else []
-    span = ctx.full - empty
     if acdc_keep is not None:
         kept = acdc_keep
     elif top_n is not None:
@@ -382,4 +383,4 @@ def edge_roc_auc(circuit: Circuit | Float[Tensor, " edge"], true_edges: Sequence
     return float(roc_auc_score(truth.numpy(), scores.abs().nan_to_num(0).numpy()))
 
 
-__all__ = ["Circuit", "computational_graph", "discover_circuit", "edge_roc_auc", "top_k_masks", "METHODS"]
+__all__ = ["METHODS", "Circuit", "computational_graph", "discover_circuit", "edge_roc_auc", "top_k_masks"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .circuit_discovery import Circuit
     from .circuit_graph import ComputationalGraph
 
 
@@ -26,10 +25,10 @@ def node_positions(graph: ComputationalGraph) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def circuit_figure(circuit: Circuit, show_all: bool = False):
-    """Plotly figure: kept edges (all edges with ``show_all``) as lines, red for scores below 0 (removing the edge
-    lowers the metric), blue above, width and opacity by ``|score|``; q / k / v inputs end at the receiving head,
-    labelled on hover."""
+def circuit_figure(circuit, show_all: bool = False):
+    """Plotly figure of a :class:`interp.analyses.circuit_discovery.Circuit`: kept edges (all edges with
+    ``show_all``) as lines, red for scores below 0 (removing the edge lowers the metric), blue above, width and
+    opacity by ``|score|``; q / k / v inputs end at the receiving head, labelled on hover."""
     import plotly.graph_objects as go
 
     g = circuit.graph

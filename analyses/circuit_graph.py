@@ -198,8 +198,12 @@ class ComputationalGraph(Result):
         )
 
 
-def computational_graph(model: HookedTransformer) -> ComputationalGraph:
-    """The graph of ``model`` (see the module doc): senders, receivers and every edge between them."""
+def computational_graph(model: HookedTransformer, *, device: str | None = None) -> ComputationalGraph:
+    """The graph of ``model`` (see the module doc): senders, receivers and every edge between them. ``device``: None
+    (the model's) or the model's device (another is refused, as by every analysis)."""
+    from interp.device import check_device
+
+    check_device(model, device)
     check_graph_model(model)
     cfg = model.cfg
     kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads

@@ -39,11 +39,11 @@ def _rows(w: torch.Tensor) -> set[int]:
     return set((w.abs().flatten(1).amax(1) > NONZERO).nonzero().flatten().tolist())
 
 
-def weight_edges(model: HookedTransformer) -> list[str]:
+def weight_edges(model: HookedTransformer, *, device: str | None = None) -> list[str]:
     """The edges of ``model``'s graph along which some residual direction is both written and read (see the module
     doc). For any model with sparse residual use (tracr's, hand-built ones); a dense trained model wires every
-    edge."""
-    g = computational_graph(model)
+    edge. ``device``: None (the model's) or the model's own."""
+    g = computational_graph(model, device=device)
     writes: list[set[int]] = []
     with torch.no_grad():
         writes.append(_rows(model.W_E.T) | _rows(model.W_pos.T))
@@ -178,7 +178,7 @@ def load_groundtruth(path, device: str | None = None) -> tuple[HookedTransformer
     try:
         with safe_open(str(path), "pt") as f:
             header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f}
     except (OSError, Exception) as e:  # safetensors raises its own error type for a corrupt header
         raise CheckpointError(f"cannot read the ground-truth model {path}: {e}") from None
     if "tl_config" not in header or "groundtruth" not in header:
@@ -259,9 +259,11 @@ def compile_tracr(name: str) -> tuple[HookedTransformer, dict]:
         if categorical:
             dec = {i: v for v, i in assembled.output_encoder.encoding_map.items()}
             got = [dec[int(i)] for i in logits.argmax(-1)[1:]]
-            ok = [g == w for g, w in zip(got, want.decoded[1:]) if w is not None][-1:] if name == "induction" else [
-                g == w for g, w in zip(got, want.decoded[1:]) if w is not None
-            ]
+            ok = (
+                [g == w for g, w in zip(got, want.decoded[1:]) if w is not None][-1:]
+                if name == "induction"
+                else [g == w for g, w in zip(got, want.decoded[1:]) if w is not None]
+            )
         else:
             ok = [abs(float(g) - float(w)) < 1e-4 for g, w in zip(logits[1:, 0], want.decoded[1:])]
         if not all(ok):
@@ -273,7 +275,10 @@ def compile_tracr(name: str) -> tuple[HookedTransformer, dict]:
         "max_seq_len": max_len,
         "categorical": categorical,
         "outputs": (
-            [str(v) for v in sorted(assembled.output_encoder.encoding_map, key=assembled.output_encoder.encoding_map.get)]
+            [
+                str(v)
+                for v in sorted(assembled.output_encoder.encoding_map, key=assembled.output_encoder.encoding_map.get)
+            ]
             if categorical
             else None
         ),

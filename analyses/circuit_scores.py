@@ -111,7 +111,9 @@ def _tokens(x, what: str) -> Tensor:
         return x.tokens
     if isinstance(x, Tensor):
         return x
-    raise TaskError(f"{what} must be task data (interp.TaskData) or a token tensor [batch, pos], got {type(x).__name__}")
+    raise TaskError(
+        f"{what} must be task data (interp.TaskData) or a token tensor [batch, pos], got {type(x).__name__}"
+    )
 
 
 @dataclass
@@ -334,7 +336,7 @@ def _last_layer_edges(ctx: Context, part: Tensor, dv: Tensor, slots: dict, r_idx
     query-row forward of :mod:`interp.analyses.patching` (keys and values at every position, the query and the
     attention row at the answer only), the MLP input at the answer row (the MLP acts per position)."""
     model, g = ctx.model, ctx.graph
-    n, B, T, d = dv.shape
+    n, B, _T, _d = dv.shape
     L = g.n_layers - 1
     r = r_idx[part]
     vals = torch.empty(n, device=dv.device)
@@ -360,7 +362,7 @@ def _last_layer_heads(ctx: Context, r: Tensor, dv: Tensor, slots: dict) -> Tenso
     position) and one attention row, and adds the change of that head's output to the cached clean row."""
     model, g = ctx.model, ctx.graph
     blk, a = model.blocks[-1], model.blocks[-1].attn
-    n, B, T, d = dv.shape
+    n, B, T, _d = dv.shape
     H = g.n_heads
     dev = dv.device
     at = ctx.metric.positions.to(dev)
@@ -513,7 +515,7 @@ def _masked_run(ctx: Context, keep: Tensor, start: int) -> Tensor:
     g, model = ctx.graph, ctx.model
     n = keep.shape[0]
     B, T = ctx.tokens.shape
-    H, K, d, L = g.n_heads, g.n_kv_heads, model.cfg.d_model, g.n_layers
+    H, _K, d, L = g.n_heads, g.n_kv_heads, model.cfg.d_model, g.n_layers
     ablate = g.matrix((~keep).to(ctx.clean_out.dtype))  # [n, receiver, sender]
     sl = torch.tensor(g.sender_layer, device=keep.device)
     diff = (ctx.delta * (sl < start)[:, None].to(ctx.delta.dtype)).expand(B, -1, -1, -1)
@@ -578,7 +580,9 @@ def acdc(ctx: Context, tau: float) -> tuple[Tensor, Tensor]:
     effect being the change of that distance when the edge was tested (what the decision compared with ``tau``).
     One forward per edge, each started at its receiver's layer (every earlier edge is still in place then)."""
     if not isinstance(tau, (int, float)) or isinstance(tau, bool) or not tau >= 0:
-        raise ConfigError(f"tau must be a non-negative number (the largest change of the metric tolerated), got {tau!r}")
+        raise ConfigError(
+            f"tau must be a non-negative number (the largest change of the metric tolerated), got {tau!r}"
+        )
     g = ctx.graph
     keep = torch.ones(g.n_edges, dtype=torch.bool, device=ctx.tokens.device)
     effect = torch.full((g.n_edges,), float("nan"))

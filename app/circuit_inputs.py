@@ -51,7 +51,11 @@ def circuit_inputs(
             raise ConfigError(f"{task.name} has no corruption of its own to patch from; use --ablation mean or zero")
         data = task.dataset("test")
         data = data.select(slice(0, n))
-        return data.to(device) if device else data, None, f"{ablation or 'mean'} ablation over {len(data)} test examples"
+        return (
+            data.to(device) if device else data,
+            None,
+            f"{ablation or 'mean'} ablation over {len(data)} test examples",
+        )
     if not options:
         raise ConfigError(f"{task.name} has no corruption of its own to patch from; use --ablation mean or zero")
     name = corruption or next(iter(options))

@@ -741,7 +741,9 @@ def _circuit_parser(sub) -> None:
         help="what a removed edge carries: the corrupted run's sender output (patch; default where the task has a "
         "corruption of its own), its mean over the examples (mean; the default otherwise) or zero",
     )
-    c.add_argument("--corruption", default=None, help="which of the task's corruptions to patch from (default: its first)")
+    c.add_argument(
+        "--corruption", default=None, help="which of the task's corruptions to patch from (default: its first)"
+    )
     c.add_argument("--metric", choices=["logit_diff", "loss"], default="logit_diff")
     c.add_argument("--examples", type=_positive_int, default=128, help="clean examples / pairs (default 128)")
     c.add_argument("--steps", type=_positive_int, default=None, help="EAP-IG interpolation steps (default 5)")

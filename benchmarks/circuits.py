@@ -2,7 +2,8 @@
 forward passes, in the same run), batched per-edge patching against a loop of one ``run_with_hooks`` per edge, and
 ACDC on the shipped two-layer induction model.
 
-    .venv/bin/python benchmarks/circuits.py [--examples 32] [--threads 1] [--out examples/results/circuits/benchmark.json]
+    .venv/bin/python benchmarks/circuits.py [--examples 32] [--threads 1] \\
+        [--out examples/results/circuits/benchmark.json]
 
 Inputs: each task's own corruption where its suite has one (noisy majority: the fewest swaps that flip the answer;
 repeated tokens: the key corruption), else mean ablation over the test split (``interp.app.circuit_inputs``); metric
@@ -93,7 +94,9 @@ def main(argv=None) -> int:
         looped = loop_patching(ck.model, ctx)
         t_loop = time.perf_counter() - t0
         if not torch.allclose(exact, looped, atol=1e-4, rtol=1e-4):
-            raise SystemExit(f"{name}: batched per-edge patching differs from the loop by {(exact - looped).abs().max()}")
+            raise SystemExit(
+                f"{name}: batched per-edge patching differs from the loop by {(exact - looped).abs().max()}"
+            )
         row = {
             "checkpoint": name,
             "inputs": what,

@@ -215,7 +215,7 @@ def masked_forward_by_hand(model, clean, corrupted, graph, keep):
         return hook
 
     def receive(rname):
-        hook_name, slot = receiver_hook(model, rname)
+        _hook_name, slot = receiver_hook(model, rname)
 
         def hook(x, hook):
             x = x.clone()
@@ -295,7 +295,9 @@ def test_sixty_four_heads_with_a_trained_w_o():
     clean, corr = pair(5, b=4)
     for _ in range(5):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(clean.tokens)[torch.arange(4), clean.answer_pos], clean.labels).backward()
+        torch.nn.functional.cross_entropy(
+            model(clean.tokens)[torch.arange(4), clean.answer_pos], clean.labels
+        ).backward()
         opt.step()
     model.zero_grad(set_to_none=True)
     ctx = prepare(model, clean, corrupted=corr, batch_size=64)

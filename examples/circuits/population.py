@@ -3,9 +3,10 @@ d = 8, a = 4 cell under the Adam-with-L2 recipe (docs/seed-regime.md), trained i
 
     OMP_NUM_THREADS=1 python examples/circuits/population.py /work/runs/t1-d8-normal [--examples 64]
 
-Writes examples/results/circuits/population_noisy_majority.{json,html}: each run's exact per-edge patching scores,
-its circuit (smallest top-k with faithfulness 0.9), the circuit types (head-permutation-invariant edge profiles), and
-the comparison of runs at 100% test accuracy against the others (permutation test, bootstrap intervals).
+Writes examples/results/circuits/population_noisy_majority.json and docs/circuits/population_noisy_majority.png:
+each run's exact per-edge patching scores, its circuit (smallest top-k with faithfulness 0.9), the circuit types
+(head-permutation-invariant edge profiles), and the comparison of runs at 100% test accuracy against the others
+(permutation test, bootstrap intervals).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from interp.analyses.circuit_population import population_circuits
 from interp.analyses.noisy_majority.corrupt import corrupted_pair
 from interp.tasks.noisy_majority import NoisyMajority
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shipped import png
+
 OUT = Path(__file__).resolve().parents[2] / "examples" / "results" / "circuits"
 
 
@@ -39,7 +43,8 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - t0
     cmp = pop.compare(1.0)
     out = {
-        "question": "do noisy-majority runs that reach 100% test accuracy use different circuits from those that do not?",
+        "question": "do noisy-majority runs that reach 100% test accuracy use different circuits from those that "
+        "do not?",
         "inputs": f"{args.examples} near-tie sequences of 40 digits and their answer-flipped corruptions "
         "(interp.analyses.noisy_majority.corrupt.corrupted_pair); exact per-edge patching; circuit = smallest top-k "
         "with faithfulness 0.9",
@@ -52,7 +57,7 @@ def main(argv=None) -> int:
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "population_noisy_majority.json").write_text(json.dumps(out, indent=1) + "\n")
-    pop.figure().write_html(OUT / "population_noisy_majority.html", include_plotlyjs=True, full_html=True)
+    png(pop.figure(), OUT.parents[2] / "docs" / "circuits" / "population_noisy_majority.png", 1100, 700)
     print(pop.text())
     print(json.dumps({k: v for k, v in cmp.items() if k != "per_class"}, indent=1))
     for row in cmp["per_class"]:

@@ -6,8 +6,9 @@ into the MLPs and logits (the carry paths).
 
     OMP_NUM_THREADS=1 python examples/circuits/shipped.py [--examples 32]
 
-Writes examples/results/circuits/shipped/<checkpoint>.{json,html} and shipped.json (the summary docs/circuits.md
-quotes).
+Writes examples/results/circuits/shipped/<checkpoint>-<method>.json (each Circuit, loadable with Circuit.load),
+shipped.json (the summary docs/circuits.md quotes) and, where Chromium is installed, the figures as PNG under
+docs/circuits/ (drawn from the plotly figures by a headless screenshot).
 """
 
 from __future__ import annotations
@@ -26,7 +27,32 @@ from interp.device import model_device
 from interp.loading import load_checkpoint
 
 OUT = Path(__file__).resolve().parents[2] / "examples" / "results" / "circuits"
+FIGURES = OUT.parents[2] / "docs" / "circuits"
 SHIPPED = ["noisy-majority", "repeated-tokens", "repeated-tokens-1layer", "integer-addition", "modular-addition"]
+
+
+def png(fig, path: Path, width: int = 1000, height: int = 640) -> None:
+    """Save a plotly figure as PNG with a headless Chromium screenshot (no kaleido needed); skipped, saying so,
+    without Chromium."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        print(f"no Chromium: {path.name} not drawn")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        html = Path(d) / "figure.html"
+        fig.update_layout(width=width, height=height)
+        fig.write_html(html, include_plotlyjs=True, full_html=True, config={"displayModeBar": False})
+        shot = Path(d) / "figure.png"
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000"]
+        cmd = [browser, *flags, f"--screenshot={shot}", f"--window-size={width},{height}", html.as_uri()]
+        subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+        if shot.exists():
+            shutil.copyfile(shot, path)
 
 
 def heads_of(edges: list[str]) -> list[str]:
@@ -65,9 +91,8 @@ def main(argv=None) -> int:
             }
             c.save(OUT / "shipped" / f"{name}-{method}.json")
             if method == "patching":
-                html = c.figure().to_html(include_plotlyjs="cdn" if False else True, full_html=True)
-                (OUT / "shipped" / f"{name}.html").write_text(html)
-                (OUT / "shipped" / f"{name}-curve.html").write_text(c.curve_figure().to_html(include_plotlyjs=True))
+                png(c.figure(), FIGURES / f"{name}.png")
+                png(c.curve_figure(), FIGURES / f"{name}-curve.png")
             print(name, method, json.dumps({k: v for k, v in row[method].items() if k != "top"}), flush=True)
         if name == "noisy-majority":
             row["heads"] = noisy_majority_heads(ck)
@@ -88,7 +113,10 @@ def noisy_majority_heads(ck) -> dict:
     la = learned_accuracy(ck.model, test, task=ck.task)
     sh = shapley_values(ck.model, test, task=ck.task, method="sampled", samples=200, seed=0)
     d = sh.to_dict()
-    return {"learned_accuracy_alone": la.to_dict(), "shapley": {k: d[k] for k in d if k in ("heads", "values", "shapley", "std_errors")}}
+    return {
+        "learned_accuracy_alone": la.to_dict(),
+        "shapley": {k: d[k] for k in d if k in ("heads", "values", "shapley", "std_errors")},
+    }
 
 
 if __name__ == "__main__":
