@@ -46,6 +46,14 @@ if TYPE_CHECKING:
 
 METHODS = ("eap", "eap-ig", "patching", "acdc")
 CURVE_POINTS = 24  # circuit sizes on the faithfulness curve (geometric from 1 edge to all)
+# Faithfulness is undefined (NaN) when ablating every edge moves the metric by less than this fraction of its scale
+# (max(1, |M(full)|, |M(empty)|)): the ratio of two near-zero differences would be noise, not a measurement.
+SPAN_RTOL = 1e-3
+
+
+def faithfulness_defined(full: float, empty: float) -> bool:
+    """Whether ``M(full) - M(empty)`` is large enough to divide by (see ``SPAN_RTOL``)."""
+    return abs(full - empty) > SPAN_RTOL * max(1.0, abs(full), abs(empty))
 
 
 @dataclass
@@ -74,11 +82,12 @@ class Circuit(Result):
     # -- views --------------------------------------------------------------------------------------------------
     def _fraction(self, m: float) -> float:
         span = self.full - self.empty
-        return (m - self.empty) / span if abs(span) > 1e-12 else float("nan")
+        return (m - self.empty) / span if faithfulness_defined(self.full, self.empty) else float("nan")
 
     @property
     def faithfulness(self) -> float:
-        """``(M(circuit) - M(empty)) / (M(full) - M(empty))``: 1 = the full model's metric, 0 = every edge ablated."""
+        """``(M(circuit) - M(empty)) / (M(full) - M(empty))``: 1 = the full model's metric, 0 = every edge ablated;
+        NaN where ablating every edge barely moves the metric (the data do not exercise what the edges do)."""
         return self._fraction(self.circuit)
 
     @property
@@ -189,6 +198,8 @@ class Circuit(Result):
             f"  metric: full {self.full:.4g}, circuit {self.circuit:.4g}, empty {self.empty:.4g}; "
             f"faithfulness {self.faithfulness:.3f} ({self.n_examples} examples)",
         ]
+        if not faithfulness_defined(self.full, self.empty):
+            lines.append("  faithfulness undefined: ablating every edge barely moves the metric on these inputs")
         if "seconds" in self.info:
             lines.append(f"  {self.info['seconds']:.2f} s, {self.info.get('forwards', 0):.0f} forward passes")
         for r in self.top(8):
@@ -249,7 +260,7 @@ def _smallest_reaching(ctx: Context, scores: Tensor, sizes: list[int], values: l
     span = ctx.full - empty
 
     def ok(m: float) -> bool:
-        return abs(span) > 1e-12 and (m - empty) / span >= target
+        return faithfulness_defined(ctx.full, empty) and (m - empty) / span >= target
 
     hits = [i for i, m in enumerate(values) if ok(m)]
     if not hits:

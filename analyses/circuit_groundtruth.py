@@ -178,7 +178,7 @@ def load_groundtruth(path, device: str | None = None) -> tuple[HookedTransformer
     try:
         with safe_open(str(path), "pt") as f:
             header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
     except (OSError, Exception) as e:  # safetensors raises its own error type for a corrupt header
         raise CheckpointError(f"cannot read the ground-truth model {path}: {e}") from None
     if "tl_config" not in header or "groundtruth" not in header:
