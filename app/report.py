@@ -211,13 +211,18 @@ def add_circuit(ckpt, report: Report, progress: bool = False, n_examples: int = 
 
     clean, corrupted, what = circuit_inputs(ckpt.task, n_examples, device=model_device(ckpt.model))
     c = discover_circuit(ckpt.model, clean, corrupted=corrupted, curve_points=10)
+    faith = (
+        f"faithfulness {c.faithfulness:.3f}"
+        if c.faithfulness == c.faithfulness  # NaN: ablating every edge barely moves the metric on these inputs
+        else "faithfulness undefined (ablating every edge barely moves the metric on these inputs)"
+    )
     report.section(
         "Circuit",
         "Which edges of the computational graph (input, heads, MLPs -> each head's query, key and value input, each "
         "MLP, the logits) does the model use? Edge attribution patching (Syed, Rager and Conmy 2023) scores every "
         f"edge at once on {what}; the kept circuit is the smallest top-k set of edges whose faithfulness (the metric "
         "with only those edges live, the rest ablated, from 0 = every edge ablated to 1 = the full model) reaches "
-        f"{c.rule.get('target', 0.9)}: {c.size} of {c.graph.n_edges} edges, faithfulness {c.faithfulness:.3f} "
+        f"{c.rule.get('target', 0.9)}: {c.size} of {c.graph.n_edges} edges, {faith} "
         f"(metric {c.metric}: full {c.full:.3g}, empty {c.empty:.3g}). `interp circuit CHECKPOINT --method "
         "patching|acdc|eap-ig` gives the exact and pruned variants.",
     )
