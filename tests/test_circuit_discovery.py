@@ -357,7 +357,7 @@ def test_zero_and_mean_ablation_and_callable_metric():
 def test_round_trip_text_figure_and_auc():
     model = make_model(**MODELS["2L2H-mlp-ln"])
     clean, corr = pair(9)
-    c = discover_circuit(model, clean, corrupted=corr, method="eap", curve_points=6)
+    c = discover_circuit(model, clean, corrupted=corr, method="eap", curve_points=6, top_n=3)
     d = c.to_dict()
     assert Circuit.from_dict(d).to_dict() == d
     assert "faithfulness" in c.text() and c.figure() is not None and c.curve_figure() is not None
