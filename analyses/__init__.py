@@ -42,7 +42,7 @@ _NAMES = {
         "head_features",
     ],
     "interp.analyses.circuits": [
-        "Circuit",
+        "CircuitMatrix",
         "OVCopying",
         "LogitDecomposition",
         "full_qk_circuit",
@@ -53,6 +53,10 @@ _NAMES = {
         "bigram_table",
         "logit_decomposition",
     ],
+    "interp.analyses.circuit_discovery": ["Circuit", "discover_circuit", "edge_roc_auc", "top_k_masks"],
+    "interp.analyses.circuit_graph": ["ComputationalGraph", "computational_graph"],
+    "interp.analyses.circuit_population": ["PopulationCircuits", "population_circuits"],
+    "interp.analyses.circuit_groundtruth": ["weight_edges", "load_groundtruth"],
     "interp.analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
     # analyses.shapley holds the one entry, analyses.shapley_result the math and the result
     "interp.analyses.shapley": ["shapley_values"],

@@ -179,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list the registered tasks (and where each comes from) and the named checkpoints")
     _shapley_parser(sub)
     _hypothesis_parser(sub)
+    _circuit_parser(sub)
     return p
 
 
@@ -808,6 +809,80 @@ def cmd_hypothesis(args) -> int:
     return 0
 
 
+def _circuit_parser(sub) -> None:
+    c = sub.add_parser("circuit", help="discover the circuit of a checkpoint: edge scores, pruning, faithfulness")
+    c.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
+    c.add_argument("--method", choices=["eap", "eap-ig", "patching", "acdc"], default="eap")
+    c.add_argument(
+        "--ablation",
+        choices=["patch", "mean", "zero"],
+        default=None,
+        help="what a removed edge carries: the corrupted run's sender output (patch; default where the task has a "
+        "corruption of its own), its mean over the examples (mean; the default otherwise) or zero",
+    )
+    c.add_argument(
+        "--corruption", default=None, help="which of the task's corruptions to patch from (default: its first)"
+    )
+    c.add_argument("--metric", choices=["logit_diff", "loss"], default="logit_diff")
+    c.add_argument("--examples", type=_positive_int, default=128, help="clean examples / pairs (default 128)")
+    c.add_argument("--steps", type=_positive_int, default=None, help="EAP-IG interpolation steps (default 5)")
+    c.add_argument("--top-n", type=_nonneg_int, default=None, help="keep the top N edges by |score|")
+    c.add_argument("--threshold", type=float, default=None, help="keep the edges with |score| >= this")
+    c.add_argument("--tau", type=float, default=None, help="ACDC's tolerance (default 1%% of |M(full) - M(empty)|)")
+    c.add_argument(
+        "--target",
+        type=_checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        default=0.9,
+        help="without --top-n/--threshold: the smallest top-k circuit with this faithfulness (default 0.9)",
+    )
+    c.add_argument(
+        "--curve-points",
+        type=_nonneg_int,
+        default=24,
+        help="circuit sizes on the faithfulness-against-size curve (default 24; 0 = none, unless the target rule "
+        "needs it)",
+    )
+    c.add_argument("--batch-size", type=_positive_int, default=None, help="sequences per stacked forward")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--out", default=None, help="also save the circuit's JSON to this file (Circuit.load reads it)")
+    _add_common(c)
+
+
+def cmd_circuit(args) -> int:
+    from interp.analyses.circuit_discovery import discover_circuit
+    from interp.app.circuit_inputs import circuit_inputs
+    from interp.device import model_device
+    from interp.loading import load_checkpoint
+
+    _set_threads(args)
+    with _output(args.out, "the circuit JSON") as output:
+        ckpt = load_checkpoint(args.checkpoint, device=args.device)
+        clean, corrupted, what = circuit_inputs(
+            ckpt.task, args.examples, args.corruption, args.ablation, device=model_device(ckpt.model)
+        )
+        result = discover_circuit(
+            ckpt.model,
+            clean,
+            corrupted=corrupted,
+            ablation=args.ablation,
+            metric=args.metric,
+            method=args.method,
+            steps=args.steps,
+            top_n=args.top_n,
+            threshold=args.threshold,
+            tau=args.tau,
+            target=args.target,
+            curve_points=args.curve_points,
+            batch_size=args.batch_size,
+        )
+        result.info.update(checkpoint=str(ckpt.path), inputs=what)
+        text = result.to_json()
+        if output is not None:
+            output.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+    print(text if args.json else f"{ckpt.path} ({ckpt.task.name}): {what}\n" + result.text())
+    return 0
+
+
 COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
@@ -818,6 +893,7 @@ COMMANDS = {
     "shapley": cmd_shapley,
     "list": cmd_list,
     "hypothesis": cmd_hypothesis,
+    "circuit": cmd_circuit,
 }
 
 

@@ -40,8 +40,9 @@ def write_report(checkpoint, out, device: str | None = None, progress: bool = Tr
     return output.path
 
 
-STEPS = ("model card", "analyses", "attention spectrum", "attention patterns")
+STEPS = ("model card", "analyses", "attention spectrum", "circuit", "attention patterns")
 EXAMPLE_TOKENS = 28  # length of the examples shown in the attention views
+CIRCUIT_EXAMPLES = 16  # clean examples (or corrupted pairs) of the report's circuit section: EAP on a small batch
 
 
 def build_report(ckpt, progress: bool = True) -> Report:
@@ -54,7 +55,9 @@ def build_report(ckpt, progress: bool = True) -> Report:
     )
     bar = tqdm(total=len(STEPS), desc="report", unit="step", disable=not progress, file=sys.stderr, leave=False)
     try:
-        for step, fn in zip(STEPS, (add_model_card, add_suite_sections, add_attention_spectrum, add_attention_views)):
+        for step, fn in zip(
+            STEPS, (add_model_card, add_suite_sections, add_attention_spectrum, add_circuit, add_attention_views)
+        ):
             bar.set_postfix_str(step)
             report.on_section = lambda title, step=step: bar.set_postfix_str(
                 step if title.lower() == step else f"{step}: {title}"
@@ -196,6 +199,35 @@ def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
         report.text(f"No analysis sections: {e}.")
         return
     suite.add_report_sections(ckpt, report, progress)
+
+
+def add_circuit(ckpt, report: Report, progress: bool = False, n_examples: int = CIRCUIT_EXAMPLES) -> None:
+    """Every task's circuit section: EAP over every edge on a small batch (the task's own corruption where it has
+    one, else mean ablation), the kept circuit drawn and its faithfulness curve."""
+    from interp.analyses.circuit_discovery import discover_circuit
+    from interp.device import model_device
+
+    from .circuit_inputs import circuit_inputs
+
+    clean, corrupted, what = circuit_inputs(ckpt.task, n_examples, device=model_device(ckpt.model))
+    c = discover_circuit(ckpt.model, clean, corrupted=corrupted, curve_points=10)
+    faith = (
+        f"faithfulness {c.faithfulness:.3f}"
+        if c.faithfulness == c.faithfulness  # NaN: ablating every edge barely moves the metric on these inputs
+        else "faithfulness undefined (ablating every edge barely moves the metric on these inputs)"
+    )
+    report.section(
+        "Circuit",
+        "Which edges of the computational graph (input, heads, MLPs -> each head's query, key and value input, each "
+        "MLP, the logits) does the model use? Edge attribution patching (Syed, Rager and Conmy 2023) scores every "
+        f"edge at once on {what}; the kept circuit is the smallest top-k set of edges whose faithfulness (the metric "
+        "with only those edges live, the rest ablated, from 0 = every edge ablated to 1 = the full model) reaches "
+        f"{c.rule.get('target', 0.9)}: {c.size} of {c.graph.n_edges} edges, {faith} "
+        f"(metric {c.metric}: full {c.full:.3g}, empty {c.empty:.3g}). `interp circuit CHECKPOINT --method "
+        "patching|acdc|eap-ig` gives the exact and pruned variants.",
+    )
+    report.result(c)
+    report.figure(c.curve_figure(), "faithfulness of the top-k edges by |EAP score| against k")
 
 
 def add_attention_spectrum(ckpt, report: Report, progress: bool = False, n_inputs: int = 32) -> None:

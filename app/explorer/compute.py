@@ -14,7 +14,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.ablation import ablation_hooks
-from interp.analyses.circuits import Circuit, full_ov_circuit, full_qk_circuit, positional_qk_circuit
+from interp.analyses.circuits import CircuitMatrix, full_ov_circuit, full_qk_circuit, positional_qk_circuit
 from interp.analyses.generic_suite import random_repeat_probes
 from interp.analyses.pattern_scores import HeadScores
 from interp.analyses.separation_accuracies import SeparationAccuracy
@@ -192,7 +192,7 @@ def score_probes(suite: Suite, task: Task, n_ctx: int) -> tuple[Int[Tensor, "bat
     return random_repeat_probes(task.vocab, n_ctx)
 
 
-def head_circuits(model: HookedTransformer, head: Head, vocab: Vocab) -> list[Circuit]:
+def head_circuits(model: HookedTransformer, head: Head, vocab: Vocab) -> list[CircuitMatrix]:
     """The head's full QK and OV circuits, and its positional QK circuit where the model has learned positions."""
     circuits = [full_qk_circuit(model, heads=head, vocab=vocab), full_ov_circuit(model, heads=head, vocab=vocab)]
     learned = model.cfg.positional_embedding_type in ("standard", "shortformer")
@@ -201,7 +201,7 @@ def head_circuits(model: HookedTransformer, head: Head, vocab: Vocab) -> list[Ci
     return circuits
 
 
-def circuit_view(circuit: Circuit, direct_only: bool) -> dict:
+def circuit_view(circuit: CircuitMatrix, direct_only: bool) -> dict:
     """A circuit for the page: its top-left ``CIRCUIT_MAX`` corner as float32 bytes (NaN above the diagonal of a
     causal one), its labels and titles; ``direct_only`` marks a later-layer head's circuit, which goes through the
     embedding only."""
