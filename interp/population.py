@@ -631,7 +631,7 @@ class _Population:
             if snapshot is not None:
                 snapshot(k)
             h = r.halving
-            if h is not None and not h.done and val[k]["accuracy"] >= h.threshold:
+            if h is not None and not h.done and h.reached(val[k]["accuracy"], len(val_data)):
                 self._halve(k, val[k]["accuracy"], train_data, val_data)
             if r.should_stop(epoch) or epoch == self.cfg.epochs:
                 r.active = False
@@ -808,9 +808,10 @@ def _train_population(
 
     # the kept models, evaluated on every split as one batched computation (what evaluate_splits gives each)
     _kept, final = pop.kept()
-    split_metrics = {}
+    split_metrics, examples = {}, {}
     for split in task.splits:
         data = task.dataset(split).to(device)
+        examples[split] = len(data)
         split_metrics[split] = _val_metrics(
             task,
             pop.forward_params(final),
@@ -839,6 +840,7 @@ def _train_population(
                 "compiled": bool(compile),
                 "resumed_at_epoch": resumed_at,
             },
+            examples=examples,
         )
         save_checkpoint(model, task, out, training=prov, spec=spec)
         results.append(prov)

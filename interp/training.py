@@ -43,7 +43,7 @@ from .configs import TrainConfig, check_snapshot_every
 from .determinism import deterministic
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
-from .evaluation import evaluate, evaluate_splits, target_positions
+from .evaluation import evaluate, target_positions
 from .fast_attention import fast_attention, has_fast_path
 from .files import AtomicFile
 from .halving import Halving, Scorer
@@ -274,11 +274,15 @@ def train(
     snapshot_every: int | None = None,
     snapshot_dir=None,
     head_scorer: Scorer | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train a model for ``task``; write the kept model (``cfg.keep``) to ``out``; return its provenance.
 
-    ``out`` is checked before any training. An existing resume file of ``out`` is continued with ``resume=True``,
-    deleted to start over with ``restart=True``, and otherwise refused (a ConfigError saying how to do either).
+    ``out`` is checked before any training: a regular file or a new name (:func:`interp.files.check_output_path`),
+    and an existing file there (another run's checkpoint) is replaced only with ``overwrite=True`` (``interp train
+    --overwrite``). An existing resume file of ``out`` is continued with ``resume=True``, deleted to start over with
+    ``restart=True`` (which also replaces what the interrupted run's path holds), and otherwise refused (a
+    ConfigError saying how to do either).
 
     ``on_epoch_end(epoch, record)`` is called after each epoch (after the resume file is written), e.g. to
     log metrics; an exception it raises stops training like an interruption would.
@@ -312,6 +316,7 @@ def train(
             snapshot_every=snapshot_every,
             snapshot_dir=snapshot_dir,
             head_scorer=head_scorer,
+            overwrite=overwrite,
         )
 
 
@@ -330,10 +335,11 @@ def _train(
     snapshot_every=None,
     snapshot_dir=None,
     head_scorer=None,
+    overwrite=False,
 ) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
-    snapshot_dir = _check_outputs(out, cfg, resume, restart, snapshot_every, snapshot_dir)
+    snapshot_dir = _check_outputs(out, cfg, resume, restart, snapshot_every, snapshot_dir, overwrite)
     rpath = resume_path(out)
     state, identity, options = _start(task, spec, cfg, device, rpath if resume else None)
     record, model, opt, _gen = state.record, state.model, state.opt, state.gen
@@ -390,27 +396,40 @@ def _train(
     if record.kept != "last":
         model.load_state_dict(state.best_state)
     model.eval()
-    metrics = (
-        {s: _evaluate(model, task, task.dataset(s).to(device), cfg) for s in task.splits}
-        if cfg.padding == "left"
-        else evaluate_splits(model, task)
-    )
-    provenance = record.provenance(cfg, metrics, device, time.time() - started)
+    final = {s: task.dataset(s) for s in task.splits}
+    metrics = {
+        s: _evaluate(model, task, data.to(device), cfg) if cfg.padding == "left" else evaluate(model, task, data)
+        for s, data in final.items()
+    }
+    examples = {s: len(data) for s, data in final.items()}
+    provenance = record.provenance(cfg, metrics, device, time.time() - started, examples=examples)
     save_checkpoint(model, task, out, training=provenance, spec=spec)
     rpath.unlink(missing_ok=True)
     return provenance
 
 
 def _check_outputs(
-    out: Path, cfg: TrainConfig, resume: bool, restart: bool, snapshot_every: int | None, snapshot_dir
+    out: Path,
+    cfg: TrainConfig,
+    resume: bool,
+    restart: bool,
+    snapshot_every: int | None,
+    snapshot_dir,
+    overwrite: bool = False,
 ) -> Path | None:
-    """Everything a run will write, checked before any training: the checkpoint path (a directory, a missing
-    folder or an unwritable path fails now), the resume file's state against ``resume`` / ``restart``, and the
-    snapshot folder (returned, created)."""
+    """Everything a run will write, checked before any training: the checkpoint path (a directory, a FIFO, a device,
+    a symbolic link, a missing folder or an unwritable path fails now; an existing file only with ``overwrite``, or
+    as the path of the interrupted run ``resume``/``restart`` continue or start over), the resume file's state
+    against ``resume`` / ``restart``, and the snapshot folder (returned, created)."""
     check_snapshot_every(snapshot_every, cfg.epochs)
     with AtomicFile(out, "the checkpoint"):
         pass
     rpath = resume_path(out)
+    if out.exists() and not (overwrite or resume or (restart and rpath.is_file())):
+        raise ConfigError(
+            f"{out} already exists (another run's checkpoint?): a new run does not replace it unless asked; pass "
+            "overwrite=True (interp train --overwrite) to replace it, or write to another path"
+        )
     if resume and restart:
         raise ConfigError("--resume continues the interrupted run and --restart deletes it: give one of them")
     if resume and not rpath.is_file():
