@@ -406,13 +406,45 @@ def _resumed_run(args):
     return task, spec, TrainConfig(**config)
 
 
+def _flagged(error: ConfigError, args) -> ConfigError:
+    """``error`` (a refusal of options, e.g. ``qkv='lowrank:8': a rank-8 factorisation ...``) with the command-line
+    flags the user gave for the options it names put first (``--qkv lowrank:8: ...``, ``--grid qkv=lowrank:8:
+    ...``), so the refusal names what was typed; unchanged where it names none of them."""
+    import re
+
+    from interp.configs import ModelSpec, TrainConfig
+    from interp.options import options
+
+    text = str(error)
+    names = lambda key: re.search(rf"(?<![\w-]){re.escape(key)}=", text) is not None  # noqa: E731
+    given = []
+    for opts in (options(ModelSpec), options(TrainConfig)):
+        for key, opt in opts.items():
+            value = getattr(args, key, None)
+            if value is not None and names(key):
+                given.append(f"{opt.flag} {value}")
+    for item in getattr(args, "grid", None) or []:
+        key, _, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if names(key):
+            shown = [v for v in values.split(",") if v.strip() and v.strip() in text] or [values]
+            given.append(f"--grid {key}={','.join(v.strip() for v in shown)}")
+    halving = getattr(args, "halving", None)
+    if args.command == "sweep" and halving and names("halving"):
+        given.append(f"--halving {halving}")
+    return ConfigError(f"{'; '.join(given)}: {text}") if given else error
+
+
 def cmd_train(args) -> int:
     """Train one model, in the deterministic mode (with ``--threads`` as its thread count, recorded in the
-    checkpoint)."""
+    checkpoint); a refusal of the options names the flags given (:func:`_flagged`)."""
     from interp.determinism import deterministic
 
-    with deterministic(threads=args.threads):
-        return _train_one(args)
+    try:
+        with deterministic(threads=args.threads):
+            return _train_one(args)
+    except ConfigError as e:
+        raise _flagged(e, args) from None
 
 
 def _train_one(args) -> int:
@@ -570,6 +602,14 @@ def cmd_list(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    """``interp sweep``; a refusal of the options names the flags given (:func:`_flagged`)."""
+    try:
+        return _sweep(args)
+    except ConfigError as e:
+        raise _flagged(e, args) from None
+
+
+def _sweep(args) -> int:
     from interp.registry import task_names
 
     directory = Path(args.task) if Path(args.task).is_dir() else None  # interp sweep DIR --status|--resume
@@ -748,6 +788,7 @@ def cmd_shapley(args) -> int:
             solver=args.solver,
             progress=not args.quiet and not args.json,
         )
+        _check_players(ckpt.model, args)
         if args.value == "separation":
             kw["train"] = task.dataset("train")
         test = task.dataset("test")
@@ -789,6 +830,27 @@ def check_out(args) -> None:
     if not out.strip():
         raise ConfigError("--out is empty: give a path (or leave --out out for the default)")
     check_output_path(out, OUTPUTS[args.command], directory=args.command == "sweep")
+
+
+def _check_players(model, args) -> None:
+    """The limits of exact values and of the batched SVC, in the command line's words (before any work): too many
+    players names ``--heads`` and ``--samples`` (or ``--solver sklearn``)."""
+    from interp.analyses.coalitions import MAX_BITMASK, MAX_PLAYERS
+    from interp.heads import one_set
+
+    cfg = model.cfg
+    n = cfg.n_layers * cfg.n_heads if args.heads is None else len(one_set(args.heads, cfg.n_layers, cfg.n_heads))
+    if not args.samples and n > MAX_PLAYERS:
+        raise ConfigError(
+            f"{n} heads give 2**{n} coalitions; exact values take at most {MAX_PLAYERS} heads: choose the players "
+            f"with --heads HEAD [HEAD ...], or estimate the values from random permutations with --samples N"
+        )
+    if args.value == "separation" and args.solver == "torch" and n > MAX_BITMASK:
+        raise ConfigError(
+            f"--value separation with the batched SVC (--solver torch) takes at most {MAX_BITMASK} heads, got {n}: "
+            "choose the players with --heads HEAD [HEAD ...], or fit one scikit-learn SVC per coalition with "
+            "--solver sklearn"
+        )
 
 
 COMMANDS = {

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +21,31 @@ from .errors import ConfigError
 
 
 def option(
-    help: str, *, choices: tuple | None = None, resumable: bool = False, config: bool = True, none: str = "none"
+    help: str,
+    *,
+    choices: tuple | None = None,
+    resumable: bool = False,
+    config: bool = True,
+    none: str = "none",
+    canonical: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Field metadata marking a dataclass field as a user option: ``help`` for ``--help``; ``choices`` where the
     values are a fixed set; ``resumable=True`` where the value may change when an interrupted run is resumed (more
     epochs, another patience); ``config=False`` for bookkeeping that is not part of a run's configuration (sweep
     grids do not vary it, tables do not show it); ``none``: how None is spelled on the command line, where the
-    field takes it (e.g. ``auto`` for a default that a rule fills in)."""
-    return {"option": {"help": help, "choices": choices, "resumable": resumable, "config": config, "none": none}}
+    field takes it (e.g. ``auto`` for a default that a rule fills in); ``canonical``: the function that turns a
+    value into its one canonical spelling (or raises a ConfigError), where one value has several spellings (the
+    attention variants), so that two spellings of one value are one configuration."""
+    return {
+        "option": {
+            "help": help,
+            "choices": choices,
+            "resumable": resumable,
+            "config": config,
+            "none": none,
+            "canonical": canonical,
+        }
+    }
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,7 @@ class Option:
     resumable: bool
     config: bool
     none: str = "none"  # None's spelling on the command line
+    canonical: Callable[[Any], Any] | None = None  # a value -> its canonical spelling
 
     @property
     def flag(self) -> str:
@@ -54,7 +73,7 @@ class Option:
         if self.optional and text.lower() in (self.none, "none", "null"):
             return None
         if self.type is str:
-            return text
+            return self.canonical(text) if self.canonical is not None else text
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
@@ -97,6 +116,7 @@ def options(cls) -> dict[str, Option]:
             meta["resumable"],
             meta["config"],
             meta.get("none", "none"),
+            meta.get("canonical"),
         )
     return out
 

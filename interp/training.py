@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .attention import is_plain
+from .attention import attention_of, is_plain
 from .checkpoint import save_checkpoint
 from .configs import TrainConfig, check_snapshot_every
 from .determinism import deterministic
@@ -57,6 +57,7 @@ from .resume_file import check_identity, read_resume_file, read_resume_metadata,
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .task import IGNORE, Task, TaskData
+from .variants import Attention
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -116,9 +117,21 @@ def _recipe_path(cfg: TrainConfig) -> bool:
 def _check_recipe(model: HookedTransformer, cfg: TrainConfig) -> None:
     """Refuse, before training, recipe options a model's forward cannot carry out (one line naming them)."""
     if _recipe_path(cfg) and not is_plain(model):
+        on = [
+            text
+            for text, is_on in (
+                (f"objective={cfg.objective!r}", cfg.objective == "lm"),
+                ("padding='left'", cfg.padding == "left"),
+                (f"dropout_at={cfg.dropout_at!r}", "pattern" in cfg.dropout_sites),
+                ("dropout_rng='counter'", cfg.dropout_rng == "counter"),
+            )
+            if is_on
+        ]
+        variant = next(a for a in attention_of(model) if not (a.is_softmax and a.qkv == "full"))
+        attention = str(Attention(variant.pooling, variant.masks))
         raise ConfigError(
-            "the language-model objective, left padding, pattern dropout and counter-drawn masks train through the "
-            "per-position forward, which covers softmax attention with full Q/K/V; this model is an attention variant"
+            f"{', '.join(on)} train{'s' if len(on) == 1 else ''} through the per-position forward, which covers "
+            f"softmax attention with full Q/K/V; this model has attention={attention!r}, qkv={variant.qkv!r}"
         )
     if supports_query_forward(model):
         return
