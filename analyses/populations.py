@@ -178,7 +178,9 @@ def config_differences(
         return []
     keys, shown = config_columns(frame)
     if key not in keys:
-        raise ConfigError(f"cannot compare by {key!r}: not a configuration column of the table; expected one of {', '.join(keys)}")
+        raise ConfigError(
+            f"cannot compare by {key!r}: not a configuration column of the table; expected one of {', '.join(keys)}"
+        )
     values = [plain(v) for v in frame[key]]
     if baseline is None:
         default = "normal" if key == "strategy" else getattr(grid_options().get(key), "default", None)

@@ -699,7 +699,9 @@ def cmd_table(args) -> int:
     from interp.sweep_directory import load_results
 
     if args.compare and args.compare_by not in (None, "strategy"):
-        raise ConfigError(f"--compare is --compare-by strategy; give one of --compare and --compare-by {args.compare_by}")
+        raise ConfigError(
+            f"--compare is --compare-by strategy; give one of --compare and --compare-by {args.compare_by}"
+        )
     key = "strategy" if args.compare else args.compare_by
     frame = load_results(args.directory)
     if frame.empty:

@@ -10,9 +10,10 @@ model, loaded in plain TransformerLens, computes the masked model. A frozen ``W_
 matrix) is left as it is: the head's output ``z @ W_O`` is zero anyway.
 
 The schedule (:class:`Halving`): after each epoch's validation, if its accuracy reaches ``threshold`` (default 0.95;
-compared on counts of correct validation examples, :mod:`interp.thresholds`) and more than one head is active, the active heads are scored by the run's strategy and the best
-``ceil(n / 2)`` kept (ties go to the lower head index); repeat until one head is left. ``mask-all-but-one`` (the
-seed's baseline) masks ``a - 1`` heads before the first step, keeping one head drawn with the run's seed.
+compared on counts of correct validation examples, :mod:`interp.thresholds`) and more than one head is active,
+the active heads are scored by the run's strategy and the best ``ceil(n / 2)`` kept (ties go to the lower head
+index); repeat until one head is left. ``mask-all-but-one`` (the seed's baseline) masks ``a - 1`` heads before the
+first step, keeping one head drawn with the run's seed.
 Strategies that need analyses (``svc``, ``learned``, ``shapley-svc``, ``shapley-learned``) score through a
 callable passed in by the caller (``interp.analyses.halving`` has them; ``interp`` never imports ``interp.analyses``);
 ``random`` and ``mask-all-but-one`` need none.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import signal
 import stat
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_TABLES = ["examples/results/table1", "examples/results/seed_regime/table1"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shipped_frame(directory: str):
     """The results frame of a shipped sweep directory (read once per test session)."""
     from interp.sweep_directory import load_results
@@ -79,7 +78,9 @@ def test_table_thresholds_count_correct_sentences(directory, threshold):
 
     table = population_table(shipped_frame(directory), thresholds=(threshold,))
     expected = _independent_counts(directory, threshold)
-    got = {(r["d_model"], r["n_heads"], r["strategy"]): round(r[f"share_test_at_{threshold:g}"] * r["runs"]) for r in table}
+    got = {
+        (r["d_model"], r["n_heads"], r["strategy"]): round(r[f"share_test_at_{threshold:g}"] * r["runs"]) for r in table
+    }
     assert got == expected
 
 
@@ -142,7 +143,13 @@ def _unchanged(path: Path, kind: str) -> bool:
     }[kind](mode)
 
 
-WHAT = {"fifo": "a FIFO", "symlink": "a symbolic link", "directory": "a directory", "device": "a device", "file": "a file"}
+WHAT = {
+    "fifo": "a FIFO",
+    "symlink": "a symbolic link",
+    "directory": "a directory",
+    "device": "a device",
+    "file": "a file",
+}
 TINY = ["--set", "train_size=64", "--set", "val_size=32", "--set", "test_size=32", "--set", "train_lengths=[0,10]"]
 TINY += ["--set", "val_lengths=[11,12]", "--set", "test_lengths=[13,14]", "--epochs", "1", "--d-model", "8"]
 TINY += ["--n-heads", "4", "--d-head", "2", "--quiet"]
@@ -253,7 +260,9 @@ def test_one_canonical_spelling_per_attention_variant(typed, canonical):
     assert ModelSpec(**BASE, attention=canonical) == spec
 
 
-@pytest.mark.parametrize("typed, canonical", [(" lowrank:02", "lowrank:2"), ("sparse:.5", "sparse:0.5"), ("full ", "full")])
+@pytest.mark.parametrize(
+    "typed, canonical", [(" lowrank:02", "lowrank:2"), ("sparse:.5", "sparse:0.5"), ("full ", "full")]
+)
 def test_one_canonical_spelling_per_qkv_shape(typed, canonical):
     assert ModelSpec(**BASE, qkv=typed).qkv == canonical
 
@@ -282,9 +291,7 @@ def test_variant_refusals_name_the_flag_given(capsys):
     assert rc != 0 and "--qkv lowrank:8" in err, err
     rc, err = run_cli(["train", "noisy-majority", *TINY, "--attention", "window:0", "--out", "x.safetensors"], capsys)
     assert rc != 0 and "--attention" in err, err
-    rc, err = run_cli(
-        ["sweep", "noisy-majority", *TINY, "--grid", "qkv=full,lowrank:8", "--out", "sweep-dir"], capsys
-    )
+    rc, err = run_cli(["sweep", "noisy-majority", *TINY, "--grid", "qkv=full,lowrank:8", "--out", "sweep-dir"], capsys)
     assert rc != 0 and "--grid qkv=lowrank:8" in err, err
 
 
@@ -402,7 +409,11 @@ def test_the_explorer_on_a_non_bilinear_pooling_never_sticks(pooling):
     assert any("OV" in n for n in names)
     qk = [c for c in w.head_view["circuits"] if "QK" in c["name"]]
     assert qk and all("undefined" in c for c in qk) and pooling in qk[0]["undefined"]
-    for msg in ({"type": "toggle", "head": "L0H2"}, {"type": "example", "index": 3}, {"type": "select", "head": "L0H0"}):
+    for msg in (
+        {"type": "toggle", "head": "L0H2"},
+        {"type": "example", "index": 3},
+        {"type": "select", "head": "L0H0"},
+    ):
         w._on_msg(w, msg, [])
         assert w.status["error"] == "", msg
     assert w.ablated == ["L0H2"] and w.head == "L0H0"
@@ -502,7 +513,9 @@ def test_hooked_runs_of_a_model_with_a_fast_path_use_it():
     want = learned_accuracy_loop(model, data, heads, task=task)
     torch.testing.assert_close(got.accuracy, want, rtol=0, atol=1e-6)
     with torch.no_grad():
-        plain = predictions_and_loss(model, data, fwd_hooks=ablation_hooks(model, keep) + [("blocks.0.attn.hook_pattern", lambda p, hook: p)])
+        plain = predictions_and_loss(
+            model, data, fwd_hooks=ablation_hooks(model, keep) + [("blocks.0.attn.hook_pattern", lambda p, hook: p)]
+        )
     assert torch.equal(out["preds"], plain["preds"])
     torch.testing.assert_close(out["loss"], plain["loss"], rtol=1e-4, atol=1e-5)
 
@@ -566,6 +579,7 @@ def test_compare_by_any_configuration_key(capsys):
     """interp table --compare-by KEY compares the cells that differ only in KEY (here the attention variant, against
     its first value), with Newcombe intervals; --compare is --compare-by strategy."""
     from interp.analyses.populations import config_differences, newcombe_interval
+
     frame = shipped_frame("examples/results/attention/q1")
     diffs = config_differences(frame, key="attention", threshold=1.0)
     assert diffs and {d["attention"] for d in diffs} == {"linear:elu", "linear:relu", "additive"}

@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.attention import ADDITIVE, layer_attention, pair_scores
+from interp.attention import ADDITIVE, layer_attention, pair_scores, sync
 from interp.device import check_device
 from interp.errors import ConfigError, TaskError
 from interp.heads import all_heads, head_label
@@ -269,6 +269,7 @@ def query_key_scores(model: HookedTransformer, *, vocab=None) -> Float[Tensor, "
         )
     vocab = vocab or VOCAB
     eq = task_token_ids(vocab)[3]
+    sync(model)  # low-rank W_Q/W_K from their current factors
     attn = model.blocks[0].attn
     with torch.inference_mode():
         x = token_inputs(model, list(range(model.cfg.d_vocab)))  # [vocab, d]
