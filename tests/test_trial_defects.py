@@ -340,7 +340,7 @@ def test_the_spectrums_projected_patterns_stay_on_the_mask():
         seen[hook.layer()] = p.detach().clone()
 
     for k in (1, 2, 8):
-        hooks = _rank_hooks(1, None, k)(data) + [("blocks.0.attn.hook_pattern", keep)]
+        hooks = _rank_hooks(model, None, k)(data) + [("blocks.0.attn.hook_pattern", keep)]
         with torch.no_grad():
             _, cache = model.run_with_cache(data.tokens, names_filter="blocks.0.attn.hook_pattern")
             original = cache["blocks.0.attn.hook_pattern"]
@@ -359,7 +359,7 @@ def test_the_spectrums_projected_patterns_stay_on_the_mask():
 # -- w01 / w02 under sparse masks -------------------------------------------------------------------------------------
 def test_w01_w02_under_a_sparse_mask_are_defined_over_the_sequences_that_show_both_classes():
     """Before: every head's w01/w02 was NaN under window:W (a sequence whose window hides a class gave log 0)."""
-    from interp.analyses.noisy_majority import measured_attention_ratios
+    from interp.analyses.noisy_majority.attention_ratios import measured_attention_ratios
     from interp.attention import layer_attention
 
     task = get_task("noisy-majority", test_size=64, test_lengths=[10, 30])
