@@ -237,6 +237,7 @@ def test_an_unknown_typed_token_is_one_line_never_split_into_characters():
 
 # -- attention spellings ----------------------------------------------------------------------------------------------
 BASE = dict(d_vocab=9, n_ctx=32, d_model=8, n_heads=4, d_head=2)
+SHORT = dict(train_lengths=[0, 10], val_lengths=[11, 15], test_lengths=[16, 20])  # noisy majority, n_ctx 24
 
 
 @pytest.mark.parametrize(
@@ -400,7 +401,7 @@ def test_w01_w02_under_a_sparse_mask_are_defined_over_the_sequences_that_show_bo
 def test_the_explorer_on_a_non_bilinear_pooling_never_sticks(pooling):
     """Before: opening a head's panel raised the "QK circuit is a bilinear score" error, and so did every later
     action (each still applying its change)."""
-    task = get_task("noisy-majority", train_size=64, val_size=32, test_size=64, test_lengths=[10, 20])
+    task = get_task("noisy-majority", train_size=64, val_size=32, test_size=64, **SHORT)
     spec = ModelSpec(**{**task.default_spec(), "d_model": 8, "n_heads": 4, "d_head": 2, "attention": pooling})
     w = interp.explore(build_model(spec, device="cpu"), task, batch_size=32)
     w._on_msg(w, {"type": "select", "head": "L0H1"}, [])
