@@ -55,7 +55,7 @@ from .files import AtomicFile
 from .halving import HEAD_PARAMS, Halving, Scorer
 from .initialisation import initialise
 from .model import ModelSpec, build_model
-from .objectives import eval_pads, lm_targets
+from .objectives import check_lm_targets, eval_pads, lm_targets
 from .population_paths import _position_losses, forward_of, position_losses, prefix_step
 from .position_forward import NO_NORM, NORMS, Norm, build_layout, stacked_position_logits
 from .prefix_counts import prefix_count_losses, prefix_rows
@@ -739,6 +739,8 @@ def _train_population(
     pop = _Population(task, specs, cfgs, device, head_scorer)
     cfg, K = pop.cfg, pop.K
     train_data, val_data = task.dataset("train").to(device), task.dataset(validation_split(task)).to(device)
+    if cfg.objective == "lm":
+        check_lm_targets(task, train_data)
     d_vocab = pop.models[0].cfg.d_vocab
     # the O(vocab) forwards where nothing position-dependent comes before attention (interp.population_paths);
     # evaluation has no dropout, so counts suffice there for every model without positions

@@ -49,7 +49,7 @@ from .files import AtomicFile
 from .halving import Halving, Scorer
 from .initialisation import initialise
 from .model import ModelSpec, build_model, trainable_parameters
-from .objectives import lm_targets
+from .objectives import check_lm_targets, lm_targets
 from .options import options
 from .position_forward import evaluate_left_padded, solo_batch_loss
 from .query_forward import logits_at, supports_query_forward
@@ -360,6 +360,8 @@ def _train(
     if halving is not None:
         halving.start(model, opt)
     train_data = task.dataset("train").to(device)
+    if cfg.objective == "lm":
+        check_lm_targets(task, train_data)
     val_data = task.dataset(validation_split(task)).to(device)
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
