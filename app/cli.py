@@ -16,6 +16,8 @@ from typing import Any
 
 from interp.errors import CheckpointWarning, ConfigError, InterpError, TaskError
 
+from .entry import INTERRUPTED, interrupted
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
@@ -888,11 +890,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handler = COMMANDS[args.command]
 
-    def terminated(signum, frame):  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, terminated)
+    try:  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed (interp.app.entry sets it earlier)
+        previous = signal.signal(signal.SIGTERM, interrupted)
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     try:
@@ -911,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("interp: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except OSError as e:
         where = f" ({e.filename})" if e.filename else ""
         print(f"interp: error: {e.strerror or e}{where}", file=sys.stderr)

@@ -14,13 +14,13 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.ablation import ablation_hooks
-from interp.attention import layer_attention
 from interp.analyses.circuits import Circuit, full_ov_circuit, full_qk_circuit, positional_qk_circuit
 from interp.analyses.generic_suite import random_repeat_probes
 from interp.analyses.pattern_scores import HeadScores
 from interp.analyses.separation_accuracies import SeparationAccuracy
 from interp.analyses.shapley import EXACT_UP_TO, ShapleyResult
 from interp.analyses.shapley import shapley_values as shapley_values_of
+from interp.attention import layer_attention
 from interp.device import model_device
 from interp.heads import Head, head_label, parse_head
 
