@@ -511,7 +511,7 @@ def test_hooked_runs_of_a_model_with_a_fast_path_use_it():
         assert calls["fast"] > before
     finally:
         _FastForward.__call__ = original
-    want = learned_accuracy_loop(model, data, heads, task=task)
+    want = learned_accuracy_loop(model, data, heads=heads, task=task).accuracy
     torch.testing.assert_close(got.accuracy, want, rtol=0, atol=1e-6)
     with torch.no_grad():
         plain = predictions_and_loss(
