@@ -66,26 +66,29 @@ def split_examples(frame, split: str = "test"):
     from interp.registry import get_task
 
     column = f"{split}_examples"
-    own = frame[column] if column in frame else pd.Series([None] * len(frame), index=frame.index, dtype=object)
+    n = len(frame)
+    own = frame[column].tolist() if column in frame else [None] * n
+    tasks = frame["task"].tolist() if "task" in frame else [None] * n
+    params = frame["task_params"].tolist() if "task_params" in frame else [None] * n
     sizes: dict[str, int | None] = {}
 
-    def size(i) -> int | None:
-        value = plain(own.loc[i])
+    def size(value, task, task_params) -> int | None:
+        value = plain(value)
         if value is not None:
             return int(value)
-        task, params = plain(frame.loc[i, "task"]) if "task" in frame else None, frame.loc[i].get("task_params")
+        task = plain(task)
         if task is None:
             return None
-        params = params if isinstance(params, str) else json.dumps(params or {}, sort_keys=True)
-        key = f"{task}|{params}"
+        text = task_params if isinstance(task_params, str) else json.dumps(task_params or {}, sort_keys=True)
+        key = f"{task}|{text}"
         if key not in sizes:
             try:
-                sizes[key] = len(get_task(task, **json.loads(params)).dataset(split))
+                sizes[key] = len(get_task(task, **json.loads(text)).dataset(split))
             except InterpError:  # a task no longer registered, or a split it does not have
                 sizes[key] = None
         return sizes[key]
 
-    return pd.Series([size(i) for i in frame.index], index=frame.index, dtype=object)
+    return pd.Series([size(*v) for v in zip(own, tasks, params)], index=frame.index, dtype=object)
 
 
 def reached(frame, split: str = "test", threshold: float = 1.0):
@@ -94,10 +97,8 @@ def reached(frame, split: str = "test", threshold: float = 1.0):
     head does not (it scores 0)."""
     import pandas as pd
 
-    score, examples = scores(frame, split), split_examples(frame, split)
-    return pd.Series(
-        [reaches(score.loc[i], threshold, examples.loc[i]) for i in frame.index], index=frame.index, dtype=bool
-    )
+    score, examples = scores(frame, split).tolist(), split_examples(frame, split).tolist()
+    return pd.Series([reaches(a, threshold, n) for a, n in zip(score, examples)], index=frame.index, dtype=bool)
 
 
 def config_columns(frame, always: Sequence[str] = ("d_model", "n_heads", "strategy")) -> tuple[list[str], list[str]]:
@@ -110,8 +111,9 @@ def config_columns(frame, always: Sequence[str] = ("d_model", "n_heads", "strate
 def groups(frame, keys: Sequence[str]) -> list[tuple[dict[str, Any], Any]]:
     """``[(configuration, sub-frame)]`` in first-seen order (None and NaN group together)."""
     seen: dict[str, list] = {}
-    for i, row in frame.iterrows():
-        key = json.dumps([plain(row[k]) for k in keys], default=str)
+    columns = [frame[k].tolist() for k in keys]
+    for i, values in zip(frame.index, zip(*columns) if columns else [()] * len(frame)):
+        key = json.dumps([plain(v) for v in values], default=str)
         seen.setdefault(key, []).append(i)
     return [({k: plain(frame.loc[idx[0], k]) for k in keys}, frame.loc[idx]) for idx in seen.values()]
 

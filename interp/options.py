@@ -10,6 +10,7 @@ list to update by hand. Values are checked by the dataclass itself (its ``__post
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -94,7 +95,13 @@ class Option:
 
 
 def options(cls) -> dict[str, Option]:
-    """The options of a config dataclass, by field name, in field order."""
+    """The options of a config dataclass, by field name, in field order (read once per class: reading the type
+    hints is slow, and a results table asks for them once per row)."""
+    return dict(_options(cls))
+
+
+@functools.cache
+def _options(cls) -> tuple[tuple[str, Option], ...]:
     hints = typing.get_type_hints(cls)
     out = {}
     for f in dataclasses.fields(cls):
@@ -118,7 +125,7 @@ def options(cls) -> dict[str, Option]:
             meta.get("none", "none"),
             meta.get("canonical"),
         )
-    return out
+    return tuple(out.items())
 
 
 def changed(obj) -> dict[str, Any]:

@@ -566,13 +566,28 @@ def test_a_model_below_chance_is_said_to_be_at_or_below_chance():
 
 
 # -- the sweep report and --compare-by --------------------------------------------------------------------------------
-def test_the_sweep_report_names_the_recipe_and_the_differences(tmp_path):
+def test_the_sweep_report_names_the_recipe_and_the_differences():
     """Before: the report of the Adam-with-L2 Table 1 never said its runs used Adam, and lacked --compare's
-    differences."""
+    differences. (Its two new parts, on the shipped rows; the whole page: the slow test below.)"""
+    from interp.app.report import _differences_sections, _plan_options
+    from interp.report_page import Report
+    from interp.sweep_directory import read_plans
+
+    plans = read_plans(ROOT / SHIPPED_TABLES[1])
+    assert all(_plan_options(p)["optimizer"] == "adam" for p in plans)
+    report = Report(title="t")
+    _differences_sections(report, shipped_frame(SHIPPED_TABLES[1]))
+    page = report.html()
+    assert "strategy against normal" in page and "minus normal" in page and "Newcombe" in page
+    assert page.count("shapley-svc") == 2  # d = 8 and d = 32 (d = 2 has normal runs only)
+
+
+@pytest.mark.slow
+def test_the_whole_sweep_report_names_the_recipe_and_the_differences():
     from interp.app.report import build_sweep_report
 
     html = build_sweep_report(ROOT / SHIPPED_TABLES[1], progress=False).html()
-    assert "optimizer=adam" in html
+    assert "optimizer=adam (torch.optim.Adam: the weight decay is L2" in html
     assert "minus normal" in html and "Newcombe" in html
 
 
