@@ -16,7 +16,7 @@ from typing import Any
 
 from interp.errors import CheckpointWarning, ConfigError, InterpError, TaskError
 
-from .entry import INTERRUPTED, interrupted
+from .signals import INTERRUPTED, interrupted
 
 
 class _Parser(argparse.ArgumentParser):

@@ -3,9 +3,9 @@ first, then the command line (:mod:`interp.app.cli`).
 
 Importing the command line and the libraries behind it takes a noticeable part of a second, and a Ctrl-C (SIGINT)
 in that time printed a traceback from inside whatever was being imported, while a SIGTERM killed the process
-unannounced. This module imports nothing but ``signal`` and ``sys``, so from its first line on both are handled as a
-later interruption is: ``interp: interrupted`` on stderr, exit 130, no traceback. Only the interpreter's own start-up,
-before any line of the toolkit runs, is out of its reach.
+unannounced. This module imports nothing but ``signal``, ``sys`` and :mod:`interp.app.signals`, so from its first
+line on both are handled as a later interruption is: ``interp: interrupted`` on stderr, exit 130, no traceback. Only
+the interpreter's own start-up, before any line of the toolkit runs, is out of its reach.
 """
 
 from __future__ import annotations
@@ -13,15 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 
-INTERRUPTED = 130  # the exit code of an interrupted command (128 + SIGINT), for SIGTERM too
-
-
-def interrupted(signum, frame) -> None:
-    """SIGINT and SIGTERM: unwind like Ctrl-C (so half-written temp files are removed); further signals while
-    unwinding are ignored, so the one line is all that is printed."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    raise KeyboardInterrupt
+from .signals import INTERRUPTED, interrupted
 
 
 def main(argv: list[str] | None = None) -> int:
