@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.attention import refuse_pooling
+from interp.attention import refuse_pooling, sync
 from interp.device import check_device
 from interp.errors import ConfigError, InterpError, TokenError
 from interp.evaluation import check_tokens
@@ -190,7 +190,10 @@ def _position_note(model: HookedTransformer) -> str:
 
 def _circuit_heads(model: HookedTransformer, heads: object) -> tuple[list[tuple[int, int]], bool]:
     """The heads ``heads=`` names and whether it named one head (a ``[rows, cols]`` circuit) rather than a set
-    (``[head, rows, cols]``; None: every head)."""
+    (``[head, rows, cols]``; None: every head). Low-rank Q/K/V matrices are refreshed from their factors first
+    (:func:`interp.attention.sync`), so a circuit reads the current weights, also after the factors were edited
+    without a forward pass."""
+    sync(model)
     cfg = model.cfg
     if heads is not None and is_head(heads):
         return [parse_head(heads, cfg.n_layers, cfg.n_heads)], True
@@ -420,6 +423,7 @@ def ov_copying(model: HookedTransformer, *, k: int = 5, device: str | None = Non
     from transformer_lens import FactoredMatrix
 
     check_device(model, device)
+    sync(model)  # low-rank W_V from its current factors
     n = min(model.cfg.d_vocab, model.cfg.d_vocab_out)
     if not 1 <= k <= n:
         raise InterpError(f"k must lie in [1, {n}], got {k}")

@@ -18,7 +18,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from interp.errors import ConfigError, InterpError
 from interp.sweep_directory import config_columns_all, plain, results_frame
+from interp.thresholds import reaches
 from interp.visualize import aligned
 
 
@@ -55,6 +57,50 @@ def scores(frame, split: str = "test"):
     return acc
 
 
+def split_examples(frame, split: str = "test"):
+    """Each run's number of ``split`` examples: the row's own ``<split>_examples`` (rows record it since thresholds
+    are counted), else the size of the split of the task the row names, rebuilt through the task registry (once per
+    task and parameters); None where neither is known."""
+    import pandas as pd
+
+    from interp.registry import get_task
+
+    column = f"{split}_examples"
+    n = len(frame)
+    own = frame[column].tolist() if column in frame else [None] * n
+    tasks = frame["task"].tolist() if "task" in frame else [None] * n
+    params = frame["task_params"].tolist() if "task_params" in frame else [None] * n
+    sizes: dict[str, int | None] = {}
+
+    def size(value, task, task_params) -> int | None:
+        value = plain(value)
+        if value is not None:
+            return int(value)
+        task = plain(task)
+        if task is None:
+            return None
+        text = task_params if isinstance(task_params, str) else json.dumps(task_params or {}, sort_keys=True)
+        key = f"{task}|{text}"
+        if key not in sizes:
+            try:
+                sizes[key] = len(get_task(task, **json.loads(text)).dataset(split))
+            except InterpError:  # a task no longer registered, or a split it does not have
+                sizes[key] = None
+        return sizes[key]
+
+    return pd.Series([size(*v) for v in zip(own, tasks, params)], index=frame.index, dtype=object)
+
+
+def reached(frame, split: str = "test", threshold: float = 1.0):
+    """Whether each run's ``split`` accuracy reaches ``threshold``, decided on counts of correct examples
+    (:func:`interp.thresholds.reaches`: 977 right of 1,000 reaches 0.977); a halving run that did not end with one
+    head does not (it scores 0)."""
+    import pandas as pd
+
+    score, examples = scores(frame, split).tolist(), split_examples(frame, split).tolist()
+    return pd.Series([reaches(a, threshold, n) for a, n in zip(score, examples)], index=frame.index, dtype=bool)
+
+
 def config_columns(frame, always: Sequence[str] = ("d_model", "n_heads", "strategy")) -> tuple[list[str], list[str]]:
     """(every configuration column present: the grouping; the ones shown: ``always`` and those that vary)."""
     keys = [c for c in config_columns_all() if c in frame.columns]
@@ -65,8 +111,9 @@ def config_columns(frame, always: Sequence[str] = ("d_model", "n_heads", "strate
 def groups(frame, keys: Sequence[str]) -> list[tuple[dict[str, Any], Any]]:
     """``[(configuration, sub-frame)]`` in first-seen order (None and NaN group together)."""
     seen: dict[str, list] = {}
-    for i, row in frame.iterrows():
-        key = json.dumps([plain(row[k]) for k in keys], default=str)
+    columns = [frame[k].tolist() for k in keys]
+    for i, values in zip(frame.index, zip(*columns) if columns else [()] * len(frame)):
+        key = json.dumps([plain(v) for v in values], default=str)
         seen.setdefault(key, []).append(i)
     return [({k: plain(frame.loc[idx[0], k]) for k in keys}, frame.loc[idx]) for idx in seen.values()]
 
@@ -84,13 +131,14 @@ def population_table(rows, *, split: str = "test", thresholds: Sequence[float] =
         return []
     keys, shown = config_columns(frame)
     score = scores(frame, split)
+    hit = {t: reached(frame, split, t) for t in thresholds}
     table = []
     for config, members in groups(frame, keys):
         acc = score.loc[members.index]
         entry = {k: config[k] for k in shown}
         entry["runs"] = len(acc)
         for t in thresholds:
-            hits = int((acc >= t).sum())
+            hits = int(hit[t].loc[members.index].sum())
             lo, hi = wilson_interval(hits, len(acc))
             entry.update(
                 {
@@ -107,36 +155,59 @@ def population_table(rows, *, split: str = "test", thresholds: Sequence[float] =
 def strategy_differences(
     rows, *, split: str = "test", threshold: float = 1.0, baseline: str = "normal"
 ) -> list[dict[str, Any]]:
-    """Each halving strategy against the ``baseline`` runs (the normal runs) of the same configuration: both shares
-    of runs whose ``split`` accuracy reaches ``threshold`` (a failed halving run scores 0, as in the table), the
-    difference ``strategy - baseline`` and its 95% interval (:func:`newcombe_interval`), and ``differs``: whether
-    the interval excludes 0. The two cells are treated as independent samples, as the thesis's comparison of its
-    Table 1 cells does; runs of a sweep that share a seed start alike (initialisation, data order) until the first
-    halving step, a pairing this interval does not use."""
+    """Each halving strategy against the ``baseline`` runs (the normal runs) of the same configuration:
+    :func:`config_differences` with ``key="strategy"`` (``interp table --compare``)."""
+    return config_differences(rows, key="strategy", split=split, threshold=threshold, baseline=baseline)
+
+
+def config_differences(
+    rows, *, key: str = "strategy", split: str = "test", threshold: float = 1.0, baseline: Any = None
+) -> list[dict[str, Any]]:
+    """Each cell of the table against the cell that differs from it only in ``key`` (a configuration column: the
+    halving ``strategy``, ``attention``, ``qkv``, ``d_model``, ...) and has ``key == baseline``: both shares of runs
+    whose ``split`` accuracy reaches ``threshold`` (counted as in the table; a failed halving run scores 0), the
+    difference ``cell - baseline`` and its 95% interval (:func:`newcombe_interval`), and ``differs``: whether the
+    interval excludes 0. ``baseline`` defaults to ``normal`` for the strategy, else to the option's default where
+    the table has runs of it (``softmax``, ``full``, ...), else to the first value in the table. The two cells are
+    treated as independent samples, as the thesis's comparison of its Table 1 cells does; runs of a sweep that share a
+    seed start alike (initialisation, data order), a pairing this interval does not use."""
     import pandas as pd
+
+    from interp.sweep_directory import grid_options
 
     frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
     if frame.empty:
         return []
     keys, shown = config_columns(frame)
-    score = scores(frame, split)
-    cells = {}
+    if key not in keys:
+        raise ConfigError(
+            f"cannot compare by {key!r}: not a configuration column of the table; expected one of {', '.join(keys)}"
+        )
+    values = [plain(v) for v in frame[key]]
+    if baseline is None:
+        default = "normal" if key == "strategy" else getattr(grid_options().get(key), "default", None)
+        baseline = default if default in values else values[0]
+    hit = reached(frame, split, threshold)
+    cells: dict[str, dict[str, tuple]] = {}
     for config, members in groups(frame, keys):
-        acc = score.loc[members.index]
-        rest = json.dumps([config[k] for k in keys if k != "strategy"], default=str)
-        cells.setdefault(rest, {})[config["strategy"]] = (config, int((acc >= threshold).sum()), len(acc))
+        rest = json.dumps([config[k] for k in keys if k != key], default=str)
+        value = json.dumps(config[key], default=str)
+        cells.setdefault(rest, {})[value] = (config, int(hit.loc[members.index].sum()), len(members))
+    base = json.dumps(baseline, default=str)
+    shown = [k for k in shown if k != key] + [key]
     out = []
-    for by_strategy in cells.values():
-        if baseline not in by_strategy:
+    for by_value in cells.values():
+        if base not in by_value:
             continue
-        _, hits_b, n_b = by_strategy[baseline]
-        for strategy, (config, hits, n) in by_strategy.items():
-            if strategy == baseline:
+        _, hits_b, n_b = by_value[base]
+        for value, (config, hits, n) in by_value.items():
+            if value == base:
                 continue
             lo, hi = newcombe_interval(hits, n, hits_b, n_b)
             entry = {k: config[k] for k in shown}
             entry.update(
                 {
+                    "baseline": baseline,
                     "runs": n,
                     "baseline_runs": n_b,
                     "share": hits / n,
@@ -151,11 +222,15 @@ def strategy_differences(
     return out
 
 
-def format_differences(differences: Sequence[dict[str, Any]], baseline: str = "normal") -> str:
-    """:func:`strategy_differences` as aligned text, e.g. ``+0.10 [-0.03, +0.22]``."""
+def format_differences(differences: Sequence[dict[str, Any]], baseline: Any = "normal") -> str:
+    """:func:`config_differences` as aligned text, e.g. ``+0.10 [-0.03, +0.22]`` (``baseline``: the value the cells
+    are compared with, where no difference says it)."""
+    if differences:
+        baseline = differences[0].get("baseline", baseline)
     if not differences:
-        return f"(no strategy with {baseline} runs of the same configuration to compare with)"
-    skip = {"runs", "baseline_runs", "share", "baseline_share", "difference", "difference_low", "difference_high"}
+        return f"(no cell with a {baseline} cell of the same configuration to compare with)"
+    skip = {"baseline", "runs", "baseline_runs", "share", "baseline_share", "difference", "difference_low"}
+    skip |= {"difference_high"}
     columns = [k for k in differences[0] if k not in skip and k != "differs"]
     params = _varying_task_params(differences)
     cells = [

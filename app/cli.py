@@ -16,6 +16,8 @@ from typing import Any
 
 from interp.errors import CheckpointWarning, ConfigError, InterpError, TaskError
 
+from .signals import INTERRUPTED, interrupted
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="only these splits, e.g. --splits test,val (default: every split of the task)",
     )
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--out", default=None, help="also save the JSON to this file")
     e.add_argument("--quiet", action="store_true", help="only the table (or the JSON): no header line")
     _add_common(e)
 
@@ -168,12 +171,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)",
     )
     tb.add_argument("--json", action="store_true", help="print JSON rows")
+    tb.add_argument("--out", default=None, help="also save the JSON (as --json prints it) to this file")
     tb.add_argument(
         "--compare",
         action="store_true",
         help="also each halving strategy against the normal runs of the same configuration: the difference of "
         "the shares at the first threshold with its Newcombe 95%% interval, and whether it excludes 0 (with "
-        '--json: {"table": [...], "differences": [...]})',
+        '--json: {"table": [...], "differences": [...]}); the same as --compare-by strategy',
+    )
+    tb.add_argument(
+        "--compare-by",
+        default=None,
+        metavar="KEY",
+        help="also each cell against the cell that differs from it only in KEY, a configuration column (strategy, "
+        "attention, qkv, d_model, lr, ...), at KEY's default value (normal, softmax, full, ...; else its first "
+        "value in the table), with Newcombe 95%% intervals as --compare",
     )
 
     sub.add_parser("list", help="list the registered tasks (and where each comes from) and the named checkpoints")
@@ -206,13 +218,22 @@ def _train_parser(sub) -> None:
         help="also write a checkpoint every N epochs into OUT.snapshots/ (a task suite may then compute "
         "progress measures from them into the checkpoint's history)",
     )
-    t.add_argument("--out", default=None, help="checkpoint path (default: runs/TASK-seedN.safetensors)")
+    t.add_argument(
+        "--out",
+        default=None,
+        help="checkpoint path, a new name or (with --overwrite) a regular file (default: runs/TASK-seedN.safetensors)",
+    )
     t.add_argument(
         "--resume",
         action="store_true",
         help="continue an interrupted run from its resume file (its options are read from that file)",
     )
     t.add_argument("--restart", action="store_true", help="delete an interrupted run's resume file and start over")
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the file at --out (another run's checkpoint); without it an existing file is refused",
+    )
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(t)
 
@@ -389,13 +410,45 @@ def _resumed_run(args):
     return task, spec, TrainConfig(**config)
 
 
+def _flagged(error: ConfigError, args) -> ConfigError:
+    """``error`` (a refusal of options, e.g. ``qkv='lowrank:8': a rank-8 factorisation ...``) with the command-line
+    flags the user gave for the options it names put first (``--qkv lowrank:8: ...``, ``--grid qkv=lowrank:8:
+    ...``), so the refusal names what was typed; unchanged where it names none of them."""
+    import re
+
+    from interp.configs import ModelSpec, TrainConfig
+    from interp.options import options
+
+    text = str(error)
+    names = lambda key: re.search(rf"(?<![\w-]){re.escape(key)}=", text) is not None  # noqa: E731
+    given = []
+    for opts in (options(ModelSpec), options(TrainConfig)):
+        for key, opt in opts.items():
+            value = getattr(args, key, None)
+            if value is not None and names(key):
+                given.append(f"{opt.flag} {value}")
+    for item in getattr(args, "grid", None) or []:
+        key, _, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if names(key):
+            shown = [v for v in values.split(",") if v.strip() and v.strip() in text] or [values]
+            given.append(f"--grid {key}={','.join(v.strip() for v in shown)}")
+    halving = getattr(args, "halving", None)
+    if args.command == "sweep" and halving and names("halving"):
+        given.append(f"--halving {halving}")
+    return ConfigError(f"{'; '.join(given)}: {text}") if given else error
+
+
 def cmd_train(args) -> int:
     """Train one model, in the deterministic mode (with ``--threads`` as its thread count, recorded in the
-    checkpoint)."""
+    checkpoint); a refusal of the options names the flags given (:func:`_flagged`)."""
     from interp.determinism import deterministic
 
-    with deterministic(threads=args.threads):
-        return _train_one(args)
+    try:
+        with deterministic(threads=args.threads):
+            return _train_one(args)
+    except ConfigError as e:
+        raise _flagged(e, args) from None
 
 
 def _train_one(args) -> int:
@@ -429,6 +482,7 @@ def _train_one(args) -> int:
         progress=not args.quiet,
         snapshot_every=args.snapshots,
         head_scorer=scorer(cfg.halving) if cfg.halving is not None else None,
+        overwrite=args.overwrite,
     )
     if suite is not None:
         done = suite.finish_run(out, snapshot_directory(out), device=args.device)
@@ -463,18 +517,18 @@ def cmd_eval(args) -> int:
         if unknown or not splits:
             raise TaskError(f"--splits {args.splits!r}: {ckpt.task.name} has the splits {', '.join(ckpt.task.splits)}")
     metrics = evaluate_splits(ckpt.model, ckpt.task, splits)
+    text = json.dumps(
+        {
+            "task": ckpt.task.name,
+            "checkpoint": str(ckpt.path),
+            "task_params": ckpt.task.params(),
+            "accuracy": {s: m["accuracy"] for s, m in metrics.items()},
+            "metrics": metrics,
+        }
+    )
+    _save_json(args.out, text, "the evaluation JSON")
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "task": ckpt.task.name,
-                    "checkpoint": str(ckpt.path),
-                    "task_params": ckpt.task.params(),
-                    "accuracy": {s: m["accuracy"] for s, m in metrics.items()},
-                    "metrics": metrics,
-                }
-            )
-        )
+        print(text)
         return 0
     if not args.quiet:
         print(f"{ckpt.path} ({ckpt.task.name})" + (f", task parameters changed: {params}" if params else ""))
@@ -483,6 +537,14 @@ def cmd_eval(args) -> int:
     for split, m in metrics.items():
         print(f"{split:<8}" + "".join(f"{m[k]:>14.4f}" for k in keys))
     return 0
+
+
+def _save_json(path: str | None, text: str, what: str) -> None:
+    """Write ``text`` (one JSON document) to ``path`` atomically, where a path was given."""
+    if path:
+        from interp.files import atomic_write_text
+
+        atomic_write_text(path, text + "\n", what)
 
 
 def _output(path: str | None, what: str):
@@ -544,6 +606,14 @@ def cmd_list(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    """``interp sweep``; a refusal of the options names the flags given (:func:`_flagged`)."""
+    try:
+        return _sweep(args)
+    except ConfigError as e:
+        raise _flagged(e, args) from None
+
+
+def _sweep(args) -> int:
     from interp.registry import task_names
 
     directory = Path(args.task) if Path(args.task).is_dir() else None  # interp sweep DIR --status|--resume
@@ -629,9 +699,14 @@ def _sweep_status(args, directory: Path | None) -> int:
 
 
 def cmd_table(args) -> int:
-    from interp.analyses.populations import format_differences, format_table, population_table, strategy_differences
+    from interp.analyses.populations import config_differences, format_differences, format_table, population_table
     from interp.sweep_directory import load_results
 
+    if args.compare and args.compare_by not in (None, "strategy"):
+        raise ConfigError(
+            f"--compare is --compare-by strategy; give one of --compare and --compare-by {args.compare_by}"
+        )
+    key = "strategy" if args.compare else args.compare_by
     frame = load_results(args.directory)
     if frame.empty:
         raise ConfigError(f"{args.directory} holds no finished runs (no results.jsonl rows)")
@@ -642,16 +717,22 @@ def cmd_table(args) -> int:
         )
     thresholds = tuple(args.thresholds or (1.0, 0.98))
     table = population_table(frame, split=args.split, thresholds=thresholds)
-    if not args.compare:
+    if key is None:
+        _save_json(args.out, json.dumps(table), "the table JSON")
         print(json.dumps(table) if args.json else format_table(table))
         return 0
-    differences = strategy_differences(frame, split=args.split, threshold=thresholds[0])
+    try:
+        differences = config_differences(frame, key=key, split=args.split, threshold=thresholds[0])
+    except ConfigError as e:
+        raise ConfigError(f"--compare-by {key}: {e}") from None
+    _save_json(args.out, json.dumps({"table": table, "differences": differences}), "the table JSON")
     if args.json:
         print(json.dumps({"table": table, "differences": differences}))
     else:
+        baseline = differences[0]["baseline"] if differences else None
         print(format_table(table))
-        print(f"\nstrategy - normal, share of runs at {args.split} accuracy >= {thresholds[0]:g}:")
-        print(format_differences(differences))
+        print(f"\n{key} - {baseline}, share of runs at {args.split} accuracy >= {thresholds[0]:g}:")
+        print(format_differences(differences, baseline))
     return 0
 
 
@@ -713,6 +794,7 @@ def cmd_shapley(args) -> int:
             solver=args.solver,
             progress=not args.quiet and not args.json,
         )
+        _check_players(ckpt.model, args)
         if args.value == "separation":
             kw["train"] = task.dataset("train")
         test = task.dataset("test")
@@ -881,6 +963,52 @@ def cmd_circuit(args) -> int:
             output.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
     print(text if args.json else f"{ckpt.path} ({ckpt.task.name}): {what}\n" + result.text())
     return 0
+OUTPUTS = {  # what each command's --out holds (a sweep's is a directory)
+    "train": "the checkpoint",
+    "sweep": "the sweep",
+    "report": "the report",
+    "analyze": "the analysis JSON",
+    "eval": "the evaluation JSON",
+    "table": "the table JSON",
+    "shapley": "the Shapley JSON",
+    "hypothesis": "the hypothesis JSON",
+    "circuit": "the circuit JSON",
+}
+
+
+def check_out(args) -> None:
+    """The command's ``--out``, checked before any work by the one check every writer uses
+    (:func:`interp.files.check_output_path`): a regular file or a new name (a sweep's: a directory or a new name);
+    an empty ``--out`` is refused, not read as the default."""
+    from interp.files import check_output_path
+
+    out = getattr(args, "out", None)
+    if args.command not in OUTPUTS or out is None:
+        return
+    if not out.strip():
+        raise ConfigError("--out is empty: give a path (or leave --out out for the default)")
+    check_output_path(out, OUTPUTS[args.command], directory=args.command == "sweep")
+
+
+def _check_players(model, args) -> None:
+    """The limits of exact values and of the batched SVC, in the command line's words (before any work): too many
+    players names ``--heads`` and ``--samples`` (or ``--solver sklearn``)."""
+    from interp.analyses.coalitions import MAX_BITMASK, MAX_PLAYERS
+    from interp.heads import one_set
+
+    cfg = model.cfg
+    n = cfg.n_layers * cfg.n_heads if args.heads is None else len(one_set(args.heads, cfg.n_layers, cfg.n_heads))
+    if not args.samples and n > MAX_PLAYERS:
+        raise ConfigError(
+            f"{n} heads give 2**{n} coalitions; exact values take at most {MAX_PLAYERS} heads: choose the players "
+            f"with --heads HEAD [HEAD ...], or estimate the values from random permutations with --samples N"
+        )
+    if args.value == "separation" and args.solver == "torch" and n > MAX_BITMASK:
+        raise ConfigError(
+            f"--value separation with the batched SVC (--solver torch) takes at most {MAX_BITMASK} heads, got {n}: "
+            "choose the players with --heads HEAD [HEAD ...], or fit one scikit-learn SVC per coalition with "
+            "--solver sklearn"
+        )
 
 
 COMMANDS = {
@@ -918,17 +1046,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handler = COMMANDS[args.command]
 
-    def terminated(signum, frame):  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, terminated)
+    try:  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed (interp.app.entry sets it earlier)
+        previous = signal.signal(signal.SIGTERM, interrupted)
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", CheckpointWarning)
             warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            check_out(args)
             return int(handler(args) or 0)
     except InterpError as e:
         print(f"interp: error: {e}", file=sys.stderr)
@@ -940,7 +1066,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("interp: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except OSError as e:
         where = f" ({e.filename})" if e.filename else ""
         print(f"interp: error: {e.strerror or e}{where}", file=sys.stderr)

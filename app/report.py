@@ -377,6 +377,56 @@ def _short(value, limit: int = 120) -> str:
 
 
 # -- the report of a sweep directory --------------------------------------------------------------------------------
+RECIPE_WORDS = {  # what a recorded option means, in the report's words
+    ("optimizer", "adam"): "torch.optim.Adam: the weight decay is L2, added to the gradient",
+    ("optimizer", "adamw"): "torch.optim.AdamW: decoupled weight decay",
+    ("objective", "lm"): "next-token loss at every position",
+    ("dropout_at", "attention"): "dropout on the attention output only",
+}
+COMPARED = ("strategy", "attention", "qkv")  # configuration keys whose cells the report compares, where they vary
+
+
+def _plan_options(plan: dict) -> dict:
+    """The model and training options a ``sweep.json`` plan set away from their defaults (grid keys, seeds and
+    bookkeeping left out), as ``{name: value}``."""
+    from interp.configs import ModelSpec, TrainConfig
+    from interp.options import options
+
+    out = {}
+    for cls, values in ((ModelSpec, plan.get("spec", {})), (TrainConfig, plan.get("cfg", {}))):
+        for name, opt in options(cls).items():
+            if name in plan.get("grid", {}) or name == "halving" or not opt.config or name not in values:
+                continue
+            value = values[name]
+            if value != opt.default:
+                out[name] = value
+    return out
+
+
+def _differences_sections(report: Report, frame) -> None:
+    """For each of :data:`COMPARED` that varies in the sweep (the halving strategy, the attention variant, the Q/K/V
+    shape): each cell against the cell that differs from it only there (``interp table --compare-by KEY``), the
+    difference of the shares at 100% test accuracy with Newcombe's 95% interval."""
+    from interp.analyses.populations import config_differences, format_differences
+
+    for key in COMPARED:
+        if key not in frame or frame[key].map(str).nunique() < 2:
+            continue
+        differences = config_differences(frame, key=key, threshold=1.0)
+        if not differences:
+            continue
+        baseline = differences[0]["baseline"]
+        report.section(
+            f"{key} against {baseline}",
+            f"Each cell against the {baseline} cell of the same configuration (interp table --compare-by {key}"
+            + (", or --compare" if key == "strategy" else "")
+            + "): the shares of runs at 100% test accuracy, the difference with its Newcombe 95% interval (Newcombe "
+            "1998, hybrid score interval from the two Wilson intervals), and whether it excludes 0. A halving run that "
+            "does not end with one head counts 0.",
+        )
+        report.add_html(f"<pre>{html.escape(format_differences(differences, baseline))}</pre>")
+
+
 def write_sweep_report(directory, out, progress: bool = True) -> Path:
     """``interp report DIR`` for a sweep directory: Table 1, the accuracy figures and the task suite's population
     sections, as one offline page written atomically to ``out``."""
@@ -415,6 +465,7 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     )
     report.section("Sweep", "What was trained: the sweep's plan (sweep.json) and how far it got.")
     if plans:
+        options = [_plan_options(p) for p in plans]
         report.table(
             [
                 {
@@ -422,12 +473,24 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
                     "seeds": f"{min(p['seeds'])}..{max(p['seeds'])} ({len(p['seeds'])})",
                     "grid": _short(p["grid"]),
                     "halving": p["cfg"].get("halving") or "none",
+                    "options": _short(" ".join(f"{k}={v}" for k, v in opts.items()) or "defaults", 240),
                     "task parameters": _short(p["task_params"]),
                 }
-                for p in plans
+                for p, opts in zip(plans, options)
             ],
-            caption="One row per interp sweep into this directory",
+            caption="One row per interp sweep into this directory; options: every model and training option the "
+            "sweep set away from its default (the grid's keys apart)",
         )
+        shared = {k: v for k, v in options[0].items() if all(o.get(k) == v for o in options[1:])}
+        if shared:
+            report.text(
+                "Every run was trained with "
+                + ", ".join(
+                    f"{k}={v}" + (f" ({RECIPE_WORDS[(k, v)]})" if (k, v) in RECIPE_WORDS else "")
+                    for k, v in shared.items()
+                )
+                + "; every other option at its default."
+            )
     wall = (frame["wall_seconds"] / frame["population_size"]).sum() if "wall_seconds" in frame else float("nan")
     report.text(
         f"{len(frame)} finished runs; training wall time {wall:.0f} s (the rows' wall_seconds, each batched "
@@ -464,6 +527,7 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
             "Fraknói 2024, Figure 2: normal runs (no halving) per cell of the grid, other options pooled.",
         )
         report.result(grid)
+    _differences_sections(report, frame)
     lrs = lr_accuracy(frame)
     if lrs.varies:
         report.section(

@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .options import option
-from .variants import ATTENTION_SPELLINGS, QKV_SPELLINGS, parse_attention, parse_qkv
+from .variants import ATTENTION_SPELLINGS, QKV_SPELLINGS, canonical_attention, canonical_qkv, parse_attention, parse_qkv
 
 POSITIONAL = ("none", "standard", "shortformer", "rotary", "random", "abacus")  # see interp.positions
 OUTPUT_MATRIX = ("identity", "learned")
@@ -64,9 +64,16 @@ class ModelSpec:
     )
     act_fn: str = field(default="relu", metadata=option("MLP activation (TransformerLens act_fn)"))
     attention: str = field(
-        default="softmax", metadata=option(f"attention variant (see interp.variants): {ATTENTION_SPELLINGS}")
+        default="softmax",
+        metadata=option(
+            f"attention variant (see interp.variants): {ATTENTION_SPELLINGS}; stored in one canonical spelling",
+            canonical=canonical_attention,
+        ),
     )
-    qkv: str = field(default="full", metadata=option(f"shape of W_Q, W_K, W_V (see interp.variants): {QKV_SPELLINGS}"))
+    qkv: str = field(
+        default="full",
+        metadata=option(f"shape of W_Q, W_K, W_V (see interp.variants): {QKV_SPELLINGS}", canonical=canonical_qkv),
+    )
     attention_seed: int = field(
         default=0, metadata=option("seed of the random keys (random:R) and of the sparse:F pattern of Q/K/V")
     )
@@ -104,8 +111,10 @@ class ModelSpec:
             )
 
     def _check_attention(self) -> None:
-        """The attention variant's spellings (one line naming the valid ones) and what they need of the shape."""
-        parse_attention(self.attention)
+        """The attention variant's spellings (one line naming the valid ones; stored in their canonical spelling,
+        :mod:`interp.variants`, so two spellings of one variant are one spec) and what they need of the shape."""
+        object.__setattr__(self, "attention", canonical_attention(self.attention))
+        object.__setattr__(self, "qkv", canonical_qkv(self.qkv))
         qkv = parse_qkv(self.qkv)
         width = min(self.d_model, self.n_heads * self.d_head)
         if qkv.kind == "lowrank" and qkv.rank >= width:
@@ -212,10 +221,19 @@ def _number(v: Any) -> bool:
 class TrainConfig:
     epochs: int = field(default=900, metadata=option("epochs (the kept model is chosen by keep)", resumable=True))
     batch_size: int = field(default=128, metadata=option("sequences per step"))
-    lr: float = field(default=1e-3, metadata=option("AdamW learning rate"))
-    weight_decay: float = field(default=0.01, metadata=option("AdamW weight decay"))
-    beta1: float = field(default=0.9, metadata=option("AdamW beta1"))
-    beta2: float = field(default=0.999, metadata=option("AdamW beta2 (the warmup lasts 2 / (1 - beta2) steps)"))
+    lr: float = field(default=1e-3, metadata=option("learning rate of the optimizer (--optimizer: AdamW or Adam)"))
+    weight_decay: float = field(
+        default=0.01,
+        metadata=option(
+            "weight decay: decoupled, applied to the weights (AdamW, the default), or L2, added to the gradient "
+            "(--optimizer adam)"
+        ),
+    )
+    beta1: float = field(default=0.9, metadata=option("beta1 of the optimizer (AdamW or Adam: --optimizer)"))
+    beta2: float = field(
+        default=0.999,
+        metadata=option("beta2 of the optimizer (AdamW or Adam: --optimizer; the warmup lasts 2 / (1 - beta2) steps)"),
+    )
     dropout: float = field(default=0.1, metadata=option("dropout probability"))
     warmup_steps: int | None = field(
         default=None, metadata=option("linear warmup steps; default 2 / (1 - beta2), Ma and Yarats' untuned warmup")

@@ -135,14 +135,14 @@ def predictions_and_loss(
     """Per-position argmax ``preds [batch, pos]`` and cross-entropy ``loss [batch, pos]`` (0 where no target);
     ``batch_size`` examples per forward (None: from the memory budget)."""
 
-    from .fast_attention import fast_logits, has_fast_path
+    from .fast_attention import fast_logits, has_fast_path, run_with_hooks
 
     fast = has_fast_path(model) and not fwd_hooks  # sparse masks, linear attention: O(n·W) / O(n) forwards
 
     def one(chunk: TaskData) -> dict[str, Tensor]:
         with torch.inference_mode():
-            if fwd_hooks:
-                logits = model.run_with_hooks(chunk.tokens, fwd_hooks=list(fwd_hooks))
+            if fwd_hooks:  # the fast forwards too, where every hook fires there (hook_z does)
+                logits = run_with_hooks(model, chunk.tokens, fwd_hooks)
             else:
                 logits = fast_logits(model, chunk.tokens) if fast else model(chunk.tokens)
         return {"preds": logits.argmax(-1), "loss": per_position_loss(logits, chunk.targets)}

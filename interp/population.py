@@ -55,7 +55,7 @@ from .files import AtomicFile
 from .halving import HEAD_PARAMS, Halving, Scorer
 from .initialisation import initialise
 from .model import ModelSpec, build_model
-from .objectives import eval_pads, lm_targets
+from .objectives import check_lm_targets, eval_pads, lm_targets
 from .population_paths import _position_losses, forward_of, position_losses, prefix_step
 from .position_forward import NO_NORM, NORMS, Norm, build_layout, stacked_position_logits
 from .prefix_counts import prefix_count_losses, prefix_rows
@@ -631,7 +631,7 @@ class _Population:
             if snapshot is not None:
                 snapshot(k)
             h = r.halving
-            if h is not None and not h.done and val[k]["accuracy"] >= h.threshold:
+            if h is not None and not h.done and h.reached(val[k]["accuracy"], len(val_data)):
                 self._halve(k, val[k]["accuracy"], train_data, val_data)
             if r.should_stop(epoch) or epoch == self.cfg.epochs:
                 r.active = False
@@ -739,6 +739,8 @@ def _train_population(
     pop = _Population(task, specs, cfgs, device, head_scorer)
     cfg, K = pop.cfg, pop.K
     train_data, val_data = task.dataset("train").to(device), task.dataset(validation_split(task)).to(device)
+    if cfg.objective == "lm":
+        check_lm_targets(task, train_data)
     d_vocab = pop.models[0].cfg.d_vocab
     # the O(vocab) forwards where nothing position-dependent comes before attention (interp.population_paths);
     # evaluation has no dropout, so counts suffice there for every model without positions
@@ -808,9 +810,10 @@ def _train_population(
 
     # the kept models, evaluated on every split as one batched computation (what evaluate_splits gives each)
     _kept, final = pop.kept()
-    split_metrics = {}
+    split_metrics, examples = {}, {}
     for split in task.splits:
         data = task.dataset(split).to(device)
+        examples[split] = len(data)
         split_metrics[split] = _val_metrics(
             task,
             pop.forward_params(final),
@@ -839,6 +842,7 @@ def _train_population(
                 "compiled": bool(compile),
                 "resumed_at_epoch": resumed_at,
             },
+            examples=examples,
         )
         save_checkpoint(model, task, out, training=prov, spec=spec)
         results.append(prov)

@@ -37,19 +37,19 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .attention import is_plain
+from .attention import attention_of, is_plain
 from .checkpoint import save_checkpoint
 from .configs import TrainConfig, check_snapshot_every
 from .determinism import deterministic
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
-from .evaluation import evaluate, evaluate_splits, target_positions
+from .evaluation import evaluate, target_positions
 from .fast_attention import fast_attention, has_fast_path
 from .files import AtomicFile
 from .halving import Halving, Scorer
 from .initialisation import initialise
 from .model import ModelSpec, build_model, trainable_parameters
-from .objectives import lm_targets
+from .objectives import check_lm_targets, lm_targets
 from .options import options
 from .position_forward import evaluate_left_padded, solo_batch_loss
 from .query_forward import logits_at, supports_query_forward
@@ -57,6 +57,7 @@ from .resume_file import check_identity, read_resume_file, read_resume_metadata,
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .task import IGNORE, Task, TaskData
+from .variants import Attention
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -116,9 +117,21 @@ def _recipe_path(cfg: TrainConfig) -> bool:
 def _check_recipe(model: HookedTransformer, cfg: TrainConfig) -> None:
     """Refuse, before training, recipe options a model's forward cannot carry out (one line naming them)."""
     if _recipe_path(cfg) and not is_plain(model):
+        on = [
+            text
+            for text, is_on in (
+                (f"objective={cfg.objective!r}", cfg.objective == "lm"),
+                ("padding='left'", cfg.padding == "left"),
+                (f"dropout_at={cfg.dropout_at!r}", "pattern" in cfg.dropout_sites),
+                ("dropout_rng='counter'", cfg.dropout_rng == "counter"),
+            )
+            if is_on
+        ]
+        variant = next(a for a in attention_of(model) if not (a.is_softmax and a.qkv == "full"))
+        attention = str(Attention(variant.pooling, variant.masks))
         raise ConfigError(
-            "the language-model objective, left padding, pattern dropout and counter-drawn masks train through the "
-            "per-position forward, which covers softmax attention with full Q/K/V; this model is an attention variant"
+            f"{', '.join(on)} train{'s' if len(on) == 1 else ''} through the per-position forward, which covers "
+            f"softmax attention with full Q/K/V; this model has attention={attention!r}, qkv={variant.qkv!r}"
         )
     if supports_query_forward(model):
         return
@@ -274,11 +287,15 @@ def train(
     snapshot_every: int | None = None,
     snapshot_dir=None,
     head_scorer: Scorer | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train a model for ``task``; write the kept model (``cfg.keep``) to ``out``; return its provenance.
 
-    ``out`` is checked before any training. An existing resume file of ``out`` is continued with ``resume=True``,
-    deleted to start over with ``restart=True``, and otherwise refused (a ConfigError saying how to do either).
+    ``out`` is checked before any training: a regular file or a new name (:func:`interp.files.check_output_path`),
+    and an existing file there (another run's checkpoint) is replaced only with ``overwrite=True`` (``interp train
+    --overwrite``). An existing resume file of ``out`` is continued with ``resume=True``, deleted to start over with
+    ``restart=True`` (which also replaces what the interrupted run's path holds), and otherwise refused (a
+    ConfigError saying how to do either).
 
     ``on_epoch_end(epoch, record)`` is called after each epoch (after the resume file is written), e.g. to
     log metrics; an exception it raises stops training like an interruption would.
@@ -312,6 +329,7 @@ def train(
             snapshot_every=snapshot_every,
             snapshot_dir=snapshot_dir,
             head_scorer=head_scorer,
+            overwrite=overwrite,
         )
 
 
@@ -330,10 +348,11 @@ def _train(
     snapshot_every=None,
     snapshot_dir=None,
     head_scorer=None,
+    overwrite=False,
 ) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
-    snapshot_dir = _check_outputs(out, cfg, resume, restart, snapshot_every, snapshot_dir)
+    snapshot_dir = _check_outputs(out, cfg, resume, restart, snapshot_every, snapshot_dir, overwrite)
     rpath = resume_path(out)
     state, identity, options = _start(task, spec, cfg, device, rpath if resume else None)
     record, model, opt, _gen = state.record, state.model, state.opt, state.gen
@@ -341,6 +360,8 @@ def _train(
     if halving is not None:
         halving.start(model, opt)
     train_data = task.dataset("train").to(device)
+    if cfg.objective == "lm":
+        check_lm_targets(task, train_data)
     val_data = task.dataset(validation_split(task)).to(device)
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
@@ -390,27 +411,40 @@ def _train(
     if record.kept != "last":
         model.load_state_dict(state.best_state)
     model.eval()
-    metrics = (
-        {s: _evaluate(model, task, task.dataset(s).to(device), cfg) for s in task.splits}
-        if cfg.padding == "left"
-        else evaluate_splits(model, task)
-    )
-    provenance = record.provenance(cfg, metrics, device, time.time() - started)
+    final = {s: task.dataset(s) for s in task.splits}
+    metrics = {
+        s: _evaluate(model, task, data.to(device), cfg) if cfg.padding == "left" else evaluate(model, task, data)
+        for s, data in final.items()
+    }
+    examples = {s: len(data) for s, data in final.items()}
+    provenance = record.provenance(cfg, metrics, device, time.time() - started, examples=examples)
     save_checkpoint(model, task, out, training=provenance, spec=spec)
     rpath.unlink(missing_ok=True)
     return provenance
 
 
 def _check_outputs(
-    out: Path, cfg: TrainConfig, resume: bool, restart: bool, snapshot_every: int | None, snapshot_dir
+    out: Path,
+    cfg: TrainConfig,
+    resume: bool,
+    restart: bool,
+    snapshot_every: int | None,
+    snapshot_dir,
+    overwrite: bool = False,
 ) -> Path | None:
-    """Everything a run will write, checked before any training: the checkpoint path (a directory, a missing
-    folder or an unwritable path fails now), the resume file's state against ``resume`` / ``restart``, and the
-    snapshot folder (returned, created)."""
+    """Everything a run will write, checked before any training: the checkpoint path (a directory, a FIFO, a device,
+    a symbolic link, a missing folder or an unwritable path fails now; an existing file only with ``overwrite``, or
+    as the path of the interrupted run ``resume``/``restart`` continue or start over), the resume file's state
+    against ``resume`` / ``restart``, and the snapshot folder (returned, created)."""
     check_snapshot_every(snapshot_every, cfg.epochs)
     with AtomicFile(out, "the checkpoint"):
         pass
     rpath = resume_path(out)
+    if out.exists() and not (overwrite or resume or (restart and rpath.is_file())):
+        raise ConfigError(
+            f"{out} already exists (another run's checkpoint?): a new run does not replace it unless asked; pass "
+            "overwrite=True (interp train --overwrite) to replace it, or write to another path"
+        )
     if resume and restart:
         raise ConfigError("--resume continues the interrupted run and --restart deletes it: give one of them")
     if resume and not rpath.is_file():
