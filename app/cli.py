@@ -963,6 +963,8 @@ def cmd_circuit(args) -> int:
             output.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
     print(text if args.json else f"{ckpt.path} ({ckpt.task.name}): {what}\n" + result.text())
     return 0
+
+
 OUTPUTS = {  # what each command's --out holds (a sweep's is a directory)
     "train": "the checkpoint",
     "sweep": "the sweep",
