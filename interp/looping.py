@@ -13,14 +13,21 @@ patching and the explorer see every iteration as a layer (head ``L3H1`` is head 
 in iteration ``3 // b``), ``model.parameters()`` holds each shared weight once (the optimizer updates it once, with
 the gradient summed over the iterations), and moving the model keeps the ties.
 
-Input injection is a PyTorch forward pre-hook on the block modules (not a TransformerLens hook: ``reset_hooks`` keeps
-it, and every TransformerLens hook still fires): the input of block 0 (the embedding after ``hook_embed`` and
-``hook_pos_embed``, the sum of both where positions are added to the residual stream) is kept, and added to the input
-of blocks ``b, 2b, ...`` before their ``hook_resid_pre``. So ``blocks.{kb}.hook_resid_pre`` is what that block reads,
-``h_k + e`` (patching it replaces the injected input), and differs from ``blocks.{kb-1}.hook_resid_post`` by ``e``: a
-decomposition of the residual stream into components counts the embedding once per iteration. A forward that
-starts after block 0 (TransformerLens' ``start_at_layer``) has no embedding to inject: give it with
-:func:`injected_input` (activation patching does), otherwise it is refused.
+Input injection is done by PyTorch hooks on the block modules (not TransformerLens hooks: ``reset_hooks`` keeps
+them, and every TransformerLens hook still fires): block 0's input, the embedding (after ``hook_embed`` and
+``hook_pos_embed``; their sum where positions are added to the residual stream), is kept by a forward pre-hook,
+and a forward hook on the last block of every iteration but the last adds it to that block's output, the next
+iteration's input. So ``blocks.{kb}.hook_resid_pre`` is what block ``kb`` reads, ``h_k + e``, as in any
+HookedTransformer (patching it replaces the injected input; a forward started there with ``start_at_layer`` takes
+it as it is), and it differs from ``blocks.{kb-1}.hook_resid_post`` by ``e``: a decomposition of the residual stream
+into components counts the embedding once per iteration. Patching ``blocks.0.hook_resid_pre`` changes the first
+iteration's input only; patching ``hook_embed`` or ``hook_pos_embed`` changes what every iteration reads. Why hooks
+on the blocks rather than a TransformerLens hook on ``hook_resid_pre`` adding a cached ``hook_embed`` +
+``hook_pos_embed``: the injection then survives ``model.reset_hooks()``, runs before any user hook at the same
+point (so a cache or a patch sees the block's real input), and the embedding it adds is the one after a user's
+patch of ``hook_embed``. A forward that starts at a block (TransformerLens' ``start_at_layer``) has no embedding to
+inject: give it with :func:`injected_input` (activation and path patching do), otherwise it is refused where an
+iteration would need it.
 
 The checkpoint stores one copy of the shared weights: the model's ``state_dict()`` holds blocks ``0 .. b-1`` only (a
 state-dict hook drops the copies) and ``load_state_dict`` fills the copies from them (a load pre-hook), so the file,
@@ -53,7 +60,9 @@ class Loop:
     def __init__(self, block: int, injection: bool):
         self.block, self.injection = int(block), bool(injection)
         self.embedded: Tensor | None = None  # the embedding of the forward being run
-        self.given: Tensor | None = None  # set by injected_input() for forwards that start after block 0
+        self.given: Tensor | None = None  # set by injected_input() for forwards that start at a block
+        self.pending = False  # an embedding was computed and block 0 has not run since
+        self.live = False  # the forward being run started from the tokens: ``embedded`` is its own
 
     def loops(self, model: HookedTransformer) -> int:
         return model.cfg.n_layers // self.block
@@ -85,61 +94,59 @@ class _FillCopies:
                 state_dict.setdefault(f"{prefix}blocks.{i}." + key[len(source) :], state_dict[key])
 
 
-class _Start:
-    """Root forward pre-hook: a forward from the tokens (or from block 0) captures its own embedding; one that starts
-    later uses the embedding given by :func:`injected_input`, if any."""
-
-    def __init__(self, loop: Loop):
-        self.loop = loop
-
-    def __call__(self, module, args, kwargs):
-        start = kwargs.get("start_at_layer")
-        self.loop.embedded = None if start in (None, 0) else self.loop.given
-
-
-class _End:
-    """Root forward hook: release the embedding once the forward is done."""
+class _Embedded:
+    """Forward hook on ``model.embed``: an embedding was computed, so the block 0 that runs next starts a forward from
+    the tokens (TransformerLens' ``run_with_hooks`` calls ``forward`` itself, so no hook on the model would see the
+    start of a forward; the embedding module runs in exactly the forwards that start from tokens)."""
 
     def __init__(self, loop: Loop):
         self.loop = loop
 
     def __call__(self, module, args, output):
-        self.loop.embedded = None
+        self.loop.pending = True
 
 
 class _Capture:
-    """Block 0's forward pre-hook: keep its input, the embedded tokens."""
+    """Block 0's forward pre-hook: in a forward from the tokens, keep its input, the embedding; in one that starts at
+    block 0 (``start_at_layer=0``), use the embedding :func:`injected_input` gives."""
 
     def __init__(self, loop: Loop):
         self.loop = loop
 
     def __call__(self, module, args, kwargs):
-        self.loop.embedded = args[0] if args else kwargs["resid_pre"]
+        loop = self.loop
+        loop.live = loop.pending
+        if loop.pending:
+            loop.embedded = args[0] if args else kwargs["resid_pre"]
+        loop.pending = False
 
 
 class _Inject:
-    """The forward pre-hook of the first block of iterations 2, 3, ...: add the embedding to the block's input."""
+    """The forward hook of the last block of every iteration: add the embedding to the block's output, the next
+    iteration's input (so ``blocks.{kb}.hook_resid_pre`` is what block ``kb`` reads, and a forward started there
+    with ``start_at_layer`` takes that value as it is); after the last iteration, release it."""
 
-    def __init__(self, loop: Loop, index: int):
-        self.loop, self.index = loop, index
+    def __init__(self, loop: Loop, index: int, cfg):
+        self.loop, self.index, self.cfg = loop, index, cfg
 
-    def __call__(self, module, args, kwargs):
-        e = self.loop.embedded
+    def __call__(self, module, args, output):
+        loop = self.loop
+        if self.index + 1 >= self.cfg.n_layers:  # the last iteration: its output goes to the unembedding as it is
+            loop.live, loop.embedded = False, None
+            return None
+        e = loop.embedded if loop.live else loop.given
         if e is None:
             raise ConfigError(
-                f"a looped model with input injection adds the embedded input to block {self.index}'s input, and "
-                "this forward did not compute it (it starts after block 0): give it with "
-                "interp.looping.injected_input(model, embedding)"
+                f"a looped model with input injection adds the embedded input to block {self.index + 1}'s input, "
+                "and this forward did not compute it (it starts at a block): give it with "
+                "interp.looping.injected_input(model, interp.looping.embedded_input(model, tokens))"
             )
-        resid = args[0] if args else kwargs["resid_pre"]
-        if e.shape != resid.shape:
+        if e.shape != output.shape:
             raise ConfigError(
                 f"the embedded input given to the looped model has shape {tuple(e.shape)}, but block {self.index} "
-                f"reads a residual stream of shape {tuple(resid.shape)}"
+                f"writes a residual stream of shape {tuple(output.shape)}"
             )
-        if args:
-            return (resid + e, *args[1:]), kwargs
-        return args, {**kwargs, "resid_pre": resid + e}
+        return output + e
 
 
 def loop_of(model: HookedTransformer) -> Loop | None:
@@ -162,9 +169,14 @@ def _tie(block: torch.nn.Module, source: torch.nn.Module) -> None:
 
 
 def _hook_block(model: HookedTransformer, loop: Loop, index: int) -> None:
-    if loop.injection and index % loop.block == 0:
-        hook = _Capture(loop) if index == 0 else _Inject(loop, index)
-        model.blocks[index].register_forward_pre_hook(hook, with_kwargs=True)
+    """Block ``index``'s injection hook: block 0 keeps the embedding, the last block of every iteration but the last
+    adds it to its output."""
+    if not loop.injection:
+        return
+    if index == 0:
+        model.blocks[0].register_forward_pre_hook(_Capture(loop), with_kwargs=True)
+    if (index + 1) % loop.block == 0:  # acts where another iteration follows (the number may change: set_loops)
+        model.blocks[index].register_forward_hook(_Inject(loop, index, model.cfg))
 
 
 def install(model: HookedTransformer, block: int, injection: bool = True) -> Loop:
@@ -181,8 +193,7 @@ def install(model: HookedTransformer, block: int, injection: bool = True) -> Loo
     model.register_state_dict_post_hook(loop)
     model.register_load_state_dict_pre_hook(_FillCopies(loop))
     if injection:
-        model.register_forward_pre_hook(_Start(loop), with_kwargs=True)
-        model.register_forward_hook(_End(loop))
+        model.embed.register_forward_hook(_Embedded(loop))
         for i in range(n):
             _hook_block(model, loop, i)
     return loop
@@ -239,7 +250,7 @@ def injected_input(model: HookedTransformer, embedding: Float[Tensor, "batch pos
     ``embedding`` (the input of block 0 of the same tokens: :func:`embedded_input`)."""
     loop = _require_loop(model)
     before = loop.given
-    loop.given = embedding
+    loop.given, loop.live, loop.pending = embedding, False, False  # nothing computed before counts in here
     try:
         yield
     finally:
@@ -250,6 +261,9 @@ def embedded_input(model: HookedTransformer, tokens) -> Float[Tensor, "batch pos
     """The input of block 0 for ``tokens``: what a looped model injects into every iteration (TransformerLens'
     embedding hooks fire, as in a forward)."""
     residual, *_ = model.input_to_embed(tokens)
+    loop = loop_of(model)
+    if loop is not None:
+        loop.pending = False  # no forward follows this embedding
     return residual
 
 

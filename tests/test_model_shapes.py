@@ -1,6 +1,7 @@
 """Every analysis suite, the CLI and the report on every shape the spec allows: one head (the
-thesis's d=2 model, which crashed `analyze` and `report`), 64 heads with a trained W_O (d=2, d_head=2), and two
-layers, for both shipped tasks; and a user's own plain HookedTransformer paired with a task."""
+thesis's d=2 model, which crashed `analyze` and `report`), 64 heads with a trained W_O (d=2, d_head=2), two
+layers, and a looped layer (two iterations with shared weights), for both shipped tasks; and a user's own plain
+HookedTransformer paired with a task."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ SHAPES = {
     "1-head": dict(n_layers=1, d_model=2, n_heads=1, d_head=2),
     "64-heads": dict(n_layers=1, d_model=2, n_heads=64, d_head=2, output_matrix="learned"),
     "2-layers": dict(n_layers=2, d_model=8, n_heads=4, d_head=2),
+    # a looped transformer: one layer applied twice with shared weights and input injection (interp.looping)
+    "looped": dict(n_layers=1, loops=2, d_model=8, n_heads=4, d_head=2),
 }
 
 
