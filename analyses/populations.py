@@ -47,9 +47,10 @@ def newcombe_interval(
     return (d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2), d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2))
 
 
-def scores(frame, split: str = "test"):
-    """Each run's ``split`` accuracy, 0 for a halving run that did not end with one head (Fraknói 2024, §5.5)."""
-    acc = frame[f"{split}_accuracy"].astype(float)
+def scores(frame, split: str = "test", metric: str = "accuracy"):
+    """Each run's ``split`` ``metric`` (a column ``<split>_<metric>``), 0 for a halving run that did not end with one
+    head (Fraknói 2024, §5.5)."""
+    acc = frame[f"{split}_{metric}"].astype(float)
     if "halving_success" in frame:
         acc = acc.where(frame["halving_success"].map(lambda v: v is not False), 0.0)
     return acc
@@ -71,19 +72,34 @@ def groups(frame, keys: Sequence[str]) -> list[tuple[dict[str, Any], Any]]:
     return [({k: plain(frame.loc[idx[0], k]) for k in keys}, frame.loc[idx]) for idx in seen.values()]
 
 
-def population_table(rows, *, split: str = "test", thresholds: Sequence[float] = (1.0, 0.98)) -> list[dict[str, Any]]:
+def population_table(
+    rows,
+    *,
+    split: str = "test",
+    thresholds: Sequence[float] = (1.0, 0.98),
+    metric: str = "accuracy",
+    count: str | None = None,
+) -> list[dict[str, Any]]:
     """Table 1 of Fraknói 2024, per configuration and halving strategy: ``runs``; for each threshold t the share of runs
     whose ``split`` accuracy reaches t (``share_test_at_1``, ``share_test_at_0.98``; a failed halving run scores 0)
     with its 95% Wilson interval (``..._low``, ``..._high``); and the mean accuracy. ``rows``: results.jsonl rows or
     a :func:`load_results` frame. The configuration columns shown are d_model, n_heads, strategy and any other that
-    varies in the sweep (runs are grouped by all of them)."""
+    varies in the sweep (runs are grouped by all of them).
+
+    ``metric`` scores another of the task's metrics (the column ``<split>_<metric>``, e.g. integer addition's
+    ``accuracy_len4``; the keys then name it: ``share_test_accuracy_len4_at_1``, ``mean_test_accuracy_len4``).
+    ``count``, the metric holding the number of examples each run's value is a share of (e.g. ``n_len4``), adds the
+    value pooled over the runs' examples (``pooled_<split>_<metric>``: correct examples over all examples) with its
+    Wilson interval; that interval counts the examples as independent, so it leaves out the variation between
+    runs, which the shares of runs and the mean show."""
     import pandas as pd
 
     frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
     if frame.empty:
         return []
     keys, shown = config_columns(frame)
-    score = scores(frame, split)
+    score = scores(frame, split, metric)
+    name = split if metric == "accuracy" else f"{split}_{metric}"
     table = []
     for config, members in groups(frame, keys):
         acc = score.loc[members.index]
@@ -94,12 +110,25 @@ def population_table(rows, *, split: str = "test", thresholds: Sequence[float] =
             lo, hi = wilson_interval(hits, len(acc))
             entry.update(
                 {
-                    f"share_{split}_at_{t:g}": hits / len(acc),
-                    f"share_{split}_at_{t:g}_low": lo,
-                    f"share_{split}_at_{t:g}_high": hi,
+                    f"share_{name}_at_{t:g}": hits / len(acc),
+                    f"share_{name}_at_{t:g}_low": lo,
+                    f"share_{name}_at_{t:g}_high": hi,
                 }
             )
-        entry[f"mean_{split}_accuracy"] = float(acc.mean())
+        entry[f"mean_{split}_{metric}"] = float(acc.mean())
+        if count is not None:
+            n = frame.loc[members.index, f"{split}_{count}"].astype(float)
+            total = round(float(n.sum()))
+            right = round(float((acc * n).sum()))
+            lo, hi = wilson_interval(right, total)
+            entry.update(
+                {
+                    f"pooled_{split}_{metric}": right / total if total else math.nan,
+                    f"pooled_{split}_{metric}_low": lo,
+                    f"pooled_{split}_{metric}_high": hi,
+                    f"{split}_{count}": total,
+                }
+            )
         table.append(entry)
     return table
 
@@ -189,6 +218,8 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
                 row.append(params(v))
             elif k.startswith("share_"):
                 row.append(f"{v:.2f} [{r[k + '_low']:.2f}, {r[k + '_high']:.2f}]")
+            elif k.startswith("pooled_"):
+                row.append(f"{v:.3f} [{r[k + '_low']:.3f}, {r[k + '_high']:.3f}]")
             elif isinstance(v, float):
                 row.append(f"{v:.4f}" if k.startswith("mean_") else f"{v:g}")
             else:
