@@ -11,9 +11,10 @@ kept) and is scored on the same 6,000 uniform random test sums of 1..6-digit ope
 into two sweep directories, so ``interp table DIR --metric accuracy_len4`` rebuilds each table from the rows:
 
 - ``lengths`` (``--part lengths``): every positional scheme (none, standard, rotary, random, abacus, alibi) as the
-  plain 2-layer model (d_model 64, 4 heads x 16, d_mlp 256, LayerNorm; the positional comparison's model), as a
+  plain 2-layer model (d_model 64, 4 heads x 16, d_mlp 256, LayerNorm; the positional comparison's model) and as a
   looped model of one such layer applied twice with input injection (``loops=2``: the same compute per step, half
-  the parameters), and as the plain 1-layer model (the looped model's parameters, half its compute);
+  the parameters); then, on standard and Abacus positions, the plain 1-layer model (the looped model's parameters,
+  half its compute);
 - ``ablations`` (``--part ablations``): on standard and Abacus positions, random spaces (``random_spaces=0.3``) and
   the scratchpad, each plain and looped; the curriculum ``n_digits:1@0,2@200,3@400`` and the auxiliary carry loss
   (``aux_loss=0.5``), plain.
@@ -101,12 +102,15 @@ def train_part(part: str, out: Path, seeds, threads: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for seed in seeds:
         if part == "lengths":
-            for arch in ARCHITECTURES:
+            for arch in ("plain2", "looped"):
                 sweep(out / "lengths", seed, SCHEMES, arch, {}, {}, threads)
         else:
             for task_kw, train_kw, archs in ABLATIONS.values():
                 for arch in archs:
                     sweep(out / "ablations", seed, ABLATION_SCHEMES, arch, task_kw, train_kw, threads)
+    if part == "lengths":  # the parameter-matched control last, on the ablations' two schemes
+        for seed in seeds:
+            sweep(out / "lengths", seed, ABLATION_SCHEMES, "plain1", {}, {}, threads)
 
 
 def ship(out: Path, results: Path) -> None:
