@@ -5,16 +5,16 @@ looped, with and without random spaces and a scratchpad; a curriculum and an aux
 and the scratchpad models' greedily decoded answers.
 
 Every model trains on sums of 1..3-digit operands (units first, answer units first, 10% cascade enrichment) for the
-same number of steps of batch 128 (AdamW lr 1e-3, weight decay 0.1, betas (0.9, 0.98), no dropout, the last model
+same 1,000 steps of batch 128 (AdamW lr 1e-3, weight decay 0.1, betas (0.9, 0.98), no dropout, the last model
 kept) and is scored on the same 6,000 uniform random test sums of 1..6-digit operands (about 1,000 per length;
 ``test_accuracy_len<n>`` in the rows). The runs go through the sweep machinery (:func:`interp.app.sweeps.run_sweep`)
 into two sweep directories, so ``interp table DIR --metric accuracy_len4`` rebuilds each table from the rows:
 
 - ``lengths`` (``--part lengths``): every positional scheme (none, standard, rotary, random, abacus, alibi) as the
-  plain 2-layer model (d_model 64, 4 heads x 16, d_mlp 256, LayerNorm; the positional comparison's model) and as a
-  looped model of one such layer applied twice with input injection (``loops=2``: the same compute per step, half
-  the parameters); then, on standard and Abacus positions, the plain 1-layer model (the looped model's parameters,
-  half its compute);
+  plain 2-layer model (d_model 32, 4 heads x 8, d_mlp 128, LayerNorm: the positional comparison's model at half the
+  width) and as a looped model of one such layer applied twice with input injection (``loops=2``: the same compute
+  per step, half the parameters); then, on standard and Abacus positions, the plain 1-layer model (the looped
+  model's parameters, half its compute);
 - ``ablations`` (``--part ablations``): on standard and Abacus positions, random spaces (``random_spaces=0.3``) and
   the scratchpad, each plain and looped; the curriculum ``n_digits:1@0,2@200,3@400`` and the auxiliary carry loss
   (``aux_loss=0.5``), plain.
@@ -51,17 +51,18 @@ TASK = dict(
     max_digits=6,
     reverse_operands=True,
     reverse_answer=True,
-    train_size=19200,  # 150 steps of 128 per epoch
+    train_size=16000,  # 125 steps of 128 per epoch
     val_size=500,
     test_size=6000,
     cascades_size=300,
 )
 TRAIN = dict(epochs=8, batch_size=128, lr=1e-3, weight_decay=0.1, beta2=0.98, dropout=0.0, keep="last", save_every=2)
 ABACUS_OFFSET = 3  # McLeish et al.'s random offset: 3-digit training numbers reach the rows of 6-digit ones
+WIDTH = dict(d_model=32, n_heads=4, d_head=8, d_mlp=128)  # small: one run is about a minute of one CPU core
 ARCHITECTURES = {
-    "plain2": dict(n_layers=2),
-    "looped": dict(n_layers=1, loops=2),  # same compute per step as plain2, half its parameters
-    "plain1": dict(n_layers=1),  # the looped model's parameters, half its compute
+    "plain2": dict(n_layers=2, **WIDTH),
+    "looped": dict(n_layers=1, loops=2, **WIDTH),  # same compute per step as plain2, half its parameters
+    "plain1": dict(n_layers=1, **WIDTH),  # the looped model's parameters, half its compute
 }
 # ablation -> (task parameters, training options, architectures)
 ABLATIONS = {
