@@ -104,10 +104,9 @@ def test_parameters_are_shared_and_trained_once(looped):
     assert moved.blocks[5].ln2.w is moved.blocks[1].ln2.w and moved.blocks[5].ln2.w.dtype == torch.float64
 
 
-def test_a_looped_checkpoint_stores_one_copy_and_rebuilds_the_ties(looped, tmp_path):
+def test_a_looped_checkpoint_stores_one_copy_and_rebuilds_the_ties(tmp_path):
     from safetensors import safe_open
 
-    model, tokens = looped
     task = get_task("integer-addition", digits=[1, 3], max_digits=6, train_size=64)
     kw = {**task.default_spec(), "n_layers": 1, "loops": 3, "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32}
     spec = ModelSpec(**kw)
@@ -166,9 +165,8 @@ def test_a_forward_started_at_a_block_needs_the_embedding(looped):
                 torch.testing.assert_close(got, full, atol=1e-5, rtol=0)
         # the last iteration needs nothing more: a forward from its first block runs without it
         torch.testing.assert_close(model(cache["blocks.4.hook_resid_pre"], start_at_layer=4), full, atol=1e-5, rtol=0)
-        with injected_input(model, embedded_input(model, tokens)[:2]):
-            with pytest.raises(ConfigError, match="shape"):
-                model(cache["blocks.2.hook_resid_pre"], start_at_layer=2)
+        with injected_input(model, embedded_input(model, tokens)[:2]), pytest.raises(ConfigError, match="shape"):
+            model(cache["blocks.2.hook_resid_pre"], start_at_layer=2)
     # after a partial forward, a full one captures its own embedding again
     with torch.no_grad():
         assert torch.equal(model(tokens), full)
@@ -180,3 +178,83 @@ def test_a_looped_spec_is_checked():
     with pytest.raises(ConfigError, match="attention variants"):
         ModelSpec(**{**SPEC, "attention": "linear:elu"})
     assert ModelSpec(**SPEC).blocks == 6 and ModelSpec(**SPEC).tl_config_kwargs(None)["n_layers"] == 6
+
+
+@pytest.mark.slow
+def test_patching_a_looped_model_equals_transformer_lens(monkeypatch):
+    """Activation patching starts its stacked runs at the patched block (start_at_layer) and path patching at the
+    receiver's: both give the looped model its embedding (interp.looping.injected_input), and equal TransformerLens'
+    serial functions and the slow loop, which run every forward from the tokens."""
+    from transformer_lens import patching as tl_patching
+
+    from interp.analyses.patching import activation_patching, path_patching
+    from interp.analyses.reference import path_patching_loop, variant_metric
+    from interp.task import IGNORE, TaskData
+
+    monkeypatch.setattr(tl_patching, "tqdm", lambda x, **kw: x)
+    model = build_model(ModelSpec(**{**SPEC, "loops": 2}, init_seed=5), device="cpu").eval()
+    gen = torch.Generator().manual_seed(2)
+    clean = torch.randint(0, 15, (3, 9), generator=gen)
+    corrupted = clean.clone()
+    corrupted[:, 2] = (clean[:, 2] + 1) % 15
+    pos, b = torch.tensor([8, 7, 8]), 3
+
+    def data(tokens, labels):
+        return TaskData("toy", tokens, torch.full_like(tokens, IGNORE), pos, labels, torch.full((b,), 9))
+
+    c, k = data(clean, torch.tensor([1, 2, 3])), data(corrupted, torch.tensor([4, 5, 6]))
+    vm = variant_metric("logit_diff", c, k)
+    _, cache = model.run_with_cache(clean)
+    cases = [
+        ("z", "head_pos", tl_patching.get_act_patch_attn_head_out_by_pos, (0, 2, 1)),
+        ("resid_pre", "pos", tl_patching.get_act_patch_resid_pre, None),
+        ("mlp_out", "pos", tl_patching.get_act_patch_mlp_out, None),
+    ]
+    for where, per, fn, perm in cases:
+        ours = activation_patching(model, c, corrupted=k, metric="logit_diff", where=where, per=per)
+        theirs = fn(model, corrupted, cache, vm.of_logits)
+        theirs = theirs.permute(*perm) if perm else theirs
+        torch.testing.assert_close(ours.values, theirs.float(), atol=1e-4, rtol=1e-4)
+    senders = [(0, 0), (1, 1), (2, 0)]
+    receivers = [(2, 1), (3, 0)]
+    ours = path_patching(model, c, corrupted=k, metric="logit_diff", senders=senders, receivers=receivers)
+    slow = path_patching_loop(model, c, corrupted=k, metric=vm.of_logits, senders=senders, receivers=receivers)
+    torch.testing.assert_close(ours.values, slow, atol=1e-4, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.slow
+def test_the_integer_addition_analyses_run_on_a_looped_model(tmp_path):
+    """The task's suite (analyze and report), its analyses and the generic ones on a looped addition model; the
+    generic suites of the other tasks run on a looped shape in tests/test_model_shapes.py."""
+    import interp.analyses as A
+    from interp.analyses import suite_for
+    from interp.app.report import build_report
+    from interp.checkpoint import Checkpoint
+
+    task = get_task("integer-addition", digits=[2, 3], max_digits=4, train_size=200, test_size=60, cascades_size=40)
+    kw = {**task.default_spec(), "n_layers": 1, "loops": 3, "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32}
+    spec = ModelSpec(**kw)
+    model = build_model(spec, device="cpu").eval()
+    ckpt = Checkpoint(model, task, spec=spec)
+    result = suite_for(task).analyze(ckpt)
+    assert json.loads(result.to_json()) and result.text()
+    assert "Attention patterns" in [s.title for s in build_report(ckpt, progress=False).sections]
+    test = task.dataset("test")
+    three = get_task("integer-addition", digits=[3, 3], max_digits=4, test_size=30).dataset("test")
+    train = task.dataset("train")
+    results = [
+        A.accuracy_by_case(model, test),
+        A.accuracy_by_length(model, task=task, lengths=[1, 4], n=20),
+        A.component_ablation(model, three),
+        A.subtask_probes(model, test, train=train),
+        A.greedy_exact_match(model, test),
+        A.activation_patching(model, three, corrupted=three.select(torch.arange(29, -1, -1)), per="head"),
+        A.composition_scores(model),
+        A.full_ov_circuit(model, heads=["L2H1"]),
+        A.attention_spectrum(model, test),
+        A.learned_accuracy(model, test, heads=[["L0H0"], ["L1H1", "L2H0"]]),
+    ]
+    for r in results:
+        assert type(r).from_dict(r.to_dict()).to_dict() == r.to_dict() and r.text()
+    assert results[2].digit_accuracy.shape[0] == len(results[2].components)  # every iteration's heads ablated
+    assert len(results[5].values) == 3  # a layer per iteration

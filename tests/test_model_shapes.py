@@ -47,8 +47,12 @@ def shaped(task, shape, seed=0):
     return build_model(spec, device="cpu"), spec
 
 
+# the looped shape runs every analysis of the suites and the report once per iteration: in the slow set
+EVERY_SHAPE = [pytest.param(s, marks=pytest.mark.slow) if s == "looped" else s for s in SHAPES]
+
+
 @pytest.mark.parametrize("task_name", ["noisy-majority", "repeated-tokens"])
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", EVERY_SHAPE)
 def test_suite_and_report_on_every_shape(task_name, shape):
     task = small_task(task_name)
     model, _ = shaped(task, shape)
@@ -174,7 +178,7 @@ def test_a_saved_one_head_checkpoint_round_trips(tmp_path):
         assert torch.equal(back.model(tokens), model(tokens))
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", EVERY_SHAPE)
 def test_shapley_patching_and_population_on_every_shape(shape, tmp_path):
     """The analyses added after the restructuring on each shape: Shapley values (exact up to 24 heads, sampled for 64;
     efficiency holds), activation patching of every head (all heads at once restore the clean metric in one-layer
