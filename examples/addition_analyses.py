@@ -154,7 +154,8 @@ def tables(out: Path, results: Path) -> dict:
         for abl in ("spaces", "scratchpad", "curriculum", "aux")
         for arch in ("plain2", "looped")
     ]
-    doc = {"lengths": length_rows(lengths, main_arms), "ablations": length_rows(ablations, abl_arms)}
+    controls = [r for r in ablations if arm(r)["ablation"] == "none"]  # the 1-layer control trains with the ablations
+    doc = {"lengths": length_rows(lengths + controls, main_arms), "ablations": length_rows(ablations, abl_arms)}
     doc["timings"] = {part: timing(results / part / "timings.jsonl") for part in ("lengths", "ablations")}
     for name in ("subtasks", "loops", "greedy"):
         path = results / f"{name}.jsonl"
@@ -221,8 +222,34 @@ def markdown(doc: dict) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         return lines
 
+    def arm_cells(r: dict) -> list[str]:
+        return [r["arch"], r["scheme"], r["ablation"], str(r["runs"])]
+
+    def number(v) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
     parts = ["<!-- lengths -->", *length_table(doc["lengths"], False), "", "<!-- ablations -->"]
     parts += length_table(doc["ablations"], True)
+    parts += ["", "<!-- subtasks -->"]
+    head = ["model", "positions", "option", "runs"]
+    head += [f"{k} ({n} digits)" for k in subtasks.SUBTASKS for n in (3, 6)]
+    head += ["model's digits (3)", "model's digits (6)", "parts readable", "wrong when readable"]
+    parts += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["subtasks"]:
+        cells = arm_cells(r) + [number(r[f"{k}_{n}"]) for k in subtasks.SUBTASKS for n in (3, 6)]
+        cells += [number(r["digit_accuracy_3"]), number(r["digit_accuracy_6"])]
+        cells += [number(r["parts_right"]), number(r["wrong_given_parts_right"])]
+        parts.append("| " + " | ".join(cells) + " |")
+    parts += ["", "<!-- loops -->"]
+    head = ["model", "positions", "option", "runs"] + [f"{k} loops, {n} digits" for k in LOOPS for n in (3, 4, 6)]
+    parts += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["loops"]:
+        parts.append("| " + " | ".join(arm_cells(r) + [number(r[f"{k}_{n}"]) for k in LOOPS for n in (3, 4, 6)]) + " |")
+    parts += ["", "<!-- greedy -->"]
+    head = ["model", "positions", "option", "runs"] + [f"greedy exact match, {n} digits" for n in LENGTHS]
+    parts += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["greedy"]:
+        parts.append("| " + " | ".join(arm_cells(r) + [number(r[f"greedy_{n}"]) for n in LENGTHS]) + " |")
     return "\n".join(parts) + "\n"
 
 

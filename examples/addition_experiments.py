@@ -66,10 +66,10 @@ ARCHITECTURES = {
 }
 # ablation -> (task parameters, training options, architectures)
 ABLATIONS = {
-    "spaces": (dict(random_spaces=0.3), {}, ("plain2", "looped")),
-    "scratchpad": (dict(scratchpad=True), {}, ("plain2", "looped")),
     "curriculum": ({}, dict(curriculum="n_digits:1@0,2@200,3@400"), ("plain2",)),
     "aux": ({}, dict(aux_loss=0.5), ("plain2",)),
+    "spaces": (dict(random_spaces=0.3), {}, ("plain2", "looped")),
+    "scratchpad": (dict(scratchpad=True), {}, ("plain2", "looped")),
 }
 ABLATION_SCHEMES = ("standard", "abacus")
 
@@ -99,19 +99,23 @@ def sweep(out: Path, seed: int, schemes, arch: str, task_kw: dict, train_kw: dic
         print(json.dumps(entry), flush=True)
 
 
-def train_part(part: str, out: Path, seeds, threads: int) -> None:
+def train_part(part: str, out: Path, seeds, threads: int, schemes=None) -> None:
+    """Train one part seed by seed (``schemes``: the positional schemes, by default every one for the lengths and
+    standard and Abacus for the ablations); the ablations part also trains the parameter-matched 1-layer control."""
     out.mkdir(parents=True, exist_ok=True)
+    if schemes is None:
+        schemes = SCHEMES if part == "lengths" else ABLATION_SCHEMES
     for seed in seeds:
         if part == "lengths":
-            for arch in ("plain2", "looped"):
-                sweep(out / "lengths", seed, SCHEMES, arch, {}, {}, threads)
+            for group in ([s for s in schemes if s != "abacus"], [s for s in schemes if s == "abacus"]):
+                for arch in ("plain2", "looped") if group else ():
+                    sweep(out / "lengths", seed, group, arch, {}, {}, threads)
         else:
-            for task_kw, train_kw, archs in ABLATIONS.values():
+            for name, (task_kw, train_kw, archs) in ABLATIONS.items():
                 for arch in archs:
-                    sweep(out / "ablations", seed, ABLATION_SCHEMES, arch, task_kw, train_kw, threads)
-    if part == "lengths":  # the parameter-matched control last, on the ablations' two schemes
-        for seed in seeds:
-            sweep(out / "lengths", seed, ABLATION_SCHEMES, "plain1", {}, {}, threads)
+                    sweep(out / "ablations", seed, schemes, arch, task_kw, train_kw, threads)
+                if name == "aux":  # the control after the training options, before the formats
+                    sweep(out / "ablations", seed, schemes, "plain1", {}, {}, threads)
 
 
 def ship(out: Path, results: Path) -> None:
@@ -133,13 +137,14 @@ def main() -> None:
     p.add_argument("--out", default="runs/addition", help="where the sweep directories (with checkpoints) go")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--schemes", nargs="+", choices=SCHEMES, help="positional schemes (default: see train_part)")
     p.add_argument("--analyse", action="store_true", help="the analyses of the trained models (see --results)")
     p.add_argument("--results", default="examples/results/addition", help="where the shipped results go")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     if args.part:
-        train_part(args.part, out, args.seeds, args.threads)
+        train_part(args.part, out, args.seeds, args.threads, args.schemes)
     if args.analyse:
         from addition_analyses import analyse  # examples/addition_analyses.py, beside this script
 
