@@ -10,18 +10,19 @@ kept) and is scored on the same 6,000 uniform random test sums of 1..6-digit ope
 ``test_accuracy_len<n>`` in the rows). The runs go through the sweep machinery (:func:`interp.app.sweeps.run_sweep`)
 into two sweep directories, so ``interp table DIR --metric accuracy_len4`` rebuilds each table from the rows:
 
-- ``lengths`` (``--part lengths``): every positional scheme (none, standard, rotary, random, abacus, alibi) as the
-  plain 2-layer model (d_model 32, 4 heads x 8, d_mlp 128, LayerNorm: the positional comparison's model at half the
-  width) and as a looped model of one such layer applied twice with input injection (``loops=2``: the same compute
-  per step, half the parameters); then, on standard and Abacus positions, the plain 1-layer model (the looped
-  model's parameters, half its compute);
-- ``ablations`` (``--part ablations``): on standard and Abacus positions, random spaces (``random_spaces=0.3``) and
-  the scratchpad, each plain and looped; the curriculum ``n_digits:1@0,2@200,3@400`` and the auxiliary carry loss
-  (``aux_loss=0.5``), plain.
+- ``lengths`` (``--part lengths``): every positional scheme (none, standard, rotary, random, abacus, alibi; or
+  those given with ``--schemes``) as the plain 2-layer model (d_model 32, 4 heads x 8, d_mlp 128, LayerNorm: the
+  positional comparison's model at half the width) and as a looped model of one such layer applied twice with input
+  injection (``loops=2``: the same compute per step, half the parameters);
+- ``ablations`` (``--part ablations``): on standard and Abacus positions (or ``--schemes``), the curriculum
+  ``n_digits:1@0,2@200,3@400`` and the auxiliary carry loss (``aux_loss=0.5``), plain; the plain 1-layer model (the
+  looped model's parameters, half its compute); random spaces (``random_spaces=0.3``) and the scratchpad, each plain
+  and looped.
 
 Runs go seed by seed (every arm of seed 0, then of seed 1, ...), so a budget cut short leaves balanced seeds; each run
-is skipped once its row exists, so the script resumes where it stopped. Each sweep call's CPU and wall time is
-appended to ``timings.jsonl`` in its directory.
+is skipped once its row exists and a killed run continues from its resume file, so the script resumes where it
+stopped. Each sweep call's CPU and wall time is appended to ``timings.jsonl`` in its directory. The shipped results
+(docs/addition.md) are a part of this design, cut short by the shared CPU: the commands there say which.
 
     OMP_NUM_THREADS=1 nice -n 5 python examples/addition_experiments.py --part lengths --out runs/addition &
     OMP_NUM_THREADS=1 nice -n 5 python examples/addition_experiments.py --part ablations --out runs/addition &
