@@ -92,6 +92,7 @@ def test_the_shipped_markdown_is_the_tables_json():
     assert markdown(_tables()).split("<!-- ablations -->")[0].strip().splitlines()[-1] in doc
 
 
+@pytest.mark.slow  # a fresh interpreter: about 10 s on the shared CPU
 def test_interp_table_rebuilds_the_pooled_exact_match_at_four_digits():
     """`interp table DIR --metric accuracy_len4 --count n_len4`: one row per positional scheme and architecture,
     whose pooled exact match and interval are the recount above."""
