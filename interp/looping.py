@@ -206,15 +206,16 @@ def set_loops(model: HookedTransformer, loops: int) -> None:
     from transformer_lens.utilities.typed_module_list import TypedModuleList
 
     from .device import model_device
-    from .rebuild import preserved_rng
 
     loop = _require_loop(model)
     if not isinstance(loops, int) or isinstance(loops, bool) or loops < 1:
         raise ConfigError(f"loops must be a positive integer, got {loops!r}")
     b, have = loop.block, list(model.blocks)
     blocks = have[: b * loops]
-    device, dtype = model_device(model), model.cfg.dtype
-    with preserved_rng():  # a new block's own initialisation must not move the caller's random stream
+    device, dtype = torch.device(model_device(model)), model.cfg.dtype
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    # a new block's own initialisation must not move the caller's random stream (torch's: a block draws from no other)
+    with torch.random.fork_rng(devices=cuda):
         for i in range(len(blocks), b * loops):
             new = type(have[0])(model.cfg, i).to(device=device, dtype=dtype)
             _tie(new, have[i % b])
