@@ -174,6 +174,8 @@ _NAMES = {
         "correct_digits",
     ],
     "interp.analyses.integer_addition.ablation": ["DigitAblation", "component_ablation"],
+    "interp.analyses.integer_addition.decoding": ["GreedyDecoding", "greedy_exact_match", "greedy_tokens"],
+    "interp.analyses.integer_addition.subtasks": ["SubtaskProbes", "subtask_probes"],
     "interp.analyses.integer_addition.suite": ["AdditionAnalysis"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}

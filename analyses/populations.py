@@ -49,9 +49,10 @@ def newcombe_interval(
     return (d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2), d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2))
 
 
-def scores(frame, split: str = "test"):
-    """Each run's ``split`` accuracy, 0 for a halving run that did not end with one head (Fraknói 2024, §5.5)."""
-    acc = frame[f"{split}_accuracy"].astype(float)
+def scores(frame, split: str = "test", metric: str = "accuracy"):
+    """Each run's ``split`` ``metric`` (a column ``<split>_<metric>``), 0 for a halving run that did not end with one
+    head (Fraknói 2024, §5.5)."""
+    acc = frame[f"{split}_{metric}"].astype(float)
     if "halving_success" in frame:
         acc = acc.where(frame["halving_success"].map(lambda v: v is not False), 0.0)
     return acc
@@ -91,13 +92,21 @@ def split_examples(frame, split: str = "test"):
     return pd.Series([size(*v) for v in zip(own, tasks, params)], index=frame.index, dtype=object)
 
 
-def reached(frame, split: str = "test", threshold: float = 1.0):
-    """Whether each run's ``split`` accuracy reaches ``threshold``, decided on counts of correct examples
+def reached(frame, split: str = "test", threshold: float = 1.0, metric: str = "accuracy", count: str | None = None):
+    """Whether each run's ``split`` ``metric`` reaches ``threshold``, decided on counts of correct examples
     (:func:`interp.thresholds.reaches`: 977 right of 1,000 reaches 0.977); a halving run that did not end with one
-    head does not (it scores 0)."""
+    head does not (it scores 0). The examples behind the accuracy are the split's (:func:`split_examples`); those
+    behind another metric are the column ``<split>_<count>`` where ``count`` names it, else unknown (the values
+    are then compared in float32, the precision they were computed in)."""
     import pandas as pd
 
-    score, examples = scores(frame, split).tolist(), split_examples(frame, split).tolist()
+    score = scores(frame, split, metric).tolist()
+    if metric == "accuracy":
+        examples = split_examples(frame, split).tolist()
+    elif count is not None:
+        examples = [plain(v) for v in frame[f"{split}_{count}"].tolist()]
+    else:
+        examples = [None] * len(score)
     return pd.Series([reaches(a, threshold, n) for a, n in zip(score, examples)], index=frame.index, dtype=bool)
 
 
@@ -118,20 +127,35 @@ def groups(frame, keys: Sequence[str]) -> list[tuple[dict[str, Any], Any]]:
     return [({k: plain(frame.loc[idx[0], k]) for k in keys}, frame.loc[idx]) for idx in seen.values()]
 
 
-def population_table(rows, *, split: str = "test", thresholds: Sequence[float] = (1.0, 0.98)) -> list[dict[str, Any]]:
+def population_table(
+    rows,
+    *,
+    split: str = "test",
+    thresholds: Sequence[float] = (1.0, 0.98),
+    metric: str = "accuracy",
+    count: str | None = None,
+) -> list[dict[str, Any]]:
     """Table 1 of Fraknói 2024, per configuration and halving strategy: ``runs``; for each threshold t the share of runs
     whose ``split`` accuracy reaches t (``share_test_at_1``, ``share_test_at_0.98``; a failed halving run scores 0)
     with its 95% Wilson interval (``..._low``, ``..._high``); and the mean accuracy. ``rows``: results.jsonl rows or
     a :func:`load_results` frame. The configuration columns shown are d_model, n_heads, strategy and any other that
-    varies in the sweep (runs are grouped by all of them)."""
+    varies in the sweep (runs are grouped by all of them).
+
+    ``metric`` scores another of the task's metrics (the column ``<split>_<metric>``, e.g. integer addition's
+    ``accuracy_len4``; the keys then name it: ``share_test_accuracy_len4_at_1``, ``mean_test_accuracy_len4``).
+    ``count``, the metric holding the number of examples each run's value is a share of (e.g. ``n_len4``), adds the
+    value pooled over the runs' examples (``pooled_<split>_<metric>``: correct examples over all examples) with its
+    Wilson interval; that interval counts the examples as independent, so it leaves out the variation between
+    runs, which the shares of runs and the mean show."""
     import pandas as pd
 
     frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
     if frame.empty:
         return []
     keys, shown = config_columns(frame)
-    score = scores(frame, split)
-    hit = {t: reached(frame, split, t) for t in thresholds}
+    score = scores(frame, split, metric)
+    name = split if metric == "accuracy" else f"{split}_{metric}"
+    hit = {t: reached(frame, split, t, metric, count) for t in thresholds}
     table = []
     for config, members in groups(frame, keys):
         acc = score.loc[members.index]
@@ -142,12 +166,25 @@ def population_table(rows, *, split: str = "test", thresholds: Sequence[float] =
             lo, hi = wilson_interval(hits, len(acc))
             entry.update(
                 {
-                    f"share_{split}_at_{t:g}": hits / len(acc),
-                    f"share_{split}_at_{t:g}_low": lo,
-                    f"share_{split}_at_{t:g}_high": hi,
+                    f"share_{name}_at_{t:g}": hits / len(acc),
+                    f"share_{name}_at_{t:g}_low": lo,
+                    f"share_{name}_at_{t:g}_high": hi,
                 }
             )
-        entry[f"mean_{split}_accuracy"] = float(acc.mean())
+        entry[f"mean_{split}_{metric}"] = float(acc.mean())
+        if count is not None:
+            n = frame.loc[members.index, f"{split}_{count}"].astype(float)
+            total = round(float(n.sum()))
+            right = round(float((acc * n).sum()))
+            lo, hi = wilson_interval(right, total)
+            entry.update(
+                {
+                    f"pooled_{split}_{metric}": right / total if total else math.nan,
+                    f"pooled_{split}_{metric}_low": lo,
+                    f"pooled_{split}_{metric}_high": hi,
+                    f"{split}_{count}": total,
+                }
+            )
         table.append(entry)
     return table
 
@@ -264,6 +301,8 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
                 row.append(params(v))
             elif k.startswith("share_"):
                 row.append(f"{v:.2f} [{r[k + '_low']:.2f}, {r[k + '_high']:.2f}]")
+            elif k.startswith("pooled_"):
+                row.append(f"{v:.3f} [{r[k + '_low']:.3f}, {r[k + '_high']:.3f}]")
             elif isinstance(v, float):
                 row.append(f"{v:.4f}" if k.startswith("mean_") else f"{v:g}")
             else:

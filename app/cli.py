@@ -170,6 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)",
     )
+    tb.add_argument(
+        "--metric",
+        default="accuracy",
+        help="the task's metric to score (the rows' column <split>_<metric>), e.g. integer addition's accuracy_len4 "
+        "(exact match on sums of 4-digit operands); default: accuracy",
+    )
+    tb.add_argument(
+        "--count",
+        default=None,
+        help="the metric counting the examples each run's value is a share of (e.g. n_len4): adds the value pooled "
+        "over all runs' examples with its Wilson 95%% interval",
+    )
     tb.add_argument("--json", action="store_true", help="print JSON rows")
     tb.add_argument("--out", default=None, help="also save the JSON (as --json prints it) to this file")
     tb.add_argument(
@@ -715,8 +727,17 @@ def cmd_table(args) -> int:
             f"--split {args.split!r}: the rows have no {args.split}_accuracy; splits: "
             + ", ".join(c[:-9] for c in frame.columns if c.endswith("_accuracy") and "_" not in c[:-9])
         )
+    for flag, metric in (("--metric", args.metric), ("--count", args.count)):
+        if metric is not None and f"{args.split}_{metric}" not in frame:
+            known = sorted(c[len(args.split) + 1 :] for c in frame.columns if c.startswith(f"{args.split}_"))
+            raise ConfigError(
+                f"{flag} {metric!r}: the rows have no {args.split}_{metric}; the {args.split} metrics are "
+                + ", ".join(known)
+            )
+    if key is not None and args.metric != "accuracy":
+        raise ConfigError(f"--compare-by {key} compares the cells' accuracy; give it without --metric")
     thresholds = tuple(args.thresholds or (1.0, 0.98))
-    table = population_table(frame, split=args.split, thresholds=thresholds)
+    table = population_table(frame, split=args.split, thresholds=thresholds, metric=args.metric, count=args.count)
     if key is None:
         _save_json(args.out, json.dumps(table), "the table JSON")
         print(json.dumps(table) if args.json else format_table(table))

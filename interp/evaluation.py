@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .device import model_device
 from .errors import ConfigError, InterpError, TokenError
+from .model import extendable
 from .query_forward import logits_at, supports_query_forward
 from .task import IGNORE, Task, TaskData, check_model_task, check_nonempty
 
@@ -36,8 +37,9 @@ def check_tokens(model: HookedTransformer, tokens: Tensor, vocab=None) -> None:
         raise TokenError(
             f"sequences of {tokens.shape[1]} tokens are longer than the model's context n_ctx={model.cfg.n_ctx}"
             + (
-                " (a model without positional embedding can take them: interp.model.extend_context(model, n_ctx))"
-                if model.cfg.positional_embedding_type == "standard" and not bool(model.W_pos.detach().abs().max() > 0)
+                " (a model without positional embedding, or with ALiBi positions, can take them: "
+                "interp.model.extend_context(model, n_ctx))"
+                if extendable(model)
                 else ""
             )
         )

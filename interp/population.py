@@ -111,11 +111,16 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
     if cfgs[0].loss_dtype != "float32":
         raise ConfigError(f"batched training computes the loss in float32; got loss_dtype={cfgs[0].loss_dtype!r}")
     s = specs[0]
-    if not (s.n_layers == 1 and s.attn_only and s.normalization in NORMS):
+    if not (s.n_layers == 1 and s.loops == 1 and s.attn_only and s.normalization in NORMS):
         raise ConfigError(
             "batched training covers one-layer attention-only models without LayerNorm or with LN / LNPre (the "
-            f"thesis's shape); got n_layers={s.n_layers}, attn_only={s.attn_only}, normalization="
+            f"thesis's shape); got n_layers={s.n_layers}, loops={s.loops}, attn_only={s.attn_only}, normalization="
             f"{s.normalization!r}: train these one at a time with `interp train`"
+        )
+    if cfgs[0].curriculum is not None or cfgs[0].aux_loss:
+        raise ConfigError(
+            "batched training draws every example each epoch with the task's loss alone; a curriculum or an "
+            "auxiliary loss trains one at a time with `interp train`"
         )
     if cfgs[0].padding == "left" and s.positional != "none":
         raise ConfigError("batched training with padding='left' covers models without positional embedding")

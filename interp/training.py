@@ -40,6 +40,8 @@ from tqdm.auto import tqdm
 from .attention import attention_of, is_plain
 from .checkpoint import save_checkpoint
 from .configs import TrainConfig, check_snapshot_every
+from .curriculum import Curriculum, parse_curriculum
+from .curriculum import batches as curriculum_batches
 from .determinism import deterministic
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
@@ -146,6 +148,23 @@ def _check_recipe(model: HookedTransformer, cfg: TrainConfig) -> None:
     ]
     if other:
         raise ConfigError(f"{', '.join(other)} needs a one-layer attention-only model (the per-position forward)")
+
+
+def _check_task_options(task: Task, cfg: TrainConfig, train_data: TaskData) -> None:
+    """Refuse, before training, options the task's data cannot carry out: an auxiliary loss without auxiliary
+    targets, a curriculum over a field the data lacks."""
+    if cfg.aux_loss and train_data.aux_targets is None:
+        raise ConfigError(
+            f"aux_loss={cfg.aux_loss}: the data of task {task.name!r} (with these parameters) has no auxiliary "
+            "targets (integer addition gives its carries with reverse_operands=true)"
+        )
+    if cfg.aux_loss and _recipe_path(cfg):
+        raise ConfigError(
+            "aux_loss trains through TransformerLens' forward; it does not combine with the options of "
+            "the per-position forward (objective lm, left padding, pattern dropout, counter masks)"
+        )
+    if cfg.curriculum is not None:
+        curriculum_levels(train_data, parse_curriculum(cfg.curriculum))
 
 
 def _evaluate(model: HookedTransformer, task: Task, data: TaskData, cfg: TrainConfig) -> dict[str, float]:
@@ -366,17 +385,19 @@ def _train(
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
     _check_recipe(model, cfg)
+    _check_task_options(task, cfg, train_data)
     started = time.time()
     if state.epoch >= cfg.epochs:
         raise ConfigError(f"the resumed run has already done {state.epoch} epochs; ask for more than that")
     bar = tqdm(total=cfg.epochs, initial=state.epoch, desc=f"train {task.name}", unit="epoch", disable=not progress)
     while state.epoch < cfg.epochs:
-        train_loss = _train_epoch(state, cfg, train_data, hooks, loss_dtype)
+        train_loss, extras = _train_epoch(state, cfg, train_data, hooks, loss_dtype)
         model.eval()
         val = _evaluate(model, task, val_data, cfg)
         state.epoch += 1
         if record.end_epoch(state.epoch, state.step, train_loss, val):
             state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        record.history[-1].update(extras)
         if history_extras is not None:
             with torch.no_grad():
                 record.history[-1].update(history_extras(model, state.epoch))
@@ -493,23 +514,39 @@ def _start(
     return state, identity, run_options
 
 
-def _train_epoch(state: _State, cfg: TrainConfig, train_data: TaskData, hooks: list, loss_dtype: torch.dtype) -> float:
-    """One epoch of AdamW steps over the training data in this epoch's order; the mean training loss."""
+def _train_epoch(
+    state: _State, cfg: TrainConfig, train_data: TaskData, hooks: list, loss_dtype: torch.dtype
+) -> tuple[float, dict[str, Any]]:
+    """One epoch of AdamW steps over the training data in this epoch's order (under a curriculum, the batches its
+    schedule allows: :mod:`interp.curriculum`); the mean training loss and what the epoch's history record adds
+    (``batch_levels`` under a curriculum)."""
     model, opt = state.model, state.opt
     halving = state.record.halving
     model.train()
     n = len(train_data)
-    perm = torch.randperm(n, generator=state.gen).to(train_data.device)
     total = 0.0
     recipe = _recipe_path(cfg) and supports_query_forward(model)
     identity_w_o = bool(model.cfg.n_heads * model.cfg.d_head == model.cfg.d_model and not model.W_O.requires_grad)
-    for start in range(0, n, cfg.batch_size):
-        idx = perm[start : start + cfg.batch_size]
+    levels, extras = None, {}
+    if cfg.curriculum is None:
+        perm = torch.randperm(n, generator=state.gen).to(train_data.device)
+        order = (perm[start : start + cfg.batch_size] for start in range(0, n, cfg.batch_size))
+    else:
+        schedule = parse_curriculum(cfg.curriculum)
+        levels = curriculum_levels(train_data, schedule)
+        sizes = [min(cfg.batch_size, n - start) for start in range(0, n, cfg.batch_size)]
+        order = curriculum_batches(schedule, levels, sizes, state.step, state.gen)
+        extras["batch_levels"] = []
+    for idx in order:
         batch = train_data.select(idx)
+        if levels is not None:
+            extras["batch_levels"].append(int(levels[idx].max()))
         for g in opt.param_groups:
             g["lr"] = cfg.lr * warmup_factor(cfg, state.step)
         if recipe:
             loss = solo_batch_loss(model, batch, idx, cfg, state.epoch, identity_w_o, loss_dtype)
+        elif cfg.aux_loss:
+            loss = aux_batch_loss(model, batch, hooks, cfg.aux_loss, loss_dtype)
         else:
             if cfg.objective == "lm":  # a model the per-position forward does not cover: TransformerLens' own
                 batch.targets = lm_targets(batch)
@@ -521,4 +558,24 @@ def _train_epoch(state: _State, cfg: TrainConfig, train_data: TaskData, hooks: l
             halving.apply(model)  # masked heads stay exactly zero
         state.step += 1
         total += loss.item() * len(batch)
-    return total / n
+    return total / n, extras
+
+
+def curriculum_levels(data: TaskData, schedule: Curriculum) -> torch.Tensor:
+    """The per-example values of the curriculum's field in ``data`` (a ConfigError naming the fields there are)."""
+    levels = data.fields.get(schedule.field)
+    if levels is None or levels.ndim != 1 or levels.is_floating_point():
+        raise ConfigError(
+            f"curriculum {schedule}: the training data has no per-example integer field {schedule.field!r}; its "
+            f"fields are {sorted(k for k, v in data.fields.items() if v.ndim == 1)}"
+        )
+    return levels
+
+
+def aux_batch_loss(
+    model: HookedTransformer, batch: TaskData, hooks, weight: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The task's loss plus ``weight`` times the cross-entropy on the batch's ``aux_targets`` (one forward)."""
+    with model.hooks(fwd_hooks=hooks), fast_attention_where_possible(model):
+        logits = model(batch.tokens)
+    return task_loss(logits, batch.targets, dtype) + weight * task_loss(logits, batch.aux_targets, dtype)
