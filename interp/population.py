@@ -188,8 +188,13 @@ class TokenCounts:
         return self.counts.log().clamp(min=ABSENT)
 
     def select(self, idx: Int[Tensor, "K b"]) -> tuple[Int[Tensor, "K b k"], Float[Tensor, "K b k present"]]:
-        """Each model's rows ``idx``: the query tokens' places among :attr:`queries`, and the counts."""
-        return self.query_idx[idx], self.counts[idx]
+        """Each model's rows ``idx``: the query tokens' places among :attr:`queries`, and the counts (one
+        ``index_select`` each: advanced indexing with a ``[K, b]`` index is several times slower)."""
+        rows = idx.flatten()
+        return (
+            self.query_idx.index_select(0, rows).view(*idx.shape, -1),
+            self.counts.index_select(0, rows).view(*idx.shape, *self.counts.shape[1:]),
+        )
 
 
 def token_counts(data, d_vocab: int, pad_token: int | None = None, pads: Tensor | None = None) -> TokenCounts:
@@ -232,16 +237,25 @@ def _count_tables(
     K, H, d, e = W_Q.shape
     E_in = norm.apply(P, "blocks.0.ln1", W_E)  # what attention reads from each token (pre-LN where the model has it)
 
-    def per_head(x, W, bias):  # [K, n, d_model] -> [K, heads, n, d_head], all heads in one product per model
-        y = torch.bmm(x, W.permute(0, 2, 1, 3).reshape(K, d, H * e))
-        return y.view(K, -1, H, e).transpose(1, 2) + bias[:, :, None]
+    def heads(W):  # [K, heads, d_model, d_head] -> [K, d_model, heads x d_head]
+        return W.permute(0, 2, 1, 3).reshape(K, d, H * e)
 
-    E_keys = E_in[:, present]
-    q = per_head(E_in[:, queries], W_Q, P["blocks.0.attn.b_Q"])  # [K, H, Q, e]
-    keys = per_head(E_keys, W_K, P["blocks.0.attn.b_K"])
-    vals = per_head(E_keys, W_V, P["blocks.0.attn.b_V"])  # [K, H, present, e]
+    q = torch.bmm(E_in[:, queries], heads(W_Q)).view(K, -1, H, e).transpose(1, 2) + P["blocks.0.attn.b_Q"][:, :, None]
+    kv = torch.bmm(E_in[:, present], torch.cat([heads(W_K), heads(W_V)], 2)).view(K, -1, 2, H, e)  # keys, values
+    keys = kv[:, :, 0].transpose(1, 2) + P["blocks.0.attn.b_K"][:, :, None]  # [K, H, present, e]
+    vals = kv[:, :, 1].transpose(1, 2) + P["blocks.0.attn.b_V"][:, :, None]
+    if pooling == "softmax":  # d_head-long dot products, as one fused pass rather than K x H tiny products
+        return (q[:, :, :, None] * keys[:, :, None]).sum(-1) / attn_scale, vals
     additive_v = P[f"blocks.0.attn.{ADDITIVE}"] if pooling == "additive" else None
     return inspect.unwrap(pair_scores)(pooling, q, keys, attn_scale, additive_v), vals
+
+
+def _weights_exact(QK: Tensor, queries: Tensor, present: Tensor, always: Tensor) -> Tensor:
+    """A 0-dim bool tensor: the condition of :func:`weights_are_exact` on the scores ``QK`` ``[K, head, query
+    token, present token]``. (Plain annotations: compiled steps trace this.)"""
+    counted = (present[None, :] == queries[:, None]) | always[None, :]  # [Q, Vp]: counted at every such query
+    best_counted = QK.masked_fill(~counted, float("-inf")).amax(-1)
+    return ((best_counted - QK.amax(-1)) > -WEIGHT_GAP).all()
 
 
 @torch.no_grad()
@@ -258,13 +272,11 @@ def weights_are_exact(
     logits to float32 rounding: softmax or additive pooling, and for every model, head and query token, the best
     score of a token counted at every such query (the query token itself, and ``always``) at most
     :data:`WEIGHT_GAP` below the best score of any present token. Computed from the parameters alone (a few
-    products of ``[head, token]`` tables); the caller picks the form before a compiled step."""
+    products of ``[head, token]`` tables)."""
     if pooling not in ("softmax", "additive"):
         return False
     QK, _ = _count_tables(P, queries, present, attn_scale, norm, pooling)  # [K, H, Q, Vp]
-    counted = (present[None, :] == queries[:, None]) | always[None, :]  # [Q, Vp]
-    best_counted = QK.masked_fill(~counted, float("-inf")).amax(-1)
-    return bool(((best_counted - QK.amax(-1)) > -WEIGHT_GAP).all())
+    return bool(_weights_exact(QK, queries, present, always))
 
 
 def stacked_count_logits(
@@ -309,16 +321,19 @@ def _weighted_count_logits(
     norm=NO_NORM,
     pooling="softmax",
     identity_w_o=False,
+    always=None,
 ):
     """The token-count forward in weights form. A head attends to present token ``v`` with weight ``c_v E[v, q] /
     sum_u c_u E[u, q]``, where ``c`` are the query's counts and ``E[v, q] = exp(score(q, v) - max_u score(q, u))``
     depends on the query token ``q`` alone: one ``[head, query token, present token]`` table per model and step
     (the softmax of the query's scores plus ``log c``, rearranged). So every head's weighted values and its
-    denominator are linear in the counts: one product ``[query, query token x present token] @ [query token x
-    present token, head x (d_head + 1)]`` per model (the left factor is the one-hot query token times the counts)
-    gives them all, and a division the attention output; no exponential and no softmax per query. Exact to float32
-    rounding where :func:`weights_are_exact` says so (the caller checks). ``query_idx``: each query token's place
-    in ``queries``. Plain annotations: compiled steps trace this."""
+    denominator are linear in the counts: two products ``[query, query token x present token] @ [query token x
+    present token, head x d_head]`` per model (the left factor is the one-hot query token times the counts) give
+    them, and a division the attention output; no exponential and no softmax per query. Exact to float32
+    rounding where :func:`weights_are_exact` says so: with ``always`` (see :class:`TokenCounts`) given, also returns
+    that condition as a 0-dim bool tensor, computed from the same tables (the caller redoes the step in softmax form
+    where it is false). ``query_idx``: each query token's place in ``queries``. Plain annotations: compiled steps
+    trace this."""
     K, b, k = query_idx.shape
     N = b * k
     W_E = P["embed.W_E"]
@@ -327,26 +342,24 @@ def _weighted_count_logits(
     H, Q, Vp = QK.shape[1:]
     e = vals.shape[-1]
     Ew = (QK - QK.amax(-1, keepdim=True)).exp()  # [K, H, Q, Vp], at most 1
-    table = torch.cat(
-        [(Ew[:, :, None] * vals.transpose(-1, -2)[:, :, :, None]).reshape(K, H * e, Q * Vp), Ew.reshape(K, H, Q * Vp)],
-        1,
-    )  # [K, H x (e + 1), Q x Vp]: the weighted values, then the denominators
+    # [K, H x e, Q x Vp]: each head's weighted values, and its denominators repeated over its d_head outputs (so
+    # the division below, and its gradient, are plain elementwise passes over [query, head x d_head])
+    numer = (Ew[:, :, None] * vals.transpose(-1, -2)[:, :, :, None]).reshape(K, H * e, Q * Vp)
+    denom = Ew[:, :, None].expand(K, H, e, Q, Vp).reshape(K, H * e, Q * Vp)
     onehot = F.one_hot(query_idx.reshape(K, N), Q).to(counts.dtype)  # [K, N, Q]
     X = (onehot[..., None] * counts.reshape(K, N, 1, Vp)).reshape(K, N, Q * Vp)
-    R = torch.bmm(X, table.transpose(1, 2))  # [K, N, H x (e + 1)]
-    z = R[..., : H * e].reshape(K, N, H, e) / R[..., H * e :, None]
+    z = torch.bmm(X, numer.transpose(1, 2)) / torch.bmm(X, denom.transpose(1, 2))  # [K, N, H x e]
     if identity_w_o:
-        out = z.reshape(K, N, H * e)
+        out = z
     else:
-        out = torch.bmm(z.reshape(K, N, H * e), P["blocks.0.attn.W_O"].reshape(K, H * e, d))
+        out = torch.bmm(z, P["blocks.0.attn.W_O"].reshape(K, H * e, d))
     out = (out + P["blocks.0.attn.b_O"][:, None]).view(K, b, k, d)
     if out_mask is not None:
         out = out * out_mask
-    # each query's own embedding: one lookup in the stacked table (an index_select, whose backward is an index_add)
-    V = W_E.shape[1]
-    rows = (queries[query_idx] + (torch.arange(K, device=W_E.device) * V)[:, None, None]).flatten()
-    resid = norm.apply(P, "ln_final", W_E.reshape(K * V, d).index_select(0, rows).view(K, b, k, d) + out)
-    return torch.baddbmm(P["unembed.b_U"][:, None], resid.view(K, N, d), P["unembed.W_U"]).view(K, b, k, -1)
+    embedded = torch.bmm(onehot, W_E[:, queries]).view(K, b, k, d)  # each query's own embedding
+    resid = norm.apply(P, "ln_final", embedded + out)
+    logits = torch.baddbmm(P["unembed.b_U"][:, None], resid.view(K, N, d), P["unembed.W_U"]).view(K, b, k, -1)
+    return (logits, _weights_exact(QK, queries, present, always)) if always is not None else logits
 
 
 def _softmax_count_logits(
@@ -427,19 +440,20 @@ def _count_losses(
     norm=NO_NORM,
     pooling="softmax",
     identity_w_o=False,
-    by_weights=True,
-) -> Float[Tensor, " K"]:
-    """One training step's losses through the token-count forward (what ``compile=True`` compiles; ``by_weights``
-    picks the form, from :func:`weights_are_exact`). The plain functions are called (``inspect.unwrap``): a runtime
-    type checker's wrapper, as the test run puts on every annotated function, cannot be traced by
+    always=None,
+):
+    """One training step's losses through the token-count forward (what ``compile=True`` compiles): in weights
+    form where ``always`` is given (then also the 0-dim bool tensor that says it was exact, see
+    :func:`_weighted_count_logits`), else in softmax form. The plain functions are called (``inspect.unwrap``): a
+    runtime type checker's wrapper, as the test run puts on every annotated function, cannot be traced by
     ``torch.compile``."""
-    if by_weights:
-        logits = _weighted_count_logits(
-            P, query_idx, counts, queries, present, attn_scale, out_mask, norm, pooling, identity_w_o
+    if always is not None:
+        logits, exact = _weighted_count_logits(
+            P, query_idx, counts, queries, present, attn_scale, out_mask, norm, pooling, identity_w_o, always
         )
-    else:
-        log_counts = counts.log().clamp(min=ABSENT)
-        logits = _softmax_count_logits(P, queries[query_idx], log_counts, present, attn_scale, out_mask, norm, pooling)
+        return inspect.unwrap(_mean_losses)(logits, targets), exact
+    log_counts = counts.log().clamp(min=ABSENT)
+    logits = _softmax_count_logits(P, queries[query_idx], log_counts, present, attn_scale, out_mask, norm, pooling)
     return inspect.unwrap(_mean_losses)(logits, targets)
 
 
@@ -725,6 +739,8 @@ class _Population:
         )  # [K, n_heads], 1 for active heads
         self.attn_scale = float(self.models[0].blocks[0].attn.attn_scale)
         self.epoch = self.step = 0
+        self.clock: dict[str, float] = {}  # wall seconds by part of the run (the provenance's population.seconds)
+        self.softmax_steps = 0  # token-count steps the weights form refused (weights_are_exact), in this process
 
     @property
     def detached(self) -> dict[str, Tensor]:
@@ -757,25 +773,16 @@ class _Population:
             for m, g in enumerate(self.drop_gens):
                 _dropout_mask(out_mask.shape[1:], p, g, "cpu", out=out_mask[m])
             out_mask = out_mask.to(self.device)
-        targets = self.train_targets[idx]
+        targets = self.train_targets.index_select(0, idx.flatten()).view(*idx.shape, -1)
         P = self.forward_params(self.P)
-        by_weights = weights_are_exact(
-            P, counted.queries, counted.present, counted.always, self.attn_scale, self.norm, self.pooling
-        )
-        return count_losses(
-            P,
-            qidx,
-            cnt,
-            counted.queries,
-            counted.present,
-            self.attn_scale,
-            out_mask,
-            targets,
-            self.norm,
-            self.pooling,
-            self.identity_w_o,
-            by_weights,
-        )
+        args = (P, qidx, cnt, counted.queries, counted.present, self.attn_scale, out_mask, targets, self.norm)
+        kw = dict(pooling=self.pooling, identity_w_o=self.identity_w_o)
+        if self.pooling in ("softmax", "additive"):
+            losses, exact = count_losses(*args, **kw, always=counted.always)
+            if bool(exact):
+                return losses
+            self.softmax_steps += 1
+        return count_losses(*args, **kw)  # the softmax form: linear attention, or weights that could underflow
 
     def position_batch(self, data, idx: Int[Tensor, "K b"], losses_fn=None) -> Float[Tensor, " K"]:
         """Each model's mean loss on its batch ``idx`` through the per-position forward (vectorised over the
@@ -830,10 +837,14 @@ class _Population:
             if r.end_epoch(epoch, self.step, train_loss[k], val[k]):
                 self._copy_model(k, self.best_state)
             if snapshot is not None:
+                tick = time.perf_counter()
                 snapshot(k)
+                _lap(self.clock, "snapshots", tick)
             h = r.halving
             if h is not None and not h.done and val[k]["accuracy"] >= h.threshold:
+                tick = time.perf_counter()
                 self._halve(k, val[k]["accuracy"], train_data, val_data)
+                _lap(self.clock, "halving", tick)
             if r.should_stop(epoch) or epoch == self.cfg.epochs:
                 r.active = False
                 self._copy_model(k, self.last_state)
@@ -966,8 +977,10 @@ def _train_population(
         pop.load_state(*_load_resume(Path(resume_file), pop.identity()))
     resumed_at = pop.epoch
     n = len(train_data)
+    clock = pop.clock
     bar = tqdm(total=cfg.epochs, initial=pop.epoch, desc=f"train {K} x {task.name}", unit="epoch", disable=not progress)
     while pop.epoch < cfg.epochs and any(r.active for r in pop.records):
+        tick = time.perf_counter()
         perms = torch.stack([torch.randperm(n, generator=g) for g in pop.data_gens]).to(device)  # [K, n]
         totals = torch.zeros(K, dtype=torch.float64)
         for start in range(0, n, cfg.batch_size):
@@ -992,13 +1005,17 @@ def _train_population(
                 losses = pop.position_batch(train_data, idx, position_fn)
             pop.update(losses)
             totals += losses.detach().double().cpu() * idx.shape[1]
+        tick = _lap(clock, "train", tick)
         val = _val_metrics(
             task, pop.detached, val_data, pop.attn_scale, val_counted, norm=pop.norm, cfg=cfg, pooling=pop.pooling
         )
+        tick = _lap(clock, "validation", tick)
         # snapshots before the resume file: a kill between the two replays (and rewrites) them, never skips them
         pop.end_epoch((totals / n).tolist(), val, train_data, val_data, snapshot and (lambda k: snapshot(pop, k)))
+        tick = _lap(clock, "epoch_end", tick)  # records, best states, snapshots and halving (timed apart too)
         if resume_file is not None and cfg.save_every and pop.epoch % cfg.save_every == 0 and pop.epoch < cfg.epochs:
             _save_resume(Path(resume_file), pop.identity(), *pop.state())
+            _lap(clock, "resume_file", tick)
         bar.update(1)
         bar.set_postfix(
             active=sum(r.active for r in pop.records),
@@ -1008,6 +1025,7 @@ def _train_population(
     bar.close()
 
     # the kept models, evaluated on every split as one batched computation (what evaluate_splits gives each)
+    tick = time.perf_counter()
     _kept, final = pop.kept()
     split_metrics = {}
     for split in task.splits:
@@ -1022,8 +1040,10 @@ def _train_population(
             cfg=cfg,
             pooling=pop.pooling,
         )
+    tick = _lap(clock, "final_evaluation", tick)
     results = []
     wall = time.time() - started
+    seconds = {key: round(v, 3) for key, v in sorted(clock.items())}
     for k, (spec, c, model, out, r) in enumerate(zip(specs, cfgs, pop.models, outs, pop.records)):
         model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in pop.names}})
         model.eval()
@@ -1039,6 +1059,8 @@ def _train_population(
                 "forward": forward,
                 "compiled": bool(compile),
                 "resumed_at_epoch": resumed_at,
+                "seconds": seconds,  # where the population's time went (wall seconds, all its models together)
+                "softmax_form_steps": pop.softmax_steps,
             },
         )
         save_checkpoint(model, task, out, training=prov, spec=spec)
@@ -1046,6 +1068,13 @@ def _train_population(
     if resume_file is not None:
         Path(resume_file).unlink(missing_ok=True)
     return results
+
+
+def _lap(clock: dict[str, float], key: str, since: float) -> float:
+    """Add the wall seconds since ``since`` to ``clock[key]``; return now."""
+    now = time.perf_counter()
+    clock[key] = clock.get(key, 0.0) + now - since
+    return now
 
 
 def _snapshot_writer(outs: Sequence[Path], snapshot_every: int | None):
