@@ -1,10 +1,13 @@
 """What we compute about trained models.
 
-Generic analyses live at the top, with signatures ``(model, data, ...)`` (``model`` a TransformerLens
-``HookedTransformer``, ``data`` the task's ``interp.task.TaskData`` or tokens); they never name a task. Each task's
-own analyses and its ``analyze``/``report`` suite live in ``analyses/<task_module>/`` (``noisy_majority``,
-``repeated_tokens``, ``modular_addition``). Every result is an :class:`interp.results.Result`: ``to_dict()``,
-``figure()``, a rich display in Jupyter.
+Every analysis speaks one dialect (docs/analyses.md, "The dialect"): ``fn(model, data, *, heads=..., layers=...,
+batch_size=..., device=...)`` (``model`` a TransformerLens ``HookedTransformer``, ``data`` a ``TaskData`` or token
+ids; everything after ``data`` keyword-only), or ``fn(model, *, ...)`` for analyses of the weights alone. Generic
+analyses live at the top and never name a task. Each task's own analyses and its ``analyze``/``report`` suite live in
+``analyses/<task_module>/`` (``noisy_majority``, ``repeated_tokens``, ``modular_addition``, ``integer_addition``).
+Every result is an :class:`interp.results.Result`: ``to_dict()``, ``from_dict()``, ``text()``, ``figure()``, a rich
+display in Jupyter. The slow plain-loop oracles the tests compare with are in :mod:`interp.analyses.reference`, not
+here.
 
 ``import analyses`` is cheap: names are imported on first use. ``interp.analyses.__all__`` lists every analysis function
 and result type.
@@ -27,7 +30,6 @@ _NAMES = {
         "learned_accuracy",
         "learned_accuracy_of",
         "learned_accuracy_of_size",
-        "learned_accuracy_loop",
         "head_subsets",
         "mean_head_outputs",
         "subset_answer_logits",
@@ -52,16 +54,9 @@ _NAMES = {
         "logit_decomposition",
     ],
     "interp.analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
-    # the module analyses.shapley holds the function shapley(); here it is exact_shapley, so that the module and the
-    # function never shadow each other in this namespace
-    "interp.analyses.shapley": [
-        "ShapleyResult",
-        "exact_shapley",
-        "shapley_of",
-        "sampled_shapley",
-        "shapley_transform",
-        "moebius",
-    ],
+    # analyses.shapley holds the one entry, analyses.shapley_result the math and the result
+    "interp.analyses.shapley": ["shapley_values"],
+    "interp.analyses.shapley_result": ["ShapleyResult", "shapley_transform", "moebius"],
     "interp.analyses.batched_svc": ["svc_test_accuracy", "svc_weights"],
     "interp.analyses.composition": ["CompositionScores", "composition_scores", "random_baseline"],
     "interp.analyses.spectrum": ["AttentionSpectrum", "attention_spectrum"],
@@ -79,6 +74,7 @@ _NAMES = {
         "ablation_induction_test",
         "repeated_random_tokens",
     ],
+    "interp.analyses.generic_suite": ["TaskSummary", "random_repeat_probes"],
     "interp.analyses.populations": ["population_table", "format_table", "wilson_interval"],
     "interp.analyses.population_figures": [
         "Survival",
@@ -93,8 +89,6 @@ _NAMES = {
         "PathPatching",
         "activation_patching",
         "path_patching",
-        "path_patching_loop",
-        "variant_metric",
     ],
     # noisy majority (Fraknói 2024, §5)
     "interp.analyses.noisy_majority.attention_ratios": [
@@ -175,18 +169,15 @@ def __dir__():
 
 
 def suite_for(task: Task | str) -> Suite:
-    """The analysis suite of a task (:class:`interp.suite.Suite`: ``SUITE`` in ``interp.analyses.<task module>.suite``,
-    found by the task's name), or a TaskError naming the tasks that have one."""
-    from pathlib import Path
+    """The analysis suite of a task: the one its registration names (:func:`interp.registry.suite_of`), or the
+    generic suite every task has (:data:`interp.analyses.generic_suite.SUITE`: evaluation, per-head learned accuracy,
+    head scores where defined, the explorer's generic inputs) where it names none or the task is not registered. An
+    unregistered name is the registry's one-line TaskError."""
+    from interp.registry import suite_of
 
-    from interp.errors import TaskError
+    suite = suite_of(task)
+    if suite is None:
+        from .generic_suite import SUITE
 
-    name = getattr(task, "name", task)
-    module = f"interp.analyses.{str(name).replace('-', '_')}.suite"
-    try:
-        return importlib.import_module(module).SUITE
-    except ModuleNotFoundError as e:
-        if e.name not in (module, module.rsplit(".", 1)[0]):
-            raise
-        have = sorted(p.parent.name.replace("_", "-") for p in Path(__file__).parent.glob("*/suite.py"))
-        raise TaskError(f"no analysis suite for task {name!r}; suites exist for: {', '.join(have)}") from None
+        return SUITE
+    return suite

@@ -25,8 +25,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.device import check_device
 from interp.errors import InterpError, TaskError
-from interp.evaluation import DEFAULT_BUDGET, check_finite_parameters, check_tokens, map_chunks
+from interp.evaluation import check_batch_size, check_finite_parameters, check_tokens, map_chunks
 from interp.query_forward import query_attention, resolve_method
 from interp.task import TaskData, check_model_task, check_nonempty
 
@@ -51,6 +52,7 @@ class AnswerCache:
     labels: Int[Tensor, " batch"]
     answer_pos: Int[Tensor, " batch"]
     vocab: object = None  # the task's Vocab, from the data
+    data: TaskData | None = None  # the task data it was computed from (hook paths that need the whole sequences)
 
     def __len__(self) -> int:
         return self.z.shape[0]
@@ -82,6 +84,47 @@ def check_model_data(model: HookedTransformer, data: object, task: Task | None =
     check_finite_parameters(model)
 
 
+def check_inputs(
+    model: HookedTransformer,
+    data: object,
+    *,
+    task: Task | None = None,
+    device=None,
+    batch_size: object = None,
+    what: str = "data",
+) -> torch.device:
+    """The checks of an analysis's public entry, run once per call before any work: ``device`` (None follows the
+    model; another device is refused), ``batch_size`` (None or a positive integer) and ``data``: task data
+    (:func:`check_model_data`) or an :class:`AnswerCache` (of a model with finite parameters, of ``task`` where
+    given, its vocabulary fitting the model). Returns the model's device."""
+    dev = check_device(model, device)
+    check_batch_size(batch_size)
+    if isinstance(data, AnswerCache):
+        if len(data) == 0:
+            raise TaskError(f"{what} holds no examples; expected at least one")
+        if task is not None and data.task != task.name:
+            raise TaskError(f"{what} is a cache of task {data.task!r}, not of {task.name!r}")
+        if data.vocab is not None and model.cfg.d_vocab_out != data.vocab.n_out:
+            raise TaskError(
+                f"the model (d_vocab_out {model.cfg.d_vocab_out}) does not fit the {data.task!r} cache "
+                f"({data.vocab.n_out} outputs): is it a cache of another task's model?"
+            )
+        if data.z.shape[1:3] != (model.cfg.n_layers, model.cfg.n_heads):
+            raise TaskError(
+                f"{what} caches {data.z.shape[1]} layer(s) x {data.z.shape[2]} head(s), but the model has "
+                f"{model.cfg.n_layers} x {model.cfg.n_heads}: is it the cache of another model?"
+            )
+        check_finite_parameters(model)
+        return dev
+    if not isinstance(data, TaskData):
+        raise TaskError(
+            f"{what} must be task data (interp.TaskData; interp.task_data builds it from tokens) or an AnswerCache, "
+            f"got {type(data).__name__}"
+        )
+    check_model_data(model, data, task)
+    return dev
+
+
 def cache_answer(
     model: HookedTransformer,
     data: TaskData,
@@ -89,11 +132,22 @@ def cache_answer(
     attention: bool = True,
     method: str = "auto",
     task: Task | None = None,
-    budget: int = DEFAULT_BUDGET,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> AnswerCache:
     """Head outputs ``z``, the layer-0 residual input and (optionally) the log attention row at every
-    example's answer position, from one chunked pass without gradients."""
-    check_model_data(model, data, task)
+    example's answer position, from one chunked pass without gradients (``batch_size``: examples per forward,
+    None: as many as the memory budget allows)."""
+    if not isinstance(data, TaskData):
+        raise TaskError(f"cache_answer takes task data (interp.TaskData), got {type(data).__name__}")
+    check_inputs(model, data, task=task, device=device, batch_size=batch_size)
+    return _collect(model, data, attention, method, batch_size)
+
+
+def _collect(
+    model: HookedTransformer, data: TaskData, attention: bool, method: str, batch_size: int | None
+) -> AnswerCache:
+    """:func:`cache_answer` without the checks (its caller ran them)."""
     method = resolve_method(model, method)
     n_layers = model.cfg.n_layers
     one = _query_chunk if method == "fast" else _hooks_chunk
@@ -102,7 +156,7 @@ def cache_answer(
         with torch.inference_mode():
             return one(model, chunk, attention)
 
-    out = map_chunks(model, data, fn, budget=budget)
+    out = map_chunks(model, data, fn, batch_size=batch_size)
     device = out["z"].device
     data = data.to(device)
     log_attn = None
@@ -123,6 +177,7 @@ def cache_answer(
         labels=data.labels,
         answer_pos=data.answer_pos,
         vocab=data.vocab,
+        data=data,
     )
 
 
@@ -160,11 +215,17 @@ def _query_chunk(model: HookedTransformer, chunk: TaskData, attention: bool) -> 
 
 
 def as_cache(
-    model: HookedTransformer, data, *, attention: bool = True, method: str = "auto", task: Task | None = None
+    model: HookedTransformer,
+    data,
+    *,
+    attention: bool = True,
+    method: str = "auto",
+    batch_size: int | None = None,
 ) -> AnswerCache:
-    """``data`` itself if it is already an :class:`AnswerCache` (with attention if needed), else its cache."""
+    """``data`` itself if it is already an :class:`AnswerCache` (with attention if needed), else its cache. No
+    checks: the public entry that calls it ran :func:`check_inputs`."""
     if isinstance(data, AnswerCache):
         if attention and data.log_attn is None:
             raise InterpError("this AnswerCache has no attention rows; build it with cache_answer(..., attention=True)")
         return data
-    return cache_answer(model, data, attention=attention, method=method, task=task)
+    return _collect(model, data, attention, method, batch_size)

@@ -18,7 +18,7 @@ Circuits use raw weights (no LayerNorm folding, no biases), as TransformerLens' 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,11 +26,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.attention import refuse_pooling
-from interp.device import model_device
+from interp.device import check_device
 from interp.errors import ConfigError, InterpError, TokenError
 from interp.evaluation import check_tokens
-from interp.heads import head_label, parse_head
-from interp.results import Result, jsonable
+from interp.heads import head_label, is_head, one_set, parse_head
+from interp.results import Result, floats, head_of, jsonable
 from interp.task import TaskData
 
 if TYPE_CHECKING:
@@ -46,8 +46,10 @@ def _token_labels(vocab, n: int) -> list[str]:
 
 @dataclass
 class Circuit(Result):
-    """A circuit as a ``FactoredMatrix`` (``.matrix``), with labels for its rows and columns. ``causal``: entries
-    above the diagonal (key after query) are never used and are left out of the figure."""
+    """A circuit as a ``FactoredMatrix`` (``.matrix``), with labels for its rows and columns: ``[rows, cols]`` for
+    one head (or the direct path), ``[head, rows, cols]`` for several, ``heads`` naming the leading axis (one per
+    head, or per sender -> receiver pair). ``causal``: entries above the diagonal (key after query) are never used
+    and are left out of the figure. ``note``: what the circuit leaves out, where that matters (said in its text)."""
 
     name: str
     matrix: object  # transformer_lens.FactoredMatrix
@@ -56,15 +58,46 @@ class Circuit(Result):
     row_title: str = ""
     col_title: str = ""
     causal: bool = False
+    heads: list[str] = field(default_factory=list)  # the leading axis of a circuit of several heads
+    note: str = ""
 
-    def dense(self) -> Float[Tensor, "rows cols"]:
+    @property
+    def batched(self) -> bool:
+        return len(self.matrix.shape) == 3
+
+    def dense(self) -> Float[Tensor, "*head rows cols"]:
         """The full matrix (``FactoredMatrix.AB``), detached from the model's parameters."""
         return self.matrix.AB.detach()
 
-    def to_dict(self) -> dict:
-        m = self.dense().float().cpu()
+    def __getitem__(self, head) -> Circuit:
+        """The circuit of one head of a circuit of several (``'L0H3'``, ``(0, 3)``; a pair ``'L0H0 -> L1H1'``)."""
+        if not self.batched:
+            raise InterpError(f"{self.name} is the circuit of one head; index a circuit of several heads")
+        key = head if isinstance(head, str) and "->" in head else head_label(*parse_head(head, 10**6, 10**6))
+        if key not in self.heads:
+            raise InterpError(f"{key} is not one of this circuit's heads ({', '.join(self.heads)})")
+        i = self.heads.index(key)
+        from transformer_lens import FactoredMatrix
+
+        fm = FactoredMatrix(self.matrix.A[i], self.matrix.B[i])
+        return Circuit(
+            f"{self.name.split(' of ')[0]}{' ' if '->' in key else ' of '}{key}",
+            fm,
+            self.row_labels,
+            self.col_labels,
+            self.row_title,
+            self.col_title,
+            self.causal,
+            [],
+            self.note,
+        )
+
+    def _masked(self, m: Tensor) -> Tensor:
         if self.causal:
-            m = m.masked_fill(torch.ones_like(m, dtype=torch.bool).triu(1), float("nan"))
+            m = m.masked_fill(torch.ones(m.shape[-2:], dtype=torch.bool).triu(1), float("nan"))
+        return m
+
+    def to_dict(self) -> dict:
         return jsonable(
             {
                 "name": self.name,
@@ -72,41 +105,143 @@ class Circuit(Result):
                 "cols": self.col_labels,
                 "row_title": self.row_title,
                 "col_title": self.col_title,
-                "matrix": m,
+                "causal": self.causal,
+                "heads": self.heads,
+                "note": self.note,
+                "matrix": self._masked(self.dense().float().cpu()),
             }
         )
 
-    def figure(self, max_size: int = 80):
-        """Heatmap of the matrix (its top-left ``max_size`` corner for big vocabularies)."""
-        from interp.visualize import heatmap
+    @classmethod
+    def from_dict(cls, d: dict) -> Circuit:
+        """The circuit ``to_dict`` wrote (its matrix as a product with the identity: the factors are not stored)."""
+        from transformer_lens import FactoredMatrix
 
-        m = self.dense()[:max_size, :max_size].detach().float().cpu()
-        if self.causal:
-            m = m.masked_fill(torch.ones_like(m, dtype=torch.bool).triu(1), float("nan"))
-        return heatmap(
-            m,
-            self.col_labels[: m.shape[1]],
-            self.row_labels[: m.shape[0]],
-            title=self.name,
-            x_title=self.col_title,
-            y_title=self.row_title,
+        m = floats(d["matrix"]).nan_to_num(0.0)  # the causal entries left out (None) are masked again on output
+        eye = torch.eye(m.shape[-1], dtype=m.dtype).expand(*m.shape[:-2], m.shape[-1], m.shape[-1])
+        return cls(
+            d["name"],
+            FactoredMatrix(m, eye),
+            list(d["rows"]),
+            list(d["cols"]),
+            d.get("row_title", ""),
+            d.get("col_title", ""),
+            bool(d.get("causal", False)),
+            list(d.get("heads", [])),
+            d.get("note", ""),
         )
 
+    def text(self) -> str:
+        """Its name, shape and, per head, the largest entries."""
+        m = self._masked(self.dense().float().cpu())
+        mats = list(zip(self.heads, m)) if self.batched else [("", m)]
+        lines = [f"{self.name}: [{self.row_title or 'rows'}, {self.col_title or 'cols'}] {tuple(m.shape)}"]
+        if self.note:
+            lines.append(f"note: {self.note}")
+        for label, x in mats:
+            flat = x.nan_to_num(float("-inf")).flatten()
+            top = flat.topk(min(3, flat.numel())).indices.tolist()
+            cells = ", ".join(
+                f"({self.row_labels[i // x.shape[1]]}, {self.col_labels[i % x.shape[1]]}) {float(flat[i]):.3g}"
+                for i in top
+            )
+            lines.append(f"  {label + ': ' if label else ''}largest {cells}")
+        return "\n".join(lines)
 
-def full_qk_circuit(model: HookedTransformer, head, vocab=None) -> Circuit:
-    """``W_E W_QK W_Eᵀ`` of one head ``[query token, key token]`` (tokens named by ``vocab`` if given)."""
-    l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
-    refuse_pooling(model, "the QK circuit", [l])
+    def figure(self, max_size: int = 80, max_heads: int = 16):
+        """Heatmap of the matrix (its top-left ``max_size`` corner for big vocabularies); one panel per head (the
+        first ``max_heads``) for a circuit of several heads."""
+        from interp.visualize import heatmap
+
+        m = self._masked(self.dense()[..., :max_size, :max_size].detach().float().cpu())
+        cols, rows = self.col_labels[: m.shape[-1]], self.row_labels[: m.shape[-2]]
+        if not self.batched:
+            return heatmap(m, cols, rows, title=self.name, x_title=self.col_title, y_title=self.row_title)
+        from plotly.subplots import make_subplots
+
+        n = min(len(m), max_heads)
+        width = min(n, 4)
+        fig = make_subplots(rows=(n + width - 1) // width, cols=width, subplot_titles=self.heads[:n])
+        lim = float(m[:n].nan_to_num(0).abs().max()) or 1.0
+        for i in range(n):
+            panel = heatmap(m[i], cols, rows, zmin=-lim, zmax=lim)
+            trace = panel.data[0]
+            trace.showscale = i == 0
+            fig.add_trace(trace, i // width + 1, i % width + 1)
+        fig.update_yaxes(autorange="reversed")
+        fig.update_layout(title=self.name, template="plotly_white", height=300 * ((n + width - 1) // width))
+        return fig
+
+
+def _position_note(model: HookedTransformer) -> str:
+    """What a token QK circuit leaves out under the model's positional scheme (empty where it leaves out nothing
+    that the scores depend on beyond positions added to the residual stream)."""
+    kind = model.cfg.positional_embedding_type
+    if kind == "rotary":
+        return (
+            "rotary positions: the model rotates q and k by their positions before the score, so the score of two "
+            "tokens depends on their distance; this token circuit is the score at distance 0 (no rotation) and "
+            "leaves the rotation out"
+        )
+    if kind == "alibi":
+        return "ALiBi: the model adds a distance penalty to every score, which this token circuit leaves out"
+    return ""
+
+
+def _circuit_heads(model: HookedTransformer, heads: object) -> tuple[list[tuple[int, int]], bool]:
+    """The heads ``heads=`` names and whether it named one head (a ``[rows, cols]`` circuit) rather than a set
+    (``[head, rows, cols]``; None: every head)."""
+    cfg = model.cfg
+    if heads is not None and is_head(heads):
+        return [parse_head(heads, cfg.n_layers, cfg.n_heads)], True
+    return one_set(heads, cfg.n_layers, cfg.n_heads), False
+
+
+def _stacked(heads: list[tuple[int, int]], weight: Tensor) -> Tensor:
+    """``weight[l, h]`` of each head, stacked: ``[head, ...]``."""
+    idx = torch.tensor(heads, device=weight.device)
+    return weight[idx[:, 0], idx[:, 1]]
+
+
+def _circuit(name: str, heads, single: bool, A: Tensor, B: Tensor, *labels, causal: bool = False, note: str = ""):
+    from transformer_lens import FactoredMatrix
+
+    names = [head_label(*h) for h in heads]
+    if single:
+        return Circuit(f"{name} of {names[0]}", FactoredMatrix(A[0], B[0]), *labels, causal=causal, note=note)
+    return Circuit(
+        f"{name} of {len(names)} heads", FactoredMatrix(A, B), *labels, causal=causal, heads=names, note=note
+    )
+
+
+def full_qk_circuit(
+    model: HookedTransformer, *, heads: object = None, vocab=None, device: str | None = None
+) -> Circuit:
+    """``W_E W_QK W_Eᵀ`` ``[query token, key token]`` of one head (``heads="L0H3"``), or ``[head, query token, key
+    token]`` of a set of heads (default: every head), batched over the heads; tokens named by ``vocab`` if given.
+    Under rotary positions (or ALiBi) the score also depends on the distance between the tokens, which this circuit
+    leaves out: its ``note`` (and text) says so."""
+    check_device(model, device)
+    hs, single = _circuit_heads(model, heads)
+    refuse_pooling(model, "the QK circuit", sorted({l for l, _ in hs}))
     labels = _token_labels(vocab, model.cfg.d_vocab)
-    fm = model.W_E @ model.QK[l, h] @ model.W_E.T
-    return Circuit(f"full QK circuit of {head_label(l, h)}", fm, labels, labels, "query token", "key token")
+    with torch.no_grad():
+        A = model.W_E @ _stacked(hs, model.W_Q)  # [head, vocab, d_head]
+        B = _stacked(hs, model.W_K).transpose(-1, -2) @ model.W_E.T  # [head, d_head, vocab]
+    return _circuit(
+        "full QK circuit", hs, single, A, B, labels, labels, "query token", "key token", note=_position_note(model)
+    )
 
 
-def positional_qk_circuit(model: HookedTransformer, head, n_pos: int | None = None) -> Circuit:
-    """``W_pos W_QK W_posᵀ`` of one head ``[query pos, key pos]`` (first ``n_pos`` positions); entries with
-    key > query never matter (causal mask)."""
-    l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
-    refuse_pooling(model, "the positional QK circuit", [l])
+def positional_qk_circuit(
+    model: HookedTransformer, *, heads: object = None, n_pos: int | None = None, device: str | None = None
+) -> Circuit:
+    """``W_pos W_QK W_posᵀ`` ``[query pos, key pos]`` of one head, or ``[head, query pos, key pos]`` of a set of
+    heads (default every head), for the first ``n_pos`` positions; entries with key > query never matter (causal
+    mask)."""
+    check_device(model, device)
+    hs, single = _circuit_heads(model, heads)
+    refuse_pooling(model, "the positional QK circuit", sorted({l for l, _ in hs}))
     if model.cfg.positional_embedding_type not in ("standard", "shortformer"):
         raise ConfigError(
             f"positional QK circuit needs a learned W_pos, this model uses {model.cfg.positional_embedding_type!r}"
@@ -119,25 +254,30 @@ def positional_qk_circuit(model: HookedTransformer, head, n_pos: int | None = No
     n_pos = n_pos or model.cfg.n_ctx
     w_pos = model.W_pos[:n_pos]
     labels = [str(i) for i in range(w_pos.shape[0])]
-    fm = w_pos @ model.QK[l, h] @ w_pos.T
-    return Circuit(
-        f"positional QK circuit of {head_label(l, h)}",
-        fm,
-        labels,
-        labels,
-        "query position",
-        "key position",
-        causal=True,
+    with torch.no_grad():
+        A = w_pos @ _stacked(hs, model.W_Q)
+        B = _stacked(hs, model.W_K).transpose(-1, -2) @ w_pos.T
+    return _circuit(
+        "positional QK circuit", hs, single, A, B, labels, labels, "query position", "key position", causal=True
     )
 
 
-def full_ov_circuit(model: HookedTransformer, head, vocab=None) -> Circuit:
-    """``W_E W_OV W_U`` of one head ``[source token, output logit]``."""
-    l, h = parse_head(head, model.cfg.n_layers, model.cfg.n_heads)
-    fm = model.W_E @ model.OV[l, h] @ model.W_U
-    return Circuit(
-        f"full OV circuit of {head_label(l, h)}",
-        fm,
+def full_ov_circuit(
+    model: HookedTransformer, *, heads: object = None, vocab=None, device: str | None = None
+) -> Circuit:
+    """``W_E W_OV W_U`` ``[source token, output logit]`` of one head, or ``[head, source token, output logit]`` of a
+    set of heads (default every head)."""
+    check_device(model, device)
+    hs, single = _circuit_heads(model, heads)
+    with torch.no_grad():
+        A = model.W_E @ _stacked(hs, model.W_V)
+        B = _stacked(hs, model.W_O) @ model.W_U
+    return _circuit(
+        "full OV circuit",
+        hs,
+        single,
+        A,
+        B,
         _token_labels(vocab, model.cfg.d_vocab),
         _token_labels(vocab, model.cfg.d_vocab_out),
         "source token",
@@ -145,24 +285,63 @@ def full_ov_circuit(model: HookedTransformer, head, vocab=None) -> Circuit:
     )
 
 
-def k_composition_circuit(model: HookedTransformer, earlier, later, vocab=None) -> Circuit:
-    """``W_E W_QK^later (W_OV^earlier)ᵀ W_Eᵀ`` ``[query token, key-side token moved by the earlier head]``."""
-    la, ha = parse_head(earlier, model.cfg.n_layers, model.cfg.n_heads)
-    lb, hb = parse_head(later, model.cfg.n_layers, model.cfg.n_heads)
-    if lb <= la:
+def k_composition_circuit(
+    model: HookedTransformer,
+    *,
+    senders: object,
+    receivers: object,
+    vocab=None,
+    device: str | None = None,
+) -> Circuit:
+    """``W_E W_QK^receiver (W_OV^sender)ᵀ W_Eᵀ`` ``[query token, key-side token moved by the sender head]``: the
+    score a later head (receiver) gives a key whose earlier-layer head (sender) moved token ``k`` there. One sender
+    and one receiver head: ``[rows, cols]``; sets of heads: ``[pair, rows, cols]`` over every sender -> receiver pair
+    (every receiver must sit in a later layer than every sender)."""
+    check_device(model, device)
+    cfg = model.cfg
+    s_heads, s_single = _circuit_heads(model, senders)
+    r_heads, r_single = _circuit_heads(model, receivers)
+    pairs = [(a, b) for a in s_heads for b in r_heads]
+    bad = [(a, b) for a, b in pairs if b[0] <= a[0]]
+    if bad:
+        a, b = bad[0]
         raise InterpError(
-            f"K-composition needs the later head in a later layer, got {head_label(la, ha)} -> {head_label(lb, hb)}"
+            f"K-composition needs the receiver in a later layer than the sender, got {head_label(*a)} -> "
+            f"{head_label(*b)}"
         )
-    refuse_pooling(model, "the K-composition circuit (through the later head's QK circuit)", [lb])
-    labels = _token_labels(vocab, model.cfg.d_vocab)
-    fm = model.W_E @ model.QK[lb, hb] @ model.OV[la, ha].T @ model.W_E.T
+    refuse_pooling(
+        model, "the K-composition circuit (through the receiver's QK circuit)", sorted({b[0] for b in r_heads})
+    )
+    labels = _token_labels(vocab, cfg.d_vocab)
+    with torch.no_grad():
+        sa, rb = [a for a, _ in pairs], [b for _, b in pairs]
+        A = model.W_E @ _stacked(rb, model.W_Q)  # [pair, vocab, d_head]
+        qk_ov = _stacked(rb, model.W_K).transpose(-1, -2) @ _stacked(sa, model.W_O).transpose(-1, -2)
+        B = qk_ov @ _stacked(sa, model.W_V).transpose(-1, -2) @ model.W_E.T  # [pair, d_head, vocab]
+    names = [f"{head_label(*a)} -> {head_label(*b)}" for a, b in pairs]
+    if s_single and r_single:
+        from transformer_lens import FactoredMatrix
+
+        return Circuit(
+            f"K-composition circuit {names[0]}",
+            FactoredMatrix(A[0], B[0]),
+            labels,
+            labels,
+            "query token",
+            f"key token (moved by {head_label(*pairs[0][0])})",
+            note=_position_note(model),
+        )
+    from transformer_lens import FactoredMatrix
+
     return Circuit(
-        f"K-composition circuit {head_label(la, ha)} -> {head_label(lb, hb)}",
-        fm,
+        f"K-composition circuit of {len(pairs)} sender -> receiver pairs",
+        FactoredMatrix(A, B),
         labels,
         labels,
         "query token",
-        f"key token (moved by {head_label(la, ha)})",
+        "key token (moved by the sender)",
+        heads=names,
+        note=_position_note(model),
     )
 
 
@@ -211,16 +390,36 @@ class OVCopying(Result):
     def to_dict(self) -> dict:
         return jsonable({"k": self.k, "heads": self.rows()})
 
+    @classmethod
+    def from_dict(cls, d: dict) -> OVCopying:
+        heads = [head_of(r["head"]) for r in d["heads"]]
+        shape = (max(l for l, _ in heads) + 1, max(h for _, h in heads) + 1)
+        out = {}
+        for key in ("copying_score", "top1", f"top{d['k']}"):
+            t = torch.full(shape, float("nan"), dtype=torch.float64)
+            for (l, h), r in zip(heads, d["heads"]):
+                t[l, h] = float("nan") if r[key] is None else r[key]
+            out[key] = t
+        return cls(out["copying_score"], out["top1"], out[f"top{d['k']}"], d["k"])
+
+    def text(self) -> str:
+        """Every head's copying score and top-1 / top-k diagonal accuracy, most copying first."""
+        rows = sorted(self.rows(), key=lambda r: -r["copying_score"])
+        lines = [f"OV circuit copying of {len(rows)} heads (copying score in [-1, 1]; top-1, top-{self.k})"]
+        lines += [f"  {r['head']:<8}{r['copying_score']:>8.3f}{r['top1']:>8.3f}{r[f'top{self.k}']:>8.3f}" for r in rows]
+        return "\n".join(lines)
+
     def table_html(self) -> str:
         from interp.visualize import render_table
 
         return render_table(self.rows(), ["head", "copying_score", "top1", f"top{self.k}"], float_format=".3f")
 
 
-def ov_copying(model: HookedTransformer, k: int = 5) -> OVCopying:
+def ov_copying(model: HookedTransformer, *, k: int = 5, device: str | None = None) -> OVCopying:
     """Copying score and top-1/top-``k`` diagonal accuracy of every head's full OV circuit, batched over heads."""
     from transformer_lens import FactoredMatrix
 
+    check_device(model, device)
     n = min(model.cfg.d_vocab, model.cfg.d_vocab_out)
     if not 1 <= k <= n:
         raise InterpError(f"k must lie in [1, {n}], got {k}")
@@ -236,10 +435,11 @@ def ov_copying(model: HookedTransformer, k: int = 5) -> OVCopying:
     return OVCopying(copying_score=score.float(), top1=top1, topk=topk, k=k)
 
 
-def bigram_table(model: HookedTransformer, vocab=None) -> Circuit:
+def bigram_table(model: HookedTransformer, *, vocab=None, device: str | None = None) -> Circuit:
     """The direct path ``W_E W_U`` ``[token, next-token logit]``: what a zero-layer model predicts (plus ``b_U``)."""
     from transformer_lens import FactoredMatrix
 
+    check_device(model, device)
     fm = FactoredMatrix(model.W_E, model.W_U)
     return Circuit(
         "direct path W_E W_U (bigram table)",
@@ -258,30 +458,50 @@ class LogitDecomposition(Result):
     output through ``W_U``. Parts sum to the model's logits exactly (up to float error).
 
     ``answer_pos``/``labels`` (from task data) say where the task's answer is read: :meth:`contributions` and
-    :meth:`logit_difference` then look there only; without them, at every position whose next token is an output."""
+    :meth:`logit_difference` then look there only; without them, at every position whose next token is an output.
 
-    tokens: Int[Tensor, "batch pos"]
-    direct: Float[Tensor, "batch pos vocab"]
-    bias: Float[Tensor, " vocab"]
-    heads: Float[Tensor, "layer head batch pos vocab"]
+    A decomposition read back by :meth:`from_dict` holds what ``to_dict`` wrote (the parts' mean contributions) in
+    ``summary`` and no tensors: :meth:`contributions`, the text and the figure work, the per-example parts do not."""
+
+    tokens: Int[Tensor, "batch pos"] | None
+    direct: Float[Tensor, "batch pos vocab"] | None
+    bias: Float[Tensor, " vocab"] | None
+    heads: Float[Tensor, "layer head batch pos vocab"] | None
     answer_pos: Int[Tensor, " batch"] | None = None
     labels: Int[Tensor, " batch"] | None = None
+    summary: dict = field(default_factory=dict)  # parts, contributions and where (a result read back)
 
     @property
     def part_names(self) -> list[str]:
+        if self.heads is None:
+            return list(self.summary["parts"])
         L, H = self.heads.shape[:2]
         return ["direct"] + [head_label(l, h) for l in range(L) for h in range(H)]
 
+    @property
+    def at(self) -> str:
+        if self.heads is None:
+            return self.summary["at"]
+        return "answer positions" if self.answer_pos is not None else "every next-token position"
+
     def total(self) -> Float[Tensor, "batch pos vocab"]:
+        self._parts()  # refuses a decomposition read back without its tensors
         return self.direct + self.bias + self.heads.sum((0, 1))
 
     def _parts(self) -> Float[Tensor, "part batch pos vocab"]:
+        if self.heads is None:
+            raise InterpError(
+                "this logit decomposition was read back from its to_dict(): it holds the parts' mean contributions "
+                "only; compute it again with logit_decomposition(model, data) for the per-example parts"
+            )
         return torch.cat([self.direct[None], self.heads.flatten(0, 1)])
 
     def contributions(self) -> Float[Tensor, " parts"]:
         """Each part's mean contribution (direct path, then every head ``L0H0, L0H1, ...``) to the logit of the
         right answer at the answer positions (task data), or of the actual next token at every position whose next
         token is an output token (plain tokens)."""
+        if self.heads is None:
+            return floats(self.summary["contributions"])
         parts = self._parts()
         if self.answer_pos is not None:
             rows = torch.arange(parts.shape[1], device=parts.device)
@@ -299,35 +519,43 @@ class LogitDecomposition(Result):
         the answer positions (needs task data), e.g. ``'5' - '4'`` in noisy majority."""
         if self.answer_pos is None:
             raise InterpError("logit_difference needs the answer positions: build the decomposition from task data")
+        parts = self._parts()
         V = self.direct.shape[-1]
         for t in (good, bad):
             if not (isinstance(t, int) and 0 <= t < V):
                 raise TokenError(f"logit_difference needs output token ids in [0, {V - 1}], got {t!r}")
-        parts = self._parts()
         rows = torch.arange(parts.shape[1], device=parts.device)
         at = parts[:, rows, self.answer_pos]
         return (at[..., good] - at[..., bad]).mean(-1)
 
     def to_dict(self) -> dict:
-        return jsonable(
-            {
-                "parts": self.part_names,
-                "contributions": self.contributions(),
-                "at": "answer positions" if self.answer_pos is not None else "every next-token position",
-            }
-        )
+        return jsonable({"parts": self.part_names, "contributions": self.contributions(), "at": self.at})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LogitDecomposition:
+        return cls(None, None, None, None, summary={k: d[k] for k in ("parts", "contributions", "at")})
+
+    def text(self) -> str:
+        """Each part's mean contribution to the right token's logit, largest first."""
+        c = self.contributions().tolist()
+        order = sorted(range(len(c)), key=lambda i: -abs(c[i]))
+        lines = [f"logit decomposition: mean contribution to the right token's logit at {self.at}"]
+        lines += [f"  {self.part_names[i]:<8}{c[i]:>10.4f}" for i in order]
+        return "\n".join(lines)
 
     def figure(self):
         """Bar chart: mean contribution of each part to the right token's logit."""
         import plotly.graph_objects as go
 
-        where = "the right answer at the answer position" if self.answer_pos is not None else "the correct next token"
+        where = "the right answer at the answer position" if self.at == "answer positions" else "the correct next token"
         fig = go.Figure(go.Bar(x=self.part_names, y=self.contributions().cpu().tolist()))
         fig.update_layout(title=f"Contribution to the logit of {where}", yaxis_title="logit", template="plotly_white")
         return fig
 
 
-def logit_decomposition(model: HookedTransformer, data: TaskData | Tensor) -> LogitDecomposition:
+def logit_decomposition(
+    model: HookedTransformer, data: TaskData | Tensor, *, device: str | None = None
+) -> LogitDecomposition:
     """Split an attention-only, LayerNorm-free model's logits into direct path + per-head terms, on task data
     (contributions then read at its answer positions) or on a token tensor.
 
@@ -340,15 +568,17 @@ def logit_decomposition(model: HookedTransformer, data: TaskData | Tensor) -> Lo
             f"this model has attn_only={cfg.attn_only}, normalization={cfg.normalization_type!r}"
         )
     answer_pos = labels = None
+    dev = check_device(model, device)
     if isinstance(data, TaskData):
-        tokens, answer_pos, labels = data.tokens, data.answer_pos, data.labels
+        from .answer_cache import check_model_data
+
+        check_model_data(model, data)
+        tokens, answer_pos, labels = data.tokens.to(dev), data.answer_pos, data.labels
+    elif isinstance(data, Tensor):
+        tokens = data.to(dev)
+        check_tokens(model, tokens)
     else:
-        tokens = data
-    if not isinstance(tokens, Tensor):
-        raise TokenError(f"logit_decomposition takes task data or a tensor of token ids, got {type(tokens).__name__}")
-    dev = model_device(model)
-    tokens = tokens.to(dev)
-    check_tokens(model, tokens)
+        raise TokenError(f"logit_decomposition takes task data or a tensor of token ids, got {type(data).__name__}")
     with torch.inference_mode():
         _, cache = model.run_with_cache(
             tokens, names_filter=lambda n: n in ("hook_embed", "hook_pos_embed") or n.endswith("hook_z")

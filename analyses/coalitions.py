@@ -41,15 +41,17 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from interp.device import check_device
 from interp.errors import HeadError, InterpError
-from interp.evaluation import DEFAULT_BUDGET, check_finite_logits, check_finite_parameters
-from interp.heads import Head, all_heads, head_label, parse_head, parse_heads
-from interp.query_forward import resolve_method
-from interp.results import Result, jsonable
+from interp.evaluation import check_batch_size, check_finite_logits
+from interp.heads import Head, all_heads, head_label, one_set, parse_head
+from interp.query_forward import has_soft_cap, resolve_method, soft_capped, supports_query_forward
+from interp.results import Result, floats, head_of, jsonable
 from interp.task import TaskData
 
-from .answer_cache import AnswerCache, as_cache, check_model_data
-from .learned_accuracies import ABLATIONS, cached_subset_logits, hooked_subset_logits, mean_head_outputs
+from .answer_cache import AnswerCache, as_cache, check_inputs
+from .learned_accuracies import ABLATIONS, _mean_z, cached_subset_logits, hooked_subset_logits
+from .shapley_result import HIGHER_IS_BETTER, bits_of, shapley_of_values
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -57,17 +59,12 @@ if TYPE_CHECKING:
     from interp.task import Task
 
 VALUES = ("learned-accuracy", "answer-loss", "logit-diff", "separation")
-HIGHER_IS_BETTER = {"learned-accuracy": True, "answer-loss": False, "logit-diff": True, "separation": True}
 RENAMED = {"loss": "answer-loss"}  # old value names, refused with the new one
 SOLVERS = ("torch", "sklearn")
-MAX_PLAYERS = 24  # 2**24 coalition values are 128 MiB in float64; beyond that, sample (sampled_shapley)
+MAX_PLAYERS = 24  # 2**24 coalition values are 128 MiB in float64; beyond that, sample (shapley_values, "sampled")
 ESTIMATE_ABOVE = 4096  # coalitions: beyond this, all() with progress says how long it will take first
 MAX_BITMASK = 62  # coalitions as int64 bitmasks (exact values, the batched SVC); sampling takes any number
-
-
-def bits_of(index: Int[Tensor, " coalition"], n: int) -> Tensor:
-    """``[coalition, n]`` 0/1 matrix: bit ``i`` of each coalition index (``heads[i]`` kept)."""
-    return (index[:, None] >> torch.arange(n, device=index.device)) & 1
+CALLABLE_CHUNK = 4096  # coalitions per call of a value callable
 
 
 @dataclass
@@ -76,9 +73,9 @@ class CoalitionValues(Result):
 
     heads: list[Head]
     values: Float[Tensor, " coalition"]
-    value: str
-    ablation: str | None
-    n_examples: int
+    value: str = "v"
+    ablation: str | None = None
+    n_examples: int = 0
     seconds: float = float("nan")
     info: dict = field(default_factory=dict)
 
@@ -131,6 +128,41 @@ class CoalitionValues(Result):
                 **self.info,
             }
         )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CoalitionValues:
+        known = ("value", "ablation", "n_examples", "heads", "values", "seconds")
+        return cls(
+            [head_of(h) for h in d["heads"]],
+            floats(d["values"]),
+            d["value"],
+            d["ablation"],
+            d["n_examples"],
+            float("nan") if d.get("seconds") is None else d["seconds"],
+            {k: v for k, v in d.items() if k not in known},
+        )
+
+    def text(self) -> str:
+        """v of no head, of all heads, and the best coalition of each size."""
+        size = bits_of(torch.arange(len(self.values)), self.n).sum(-1)
+        better = HIGHER_IS_BETTER.get(self.value, True)
+        lines = [
+            f"{self.value} of all {len(self.values):,} coalitions of {self.n} heads ({', '.join(self.names)}); "
+            f"others {self.ablation or 'not'}-ablated, {self.n_examples} examples: v(none) = {self.v_empty:.4f}, "
+            f"v(all) = {self.v_all:.4f}"
+        ]
+        v = self.values.double().cpu()
+        for k in range(1, self.n):
+            idx = torch.nonzero(size == k).flatten()
+            best = int(idx[(v[idx].argmax() if better else v[idx].argmin())])
+            heads = [self.names[i] for i in range(self.n) if best >> i & 1]
+            lines.append(f"  best of size {k}: {{{','.join(heads)}}} {float(v[best]):.4f}")
+        return "\n".join(lines)
+
+    def shapley(self):
+        """Exact Shapley and Banzhaf values and pairwise interactions of the heads from these values
+        (:class:`analyses.shapley_result.ShapleyResult`; the Moebius transform, no model run)."""
+        return shapley_of_values(self)
 
     def figure(self):
         """v(S) against the coalition size |S| (every coalition one dot), with the mean per size."""
@@ -270,19 +302,14 @@ def _duration(seconds: float) -> str:
 
 def _players(model: HookedTransformer, heads) -> list[Head]:
     cfg = model.cfg
-    out = (
-        all_heads(cfg.n_layers, cfg.n_heads)
-        if heads is None
-        else parse_heads(heads, cfg.n_layers, cfg.n_heads, allow_empty=False)
-    )
-    return out
+    return all_heads(cfg.n_layers, cfg.n_heads) if heads is None else one_set(heads, cfg.n_layers, cfg.n_heads)
 
 
 def _check_exact(n: int) -> None:
     if n > MAX_PLAYERS:
         raise InterpError(
             f"{n} heads give 2**{n} coalitions; exact values take at most {MAX_PLAYERS} "
-            "heads (pass heads=[...], or use sampled_shapley)"
+            "heads (pass heads=[...], or sample: shapley_values(..., method='sampled'))"
         )
 
 
@@ -311,15 +338,17 @@ def coalition_evaluator(
     method: str = "auto",
     reference=None,
     C: float = 1000.0,
-    budget: int = DEFAULT_BUDGET,
-    chunk: int = 4096,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> CoalitionValue:
     """The preparation of :func:`coalition_values` (same arguments), for evaluating chosen coalitions only
-    (permutation sampling, :func:`analyses.shapley.sampled_shapley`)."""
+    (permutation sampling, :func:`analyses.shapley.shapley_values` with ``method="sampled"``)."""
     cfg = model.cfg
     players = _players(model, heads)
-    device = next(model.parameters()).device
     if callable(value):
+        device = check_device(model, device)
+        check_batch_size(batch_size)
+        chunk = CALLABLE_CHUNK
         name = getattr(value, "__name__", "callable")
 
         def fn(bits, progress):
@@ -345,36 +374,38 @@ def coalition_evaluator(
     if value not in VALUES:
         raise InterpError(f"unknown value {value!r}; expected one of {VALUES} or a callable on head masks")
     if value == "separation":
-        return _separation_evaluator(model, data, players, train=train, task=task, solver=solver, C=C)
+        return _separation_evaluator(
+            model, data, players, train=train, task=task, solver=solver, C=C, batch_size=batch_size, device=device
+        )
     if ablation not in ABLATIONS:
         raise InterpError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
-    if isinstance(data, AnswerCache):
-        method = "fast" if method == "auto" else method
-        if method != "fast":
+    device = check_inputs(model, data, task=task, device=device, batch_size=batch_size)
+    cache = data if isinstance(data, AnswerCache) else None
+    if cache is not None and method == "auto":  # a cache serves the fast path; a deep model runs the cache's data
+        method = "fast" if supports_query_forward(model) or cache.data is None else "hooks"
+    method = resolve_method(model, method)
+    if method == "hooks" and cache is not None:
+        if cache.data is None:
             raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")
-        check_finite_parameters(model)
-        labels = data.labels
-    else:
-        check_model_data(model, data, task)
-        method = resolve_method(model, method)
-        labels = data.labels.to(device)
+        data = cache.data
+    labels = data.labels.to(device)
     classes = _answer_classes(labels) if value == "logit-diff" else None
     z_ref = None
     if ablation == "mean":
-        z_ref = mean_head_outputs(model, reference if reference is not None else data).to(device)
-    if method == "fast" and not hasattr(model, "ln_final") and value != "answer-loss":
-        return _linear_evaluator(
-            model, as_cache(model, data, attention=False), z_ref, players, value, classes, ablation
-        )
+        z_ref = _mean_z(model, reference if reference is not None else data, batch_size).to(device)
     if method == "fast":
-        logits_of = _fast_logits(model, as_cache(model, data, attention=False), z_ref)
+        cache = cache if cache is not None else as_cache(model, data, attention=False, batch_size=batch_size)
+    if method == "fast" and not hasattr(model, "ln_final") and value != "answer-loss" and not has_soft_cap(model):
+        return _linear_evaluator(model, cache, z_ref, players, value, classes, ablation)
+    if method == "fast":
+        logits_of = _fast_logits(model, cache, z_ref)
     else:
 
         def logits_of(masks):
-            return hooked_subset_logits(model, data, masks, z_ref, budget)
+            return hooked_subset_logits(model, data, masks, z_ref, batch_size)
 
     b = len(labels)
-    step = max(1, min(chunk, (1 << 24) // max(1, b * cfg.d_vocab_out)))
+    step = max(1, min(CALLABLE_CHUNK, (1 << 24) // max(1, b * cfg.d_vocab_out)))
 
     def fn(bits, progress):
         out = []
@@ -394,7 +425,8 @@ def coalition_evaluator(
 
 def _fast_logits(model: HookedTransformer, cache: AnswerCache, z_ref):
     """``masks -> answer logits`` from cached per-head outputs (one-layer attention-only model). Without a final
-    LayerNorm the logits are affine in the mask, so per-head logit contributions are precomputed once."""
+    LayerNorm the logits before the soft cap (where the model has one) are affine in the mask, so per-head logit
+    contributions are precomputed once."""
     if hasattr(model, "ln_final"):
         return lambda masks: cached_subset_logits(model, cache, masks, z_ref)
     attn = model.blocks[0].attn
@@ -411,7 +443,7 @@ def _fast_logits(model: HookedTransformer, cache: AnswerCache, z_ref):
         out = (m @ flat).view(len(m), b, v) + base[None]
         if ref is not None:
             out = out + ((1 - m) @ ref)[:, None]
-        return out
+        return soft_capped(model, out)
 
     return logits
 
@@ -419,7 +451,8 @@ def _fast_logits(model: HookedTransformer, cache: AnswerCache, z_ref):
 def _linear_evaluator(
     model: HookedTransformer, cache: AnswerCache, z_ref, players, value, classes, ablation
 ) -> CoalitionValue:
-    """One-layer attention-only model without a final LayerNorm: the answer logits are affine in the head mask,
+    """One-layer attention-only model without a final LayerNorm or logit soft cap: the answer logits are affine in the
+    head mask,
     ``logits(S) = base + sum_{h in S} c_h``. The logit difference is then affine too (v(S) = a_0 + sum a_h), and
     learned accuracy only needs, per example, the differences ``logit[c] - logit[label]`` for the output columns
     ``c`` that can beat the label for some mask (bounded by summing the positive parts of the per-head
@@ -508,7 +541,8 @@ def coalition_values(
     method: str = "auto",
     reference=None,
     C: float = 1000.0,
-    budget: int = DEFAULT_BUDGET,
+    batch_size: int | None = None,
+    device: str | None = None,
     progress: bool = False,
 ) -> CoalitionValues:
     """v(S) for all ``2**n`` subsets S of ``heads`` (default all heads; at most 24), index = bitmask over ``heads``.
@@ -517,7 +551,9 @@ def coalition_values(
     module doc. ``ablation``: ``"zero"`` or ``"mean"`` (mean ``z`` at the answer positions of ``reference``,
     default ``data``) for the heads outside S. ``train``: the split the separators are fitted on
     (``value="separation"``; default ``task.dataset("train")``). ``solver``: ``"torch"`` (batched) or
-    ``"sklearn"`` (one LinearSVC per coalition) for the separation value. ``method``: ``auto``/``fast``/``hooks``."""
+    ``"sklearn"`` (one LinearSVC per coalition) for the separation value. ``method``: ``auto``/``fast``/``hooks``.
+    ``batch_size``: sequences per forward of the hook method, counting the copies of the batch per coalition (None:
+    from the memory budget)."""
     ev = coalition_evaluator(
         model,
         data,
@@ -530,7 +566,8 @@ def coalition_values(
         method=method,
         reference=reference,
         C=C,
-        budget=budget,
+        batch_size=batch_size,
+        device=device,
     )
     return ev.all(progress)
 
@@ -538,7 +575,9 @@ def coalition_values(
 # ------------------------------------------------------------------------------------------------ separation
 
 
-def _separation_evaluator(model: HookedTransformer, test, players, *, train, task: Task, solver, C) -> CoalitionValue:
+def _separation_evaluator(
+    model: HookedTransformer, test, players, *, train, task: Task, solver, C, batch_size, device
+) -> CoalitionValue:
     if solver not in SOLVERS:
         raise InterpError(f"unknown solver {solver!r}; expected one of {SOLVERS}")
     if train is None:
@@ -548,8 +587,10 @@ def _separation_evaluator(model: HookedTransformer, test, players, *, train, tas
                 "(task data or an AnswerCache) or task=..."
             )
         train = task.dataset("train")
-    tr = as_cache(model, train, attention=False, task=task)
-    te = as_cache(model, test, attention=False, task=task)
+    check_inputs(model, train, task=task, device=device, batch_size=batch_size, what="train")
+    check_inputs(model, test, task=task, what="data")
+    tr = as_cache(model, train, attention=False, batch_size=batch_size)
+    te = as_cache(model, test, attention=False, batch_size=batch_size)
     if tr.task != te.task:
         raise InterpError(f"train data is of task {tr.task!r} but test data of task {te.task!r}")
     x_tr = torch.stack([tr.z[:, l, h] for l, h in players], 1).double().cpu()  # [N, n, e]

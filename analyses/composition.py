@@ -21,10 +21,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.attention import layer_attention
-from interp.device import model_device
+from interp.device import check_device
 from interp.errors import InterpError
 from interp.heads import head_label
-from interp.results import Result, jsonable
+from interp.results import Result, floats, head_of, jsonable
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -33,7 +33,7 @@ MODES = ("Q", "K", "V")
 
 
 def random_baseline(
-    d_model: int, d_head: int, n_samples: int = 1000, seed: int = 0, device=None
+    d_model: int, d_head: int, *, n_samples: int = 1000, seed: int = 0, device=None
 ) -> tuple[float, float]:
     """Mean and standard deviation of the composition score of independent random Gaussian factor pairs
     (``[d_model, d_head] @ [d_head, d_model]``), computed with TransformerLens' ``composition_scores``."""
@@ -147,6 +147,29 @@ class CompositionScores(Result):
             }
         )
 
+    @classmethod
+    def from_dict(cls, d: dict) -> CompositionScores:
+        heads = [head_of(h) for h in d["head_labels"]]
+        L, H = max(l for l, _ in heads) + 1, max(h for _, h in heads) + 1
+        return cls(
+            **{m: floats(d[m]).reshape(L, H, L, H) for m in MODES},
+            baseline_mean=d["baseline_mean"],
+            baseline_std=d["baseline_std"],
+        )
+
+    def text(self) -> str:
+        """The random baseline and the top pairs of each mode."""
+        lines = [
+            f"Q/K/V composition scores of {self.n_layers} layer(s) x {self.n_heads} heads; random baseline "
+            f"{self.baseline_mean:.3f} ± {self.baseline_std:.3f}"
+        ]
+        if self.n_layers < 2:
+            return lines[0] + " (one layer: no composition)"
+        for m in MODES:
+            pairs = ", ".join(f"{r['from']}->{r['to']} {r['score']:.3f} (z {r['z']:.1f})" for r in self.top_pairs(m, 3))
+            lines.append(f"  {m}: {pairs}")
+        return "\n".join(lines)
+
     def figure(self, mode: str = "K"):
         return None if self.n_layers < 2 else self.mode_figure(mode)
 
@@ -162,16 +185,19 @@ class CompositionScores(Result):
         )
 
 
-def composition_scores(model: HookedTransformer, n_baseline: int = 1000, seed: int = 0) -> CompositionScores:
+def composition_scores(
+    model: HookedTransformer, *, n_baseline: int = 1000, seed: int = 0, device: str | None = None
+) -> CompositionScores:
     """Q/K/V composition scores of every head pair (TransformerLens ``all_composition_scores``) plus the
     random baseline for ``d_model`` and ``d_head``. Q- and K-composition read the later head's bilinear score
     ``W_QK``; into a layer with linear or additive pooling (:mod:`interp.attention`), whose scores are no ``q·k``,
     they are undefined: NaN (V-composition stays defined)."""
+    dev = check_device(model, device)
     with torch.inference_mode():
         s = {m: model.all_composition_scores(m).detach().clone() for m in MODES}
         for l in range(model.cfg.n_layers):
             if layer_attention(model, l).pooling != "softmax":  # its scores are no bilinear form q·k: Q/K undefined
                 for m in ("Q", "K"):
                     s[m][:, :, l] = float("nan")
-    mean, std = random_baseline(model.cfg.d_model, model.cfg.d_head, n_baseline, seed=seed, device=model_device(model))
+    mean, std = random_baseline(model.cfg.d_model, model.cfg.d_head, n_samples=n_baseline, seed=seed, device=dev)
     return CompositionScores(**s, baseline_mean=mean, baseline_std=std)

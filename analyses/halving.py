@@ -9,11 +9,11 @@ halving step (higher is kept), all computed on the model as it is at that step (
 - ``learned``: each head's learned accuracy on the validation split (Definition 5.1,
   :func:`analyses.learned_accuracies.learned_accuracy`: every other head zeroed).
 - ``shapley-svc`` / ``shapley-learned``: each head's exact Shapley value (Definition 5.3) over the active heads
-  with v = separation accuracy or learned accuracy: :func:`analyses.coalitions.coalition_values` evaluates v on
-  all 2^n coalitions (the batched SVC for separation: about 40 s on one thread for all 65,536 coalitions of 16 heads, as
-  ``benchmarks/shapley.py`` measures it) and
-  :func:`analyses.shapley.shapley` transforms them, so the thesis's a = 16 runs that it skipped "because of the high
-  computational time" are affordable.
+  with v = separation accuracy or learned accuracy (:func:`analyses.shapley.shapley_values`, exact):
+  :func:`analyses.coalitions.coalition_values` evaluates v on all 2^n coalitions (the batched SVC for separation:
+  about 40 s on one thread for all 65,536 coalitions of 16 heads, as ``benchmarks/shapley.py`` measures it) and
+  :meth:`analyses.coalitions.CoalitionValues.shapley` transforms them, so the thesis's a = 16 runs that it skipped
+  "because of the high computational time" are affordable.
 - ``random`` and ``mask-all-but-one`` are scored in :mod:`interp.halving` (no analysis needed).
 
 :func:`train_halving` is :func:`interp.training.train` with the strategy's scorer wired in (the CLI's
@@ -23,14 +23,14 @@ halving step (higher is kept), all computed on the model as it is at that step (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from interp.configs import SELF_SCORED, STRATEGIES
 from interp.errors import ConfigError, InterpError
 from interp.halving import Scorer
-from interp.heads import Head, parse_heads
+from interp.heads import one_set
 from interp.results import Result, jsonable
 
 from .learned_accuracies import learned_accuracy
@@ -45,45 +45,57 @@ VALUES = ("learned", "svc")
 
 
 def single_head_scores(
-    model: HookedTransformer, heads: Sequence[Head], value: str, *, train=None, data=None, task: Task | None = None
+    model: HookedTransformer,
+    data,
+    *,
+    heads: object,
+    value: str,
+    train=None,
+    task: Task | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> list[float]:
-    """Per head: its separation accuracy (``value="svc"``, fitted on ``train``, scored on ``data``) or its learned
-    accuracy on ``data`` (``value="learned"``)."""
+    """Per head of ``heads`` (one set): its separation accuracy (``value="svc"``, fitted on ``train``, scored on
+    ``data``) or its learned accuracy on ``data`` (``value="learned"``)."""
     if value not in VALUES:
         raise InterpError(f"unknown head value {value!r}; expected one of {VALUES}")
-    subsets = [[h] for h in heads]
+    cfg = model.cfg
+    subsets = [[h] for h in one_set(heads, cfg.n_layers, cfg.n_heads)]
+    kw = dict(heads=subsets, task=task, batch_size=batch_size, device=device)
     if value == "svc":
         if train is None:
             raise InterpError("value='svc' needs train data to fit the separators on")
-        return separation_accuracy(model, train, data, subsets, task=task).accuracy.tolist()
-    return learned_accuracy(model, data, subsets, task=task).accuracy.tolist()
+        return separation_accuracy(model, data, train=train, **kw).accuracy.tolist()
+    return learned_accuracy(model, data, **kw).accuracy.tolist()
 
 
 def shapley_scores(
     model: HookedTransformer,
     data,
-    heads: Sequence,
-    value: str,
     *,
+    heads: object,
+    value: str,
     train=None,
     task: Task | None = None,
     solver: str = "torch",
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> list[float]:
     """Exact Shapley value of each head in ``heads`` over the coalitions of ``heads`` (the other heads zeroed), with
     v = learned accuracy on ``data`` (``value="learned"``) or separation accuracy fitted on ``train`` and scored on
-    ``data`` (``value="svc"``; ``solver="torch"``: the batched SVC, ``"sklearn"``: one LinearSVC per coalition).
-    :func:`analyses.coalitions.coalition_values` and :func:`analyses.shapley.shapley` do the work."""
-    from .coalitions import coalition_values
-    from .shapley import shapley
+    ``data`` (``value="svc"``; ``solver="torch"``: the batched SVC, ``"sklearn"``: one LinearSVC per coalition):
+    :func:`analyses.shapley.shapley_values` with ``method="exact"``."""
+    from .shapley import shapley_values
 
     if value not in VALUES:
         raise InterpError(f"unknown head value {value!r}; expected one of {VALUES}")
     if value == "svc" and train is None:
         raise InterpError("value='svc' needs train data to fit the separators on")
-    cfg = model.cfg
-    heads = parse_heads(heads, cfg.n_layers, cfg.n_heads, allow_empty=False)
     kw = dict(value="separation", train=train, solver=solver) if value == "svc" else dict(value="learned-accuracy")
-    return shapley(coalition_values(model, data, heads=heads, task=task, **kw)).shapley.tolist()
+    res = shapley_values(
+        model, data, heads=heads, method="exact", task=task, batch_size=batch_size, device=device, **kw
+    )
+    return res.shapley.tolist()
 
 
 def scorer(strategy: str) -> Scorer | None:
@@ -97,8 +109,8 @@ def scorer(strategy: str) -> Scorer | None:
 
     def score(model, task: Task, heads, train, val):
         if shapley:
-            return shapley_scores(model, val, heads, value, train=train, task=task)
-        return single_head_scores(model, heads, value, train=train, data=val, task=task)
+            return shapley_scores(model, val, heads=heads, value=value, train=train, task=task)
+        return single_head_scores(model, val, heads=heads, value=value, train=train, task=task)
 
     score.__name__ = f"score_{strategy.replace('-', '_')}"
     return score
@@ -143,6 +155,10 @@ class HalvingHistory(Result):
                 "val_accuracy": self.val_accuracy,
             }
         )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HalvingHistory:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
     def text(self) -> str:
         lines = [

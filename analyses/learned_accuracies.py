@@ -7,18 +7,19 @@ by the head's mean output at the answer positions of a reference set instead.
 Many subsets are evaluated as one batched computation with a subset axis (a mask ``[subset, layer, head]``):
 
 - ``method="hooks"`` (any number of layers): the batch is repeated once per subset in a group of subsets
-  and a ``hook_z`` hook multiplies each copy by its subset's mask;
+  and a ``hook_z`` hook (:func:`interp.ablation.ablation_hooks`, a mask per row) ablates each copy's heads;
 - ``method="fast"`` (one-layer attention-only models, exact): heads of one layer do not interact, so
   ``z`` at the answer position is cached once (:func:`analyses.answer_cache.cache_answer`) and the answer
   logits of every subset are recombined as ``unembed(ln_final(resid_pre + b_O + sum_h m_h z_h W_O[h]))``.
 
-Both are tested equal to :func:`learned_accuracy_loop`, one ``run_with_hooks`` per subset.
+Both are tested equal to :func:`interp.analyses.reference.learned_accuracy_loop`, one ``run_with_hooks`` per subset.
+Heads are ablated by :func:`interp.ablation.ablation_hooks`, the toolkit's one ``hook_z`` ablation.
 Accuracy means ``argmax(logits[answer_pos]) == labels``, as the task's own ``accuracy`` metric.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import TYPE_CHECKING
@@ -27,14 +28,16 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.ablation import ablation_hooks
+from interp.device import model_device
 from interp.errors import HeadError, InterpError
-from interp.evaluation import DEFAULT_BUDGET, check_finite_logits, check_finite_parameters, map_chunks
-from interp.heads import Head, all_heads, head_label, head_mask, parse_head, parse_heads
-from interp.query_forward import resolve_method
-from interp.results import Result, jsonable
+from interp.evaluation import DEFAULT_BUDGET, check_finite_logits, map_chunks
+from interp.heads import Head, all_heads, head_label, head_mask, parse_head, parse_head_sets
+from interp.query_forward import resolve_method, soft_capped, supports_query_forward
+from interp.results import Result, floats, head_of, jsonable
 from interp.task import TaskData
 
-from .answer_cache import AnswerCache, as_cache, check_model_data
+from .answer_cache import AnswerCache, as_cache, check_inputs
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -52,20 +55,33 @@ def head_subsets(n_layers: int, n_heads: int, size: int) -> list[Subset]:
     return list(combinations(all_heads(n_layers, n_heads), size))
 
 
-def parse_subsets(subsets: Iterable, n_layers: int, n_heads: int, *, allow_empty: bool = True) -> list[Subset]:
-    """Each subset as a tuple of ``(layer, head)``; heads may be given as ``'L0H3'``, ``'0.3'`` or pairs."""
-    if isinstance(subsets, (str, tuple)) and not isinstance(subsets, list):
-        raise InterpError(f"expected a list of head subsets (e.g. [['L0H1'], ['L0H1', 'L0H2']]), got {subsets!r}")
-    out = [tuple(parse_heads(s, n_layers, n_heads, allow_empty=allow_empty)) for s in subsets]
-    if not out:
-        raise InterpError("no head subsets were given; expected at least one")
-    return out
+def subsets_of(model: HookedTransformer, heads: object, *, allow_empty: bool = True) -> list[Subset]:
+    """The head sets ``heads=`` names (:func:`interp.heads.parse_head_sets`; None: each head alone), each a tuple of
+    ``(layer, head)`` in the order given."""
+    cfg = model.cfg
+    sets = parse_head_sets(heads, cfg.n_layers, cfg.n_heads, default="each")
+    if not sets:
+        raise InterpError("no head subsets were given (a mask with 0 subsets); expected at least one")
+    if not allow_empty and any(len(s) == 0 for s in sets):
+        raise HeadError("an empty head subset was given where at least one head is needed (a separator needs features)")
+    return sets
 
 
-def mean_head_outputs(model: HookedTransformer, data: TaskData | AnswerCache) -> Float[Tensor, "layer head d_head"]:
+def mean_head_outputs(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    *,
+    task: Task | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> Float[Tensor, "layer head d_head"]:
     """Each head's mean output ``z`` at the answer positions of ``data``: the mean-ablation reference."""
-    cache = as_cache(model, data, attention=False)
-    return cache.z.mean(0)
+    check_inputs(model, data, task=task, device=device, batch_size=batch_size)
+    return _mean_z(model, data, batch_size)
+
+
+def _mean_z(model: HookedTransformer, data, batch_size: int | None = None) -> Tensor:
+    return as_cache(model, data, attention=False, batch_size=batch_size).z.mean(0)
 
 
 @dataclass
@@ -108,6 +124,22 @@ class LearnedAccuracy(Result):
             }
         )
 
+    @classmethod
+    def from_dict(cls, d: dict) -> LearnedAccuracy:
+        return cls(
+            [tuple(head_of(h) for h in s) for s in d["subsets"]], floats(d["accuracy"]), d["ablation"], d["n_examples"]
+        )
+
+    def text(self, top: int = 10) -> str:
+        """The ``top`` best subsets with their accuracy."""
+        order = torch.argsort(self.accuracy.cpu(), descending=True, stable=True)[:top].tolist()
+        lines = [
+            f"learned accuracy of {len(self.subsets)} head subset(s), the other heads {self.ablation}-ablated, on "
+            f"{self.n_examples} examples" + (f" (best {len(order)})" if len(order) < len(self.subsets) else "")
+        ]
+        lines += [f"  {self.names[i]:<24} {float(self.accuracy[i]):.4f}" for i in order]
+        return "\n".join(lines)
+
     def figure(self, top: int = 40):
         """Bar chart of the ``top`` best subsets."""
         import plotly.graph_objects as go
@@ -130,80 +162,98 @@ def subset_name(subset: Subset) -> str:
 def learned_accuracy(
     model: HookedTransformer,
     data: TaskData | AnswerCache,
-    subsets: Iterable,
     *,
+    heads: object = None,
     ablation: str = "zero",
-    reference=None,
+    reference: TaskData | AnswerCache | None = None,
     method: str = "auto",
     task: Task | None = None,
-    budget: int = DEFAULT_BUDGET,
-    cache: AnswerCache | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> LearnedAccuracy:
-    """A_l(H) for every H in ``subsets`` (a list of head lists; ``[]`` is the direct path alone).
+    """A_l(H) for every head set H of ``heads`` (any spelling of :func:`interp.heads.parse_head_sets`: a list of
+    head lists, a mask ``[subset, layer, head]``; ``[]`` is the direct path alone; default: each head alone).
 
-    ``ablation``: ``"zero"`` or ``"mean"`` (the ablated heads output their mean ``z`` at the answer
-    positions of ``reference``, default ``data``). ``method``: ``"fast"``, ``"hooks"`` or ``"auto"``
-    (fast when the model allows). ``cache``: an :class:`AnswerCache` of ``data`` to reuse (fast method)."""
-    if isinstance(data, AnswerCache):  # an answer cache is enough for the fast method
-        cache, method = data, ("fast" if method == "auto" else method)
-        if method != "fast":
-            raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")
-        check_finite_parameters(model)
-    else:
-        check_model_data(model, data, task)
-    cfg = model.cfg
-    parsed = parse_subsets(subsets, cfg.n_layers, cfg.n_heads)
-    logits = subset_answer_logits(
-        model, data, parsed, ablation=ablation, reference=reference, method=method, budget=budget, cache=cache
-    )
+    ``data``: task data, or an :class:`AnswerCache` of it (reused by the fast method; the hook method uses the data
+    it was computed from). ``ablation``: ``"zero"`` or ``"mean"`` (the ablated heads output their mean ``z`` at the
+    answer positions of ``reference``, default ``data``). ``method``: ``"fast"``, ``"hooks"`` or ``"auto"`` (fast
+    when the model allows). ``batch_size``: sequences per forward of the hook method, counting the copies of the
+    batch per subset (None: from the memory budget)."""
+    check_inputs(model, data, task=task, device=device, batch_size=batch_size)
+    parsed = subsets_of(model, heads)
+    logits = _subset_logits(model, data, parsed, ablation, reference, method, batch_size)
     check_finite_logits(logits, "the answer logits under these ablations")
     labels = data.labels.to(logits.device)
     acc = (logits.argmax(-1) == labels[None]).float().mean(-1)
     return LearnedAccuracy(parsed, acc, ablation, len(data))
 
 
-def learned_accuracy_of(model: HookedTransformer, data: TaskData | AnswerCache, heads, **kw) -> float:
-    """A_l(H) of one subset ``heads`` (e.g. ``['L0H8', 'L0H9']``; ``[]``: the direct path alone)."""
-    return float(learned_accuracy(model, data, [heads], **kw).accuracy[0])
+def learned_accuracy_of(model: HookedTransformer, data: TaskData | AnswerCache, *, heads: object, **kw) -> float:
+    """A_l(H) of one head set ``heads`` (e.g. ``['L0H8', 'L0H9']``; ``[]``: the direct path alone)."""
+    res = learned_accuracy(model, data, heads=heads, **kw)
+    if len(res.subsets) != 1:
+        raise HeadError(f"learned_accuracy_of takes one head set, got {len(res.subsets)}: use learned_accuracy")
+    return float(res.accuracy[0])
 
 
 def learned_accuracy_of_size(
-    model: HookedTransformer, data: TaskData | AnswerCache, size: int, **kw
+    model: HookedTransformer, data: TaskData | AnswerCache, *, size: int, **kw
 ) -> LearnedAccuracy:
     """A_l(H) for every subset of ``size`` heads (1: singles, 2: pairs, 3: triples)."""
-    return learned_accuracy(model, data, head_subsets(model.cfg.n_layers, model.cfg.n_heads, size), **kw)
+    return learned_accuracy(model, data, heads=head_subsets(model.cfg.n_layers, model.cfg.n_heads, size), **kw)
 
 
 def subset_answer_logits(
     model: HookedTransformer,
     data: TaskData | AnswerCache,
-    subsets: Sequence[Sequence[Head]],
     *,
+    heads: object = None,
     ablation: str = "zero",
-    reference=None,
+    reference: TaskData | AnswerCache | None = None,
     method: str = "auto",
-    budget: int = DEFAULT_BUDGET,
-    cache: AnswerCache | None = None,
+    task: Task | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> Float[Tensor, "subset batch vocab_out"]:
-    """The answer-position logits of every example under every subset's ablation."""
+    """The answer-position logits of every example under every head set's ablation (arguments as
+    :func:`learned_accuracy`)."""
+    check_inputs(model, data, task=task, device=device, batch_size=batch_size)
+    return _subset_logits(model, data, subsets_of(model, heads), ablation, reference, method, batch_size)
+
+
+def _subset_logits(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    subsets: Sequence[Sequence[Head]],
+    ablation: str,
+    reference,
+    method: str,
+    batch_size: int | None,
+) -> Float[Tensor, "subset batch vocab_out"]:
+    """:func:`subset_answer_logits` of checked inputs."""
     if ablation not in ABLATIONS:
         raise InterpError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
+    cache = data if isinstance(data, AnswerCache) else None
+    if cache is not None and method == "auto":  # a cache serves the fast path; a deep model runs the cache's data
+        method = "fast" if supports_query_forward(model) or cache.data is None else "hooks"
     method = resolve_method(model, method)
+    if method == "hooks" and cache is not None:
+        if cache.data is None:
+            raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")
+        data = cache.data
     cfg = model.cfg
-    device = next(model.parameters()).device
+    device = model_device(model)
     masks = head_mask(subsets, cfg.n_layers, cfg.n_heads, device)
     z_ref = None
     if ablation == "mean":
-        ref = reference if reference is not None else (cache if cache is not None else data)
-        z_ref = mean_head_outputs(model, ref).to(device)
+        z_ref = _mean_z(
+            model, reference if reference is not None else (cache if cache is not None else data), batch_size
+        )
+        z_ref = z_ref.to(device)
     if method == "fast":
-        cache = cache if cache is not None else as_cache(model, data, attention=False)
-        if len(cache) != len(data):
-            raise InterpError(
-                f"the cache holds {len(cache)} examples but the data {len(data)}; pass the cache of this data"
-            )
+        cache = cache if cache is not None else as_cache(model, data, attention=False, batch_size=batch_size)
         return cached_subset_logits(model, cache, masks, z_ref)
-    return hooked_subset_logits(model, data, masks, z_ref, budget)
+    return hooked_subset_logits(model, data, masks, z_ref, batch_size)
 
 
 def cached_subset_logits(
@@ -213,7 +263,8 @@ def cached_subset_logits(
     z_ref: Float[Tensor, "layer head d_head"] | None = None,
     block_elems: int = 1 << 24,
 ) -> Float[Tensor, "subset batch vocab_out"]:
-    """Exact answer logits per subset for a one-layer attention-only model, from cached ``z``."""
+    """Exact answer logits per subset for a one-layer attention-only model, from cached ``z`` (``block_elems``:
+    numbers of the residual stream per block of subsets)."""
     attn = model.blocks[0].attn
     z = cache.z[:, 0]  # [b, h, e]
     with torch.inference_mode():
@@ -230,18 +281,8 @@ def cached_subset_logits(
                 resid = resid + torch.einsum("sh,hd->sd", 1 - mi, r_ref)[:, None]
             if hasattr(model, "ln_final"):
                 resid = model.ln_final(resid)
-            out.append(model.unembed(resid))
+            out.append(soft_capped(model, model.unembed(resid)))
     return torch.cat(out)
-
-
-def _mask_hook(layer: int, rows: Float[Tensor, "rows layer head"], z_ref):
-    def hook(z, hook):
-        m = rows[:, layer][:, None, :, None].to(z.dtype)
-        if z_ref is None:
-            return z * m
-        return z * m + z_ref[layer][None, None] * (1 - m)
-
-    return hook
 
 
 def hooked_subset_logits(
@@ -249,67 +290,31 @@ def hooked_subset_logits(
     data: TaskData,
     masks: Float[Tensor, "subset layer head"],
     z_ref=None,
-    budget: int = DEFAULT_BUDGET,
+    batch_size: int | None = None,
 ) -> Float[Tensor, "subset batch vocab_out"]:
-    """Answer logits per subset through ``hook_z`` hooks, any number of layers: each forward runs a group of
-    subsets at once on a repeated batch (subset-major), with at most ``budget`` attention entries per head."""
+    """Answer logits per subset through :func:`interp.ablation.ablation_hooks`, any number of layers: each forward
+    runs a group of subsets at once on a repeated batch (subset-major), with at most ``batch_size`` sequences
+    (counting the copies) or, where that is None, ``DEFAULT_BUDGET`` attention entries per head."""
     S = masks.shape[0]
-    L = model.cfg.n_layers
 
     def fn(chunk: TaskData) -> dict[str, Tensor]:
         b, t = chunk.tokens.shape
-        group = max(1, budget // max(1, b * t * t))
+        group = max(1, (batch_size // b) if batch_size is not None else DEFAULT_BUDGET // max(1, b * t * t))
         rows = torch.arange(b, device=chunk.tokens.device)
         outs = []
         with torch.inference_mode():
             for i in range(0, S, group):
                 g = masks[i : i + group]
                 big = chunk.tokens.repeat(len(g), 1)
-                row_mask = g.repeat_interleave(b, 0)
-                hooks = [(f"blocks.{l}.attn.hook_z", _mask_hook(l, row_mask, z_ref)) for l in range(L)]
+                hooks = ablation_hooks(model, g.repeat_interleave(b, 0), z_ref)
                 logits = model.run_with_hooks(big, fwd_hooks=hooks).view(len(g), b, t, -1)
                 outs.append(logits[:, rows, chunk.answer_pos])  # [g, b, v]
         return {"logits": torch.cat(outs).transpose(0, 1)}  # [b, S, v]
 
     # smaller data chunks so that several subsets fit in one forward
-    out = map_chunks(model, data, fn, budget=max(1, budget // min(S, 16)))
+    share = min(S, 16)
+    if batch_size is not None:
+        out = map_chunks(model, data, fn, batch_size=max(1, batch_size // share))
+    else:
+        out = map_chunks(model, data, fn, budget=max(1, DEFAULT_BUDGET // share))
     return out["logits"].transpose(0, 1)
-
-
-def learned_accuracy_loop(
-    model: HookedTransformer,
-    data: TaskData,
-    subsets: Iterable,
-    *,
-    ablation: str = "zero",
-    reference=None,
-    task: Task | None = None,
-) -> LearnedAccuracy:
-    """The slow reference: one ``run_with_hooks`` pass over the data per subset (tests and benchmarks)."""
-    check_model_data(model, data, task)
-    cfg = model.cfg
-    parsed = parse_subsets(subsets, cfg.n_layers, cfg.n_heads)
-    device = next(model.parameters()).device
-    z_ref = None
-    if ablation == "mean":
-        z_ref = mean_head_outputs(model, reference if reference is not None else data).to(device)
-    accs = []
-    for subset in parsed:
-        mask = head_mask([subset], cfg.n_layers, cfg.n_heads, device)[0]
-
-        def fn(chunk: TaskData, mask: Tensor = mask) -> dict[str, Tensor]:
-            hooks = []
-            for l in range(cfg.n_layers):
-
-                def hook(z, hook, l=l):
-                    m = mask[l][None, None, :, None]
-                    return z * m if z_ref is None else z * m + z_ref[l][None, None] * (1 - m)
-
-                hooks.append((f"blocks.{l}.attn.hook_z", hook))
-            with torch.inference_mode():
-                logits = model.run_with_hooks(chunk.tokens, fwd_hooks=hooks)
-            rows = torch.arange(len(chunk), device=logits.device)
-            return {"ok": logits[rows, chunk.answer_pos].argmax(-1) == chunk.labels}
-
-        accs.append(map_chunks(model, data, fn)["ok"].float().mean())
-    return LearnedAccuracy(parsed, torch.stack(accs), ablation, len(data))

@@ -41,11 +41,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.attention import is_variant
-from interp.device import model_device
+from interp.device import check_device, model_device
 from interp.errors import HeadError, InterpError, TaskError, TokenError
-from interp.evaluation import DEFAULT_BUDGET, check_tokens
-from interp.heads import head_label, parse_heads
-from interp.results import Result, jsonable
+from interp.evaluation import DEFAULT_BUDGET, check_batch_size, check_tokens
+from interp.heads import head_label, one_set
+from interp.results import Result, floats, head_of, jsonable
 from interp.task import TaskData
 
 if TYPE_CHECKING:
@@ -85,11 +85,19 @@ def _tokens(x, what: str) -> Tensor:
     )
 
 
-def _check_inputs(model: HookedTransformer, clean, corrupted) -> tuple[Tensor, Tensor]:
-    """Both inputs' tokens on the model's device, after refusing: data the model cannot take (tokens out of its
-    vocabulary or context, task data of a task whose vocabulary does not fit it, empty data), clean and corrupted
-    data of different tasks or shapes, and answers at different positions."""
+def _check_inputs(
+    model: HookedTransformer, clean, corrupted, device=None, batch_size: object = None
+) -> tuple[Tensor, Tensor]:
+    """Both inputs' tokens on the model's device, after refusing: another ``device`` than the model's, a
+    ``batch_size`` that is not a positive integer, data the model cannot take (tokens out of its vocabulary or
+    context, task data of a task whose vocabulary does not fit it, empty data), clean and corrupted data of different
+    tasks or shapes, and answers at different positions."""
     from .answer_cache import check_model_data
+
+    check_device(model, device)
+    check_batch_size(batch_size)
+    if corrupted is None:
+        raise TaskError("patching needs the corrupted run: pass corrupted=... (task data or tokens like data)")
 
     if isinstance(clean, TaskData) and isinstance(corrupted, TaskData):
         if clean.task != corrupted.task:
@@ -323,16 +331,17 @@ def _attend_from_row(
     return out
 
 
-def _rows_per_chunk(model: HookedTransformer, T: int, budget: int | None) -> int:
-    """Rows of a stacked chunk: on CPU small enough that a row block's activations stay in cache (measured: 64
-    rows of the shipped induction model ran 2x faster per row than 512); elsewhere ``budget`` rows x pos x pos."""
+def _rows_per_chunk(model: HookedTransformer, T: int, batch_size: int | None) -> int:
+    """Rows (``variant x example`` sequences) of a stacked chunk: ``batch_size`` where given; else, on CPU, small
+    enough that a row block's activations stay in cache (measured: 64 rows of the shipped induction model ran 2x
+    faster per row than 512), elsewhere ``DEFAULT_BUDGET`` rows x pos x pos."""
     cfg = model.cfg
-    if budget is None:
-        if model_device(model).type == "cpu":
-            per_row = T * max(cfg.d_model, cfg.n_heads * T, 0 if cfg.attn_only else (cfg.d_mlp or 0))
-            return max(1, CPU_CHUNK_ELEMENTS // per_row)
-        budget = DEFAULT_BUDGET
-    return max(1, budget // (T * T))
+    if batch_size is not None:
+        return batch_size
+    if model_device(model).type == "cpu":
+        per_row = T * max(cfg.d_model, cfg.n_heads * T, 0 if cfg.attn_only else (cfg.d_mlp or 0))
+        return max(1, CPU_CHUNK_ELEMENTS // per_row)
+    return max(1, DEFAULT_BUDGET // (T * T))
 
 
 # -- activation patching -----------------------------------------------------------------------------------------
@@ -357,6 +366,7 @@ class ActivationPatching(Result):
     layers: list[int]
     pos_labels: list[str] = field(default_factory=list)
     n_examples: int = 0
+    kv_heads: bool = False  # the head axis counts key/value heads (k or v under grouped-query attention)
 
     @property
     def normalized(self) -> Tensor:
@@ -371,12 +381,16 @@ class ActivationPatching(Result):
             if d == "layer":
                 out["layer"] = self.layers[i]
             elif d == "head":
-                out["head"] = head_label(self.layers[idx[0]], i)
+                out["head"] = self._head_name(self.layers[idx[0]], i)
             else:
                 out["pos"] = i
                 if self.pos_labels:
                     out["token"] = self.pos_labels[i]
         return out
+
+    def _head_name(self, layer: int, i: int) -> str:
+        """``L0H3``, or ``L0KV1`` for a key/value head of grouped-query attention."""
+        return f"L{layer}KV{i}" if self.kv_heads else head_label(layer, i)
 
     def top(self, k: int = 10) -> list[dict]:
         """The ``k`` indices whose patch moves the metric most (by ``|normalized|``, else ``|values - base|``)."""
@@ -410,7 +424,25 @@ class ActivationPatching(Result):
                 "values": self.values,
                 "normalized": self.normalized,
                 "top": self.top(10),
+                "kv_heads": self.kv_heads,
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ActivationPatching:
+        return cls(
+            values=floats(d["values"], torch.float32),  # float32, as computed: normalized and top are recomputed
+            dims=tuple(d["dims"]),
+            where=d["where"],
+            per=d["per"],
+            direction=d["direction"],
+            metric=d["metric"],
+            clean=d["clean"],
+            corrupted=d["corrupted"],
+            layers=list(d["layers"]),
+            pos_labels=list(d["pos_labels"]),
+            n_examples=d["n_examples"],
+            kv_heads=d.get("kv_heads", False),
         )
 
     def text(self) -> str:
@@ -418,6 +450,8 @@ class ActivationPatching(Result):
             f"activation patching ({self.direction}) at {self.where} per {self.per}, metric {self.metric}: "
             f"clean {self.clean:.4g}, corrupted {self.corrupted:.4g} ({self.n_examples} examples)"
         ]
+        if self.kv_heads:
+            lines.append("  (grouped-query attention: one value per key/value head LxKVy, shared by its query heads)")
         for r in self.top(5):
             where = " ".join(f"{k} {v}" for k, v in r.items() if k not in ("value", "normalized"))
             lines.append(f"  {where}: {r['value']:.4g} (normalized {r['normalized']:.3f})")
@@ -441,10 +475,10 @@ class ActivationPatching(Result):
         pos = [f"{p} {t}".strip() for p, t in zip(range(z.shape[-1]), self.pos_labels or [""] * z.shape[-1])]
         n_heads = z.shape[1] if len(self.dims) > 1 and self.dims[1] == "head" else 0
         if self.dims == ("layer", "head", "pos"):
-            rows = [head_label(l, h) for l in self.layers for h in range(n_heads)]
+            rows = [self._head_name(l, h) for l in self.layers for h in range(n_heads)]
             z, x, y = z.reshape(-1, z.shape[-1]), pos, rows
         elif self.dims == ("layer", "head"):
-            x, y = [f"H{h}" for h in range(n_heads)], [f"L{l}" for l in self.layers]
+            x, y = [f"{'KV' if self.kv_heads else 'H'}{h}" for h in range(n_heads)], [f"L{l}" for l in self.layers]
         elif self.dims == ("layer", "pos"):
             x, y = pos, [f"L{l}" for l in self.layers]
         else:
@@ -495,18 +529,22 @@ def _patch_hook(masks: Tensor, source: Tensor, kind: str):
 
 def activation_patching(
     model: HookedTransformer,
-    clean: TaskData | Int[Tensor, "batch pos"],
+    data: TaskData | Int[Tensor, "batch pos"],
+    *,
     corrupted: TaskData | Int[Tensor, "batch_c pos_c"],
     metric: str | Callable = "logit_diff",
     where: str = "z",
     per: str | None = None,
     layers: Sequence[int] | None = None,
     direction: str = "denoising",
-    budget: int | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> ActivationPatching:
     """Patch ``where`` from the source run into the base run at every index of ``per`` in ``layers`` (default all)
-    and measure ``metric``; all variants of a layer are stacked along the batch axis, in chunks (``budget``: rows x
-    pos x pos per chunk; default: cache-sized chunks on CPU, ``interp.evaluation.DEFAULT_BUDGET`` elsewhere).
+    and measure ``metric``; ``data`` is the clean run and ``corrupted`` the corrupted one (``direction`` says which
+    is patched into which). All variants of a layer are stacked along the batch axis, in chunks of ``batch_size``
+    sequences (``variant x example``; default: cache-sized chunks on CPU, ``interp.evaluation.DEFAULT_BUDGET``
+    attention entries elsewhere).
 
     ``where``: ``"z"`` (head outputs; also ``"q"``, ``"k"``, ``"v"``), ``"pattern"`` (attention patterns),
     ``"resid_pre"`` (also ``"resid_mid"``, ``"resid_post"``, ``"attn_out"``, ``"mlp_out"``). ``per``: for head
@@ -526,15 +564,24 @@ def activation_patching(
         raise InterpError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
     if where in ("mlp_out", "resid_mid") and model.cfg.attn_only:
         raise InterpError(f"{where!r} does not exist in an attention-only model (it has no MLP)")
+    if where == "resid_mid" and getattr(model.cfg, "parallel_attn_mlp", False):
+        raise InterpError(
+            "'resid_mid' does not exist in a parallel attention + MLP block (parallel_attn_mlp=True: attention and "
+            "MLP both read resid_pre); patch 'resid_pre', 'attn_out', 'mlp_out' or 'resid_post'"
+        )
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    kv_heads = where in ("k", "v") and _kv_heads(model) != n_heads  # grouped-query: one key/value head per group
+    if kv_heads:
+        n_heads = _kv_heads(model)
     layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
     if not layers:
         raise HeadError(f"layers=[] names no layer to patch; give at least one of 0..{n_layers - 1}, or None for all")
     bad = [l for l in layers if not 0 <= l < n_layers]
     if bad:
         raise HeadError(f"layers {bad} are out of range; this model has layers 0..{n_layers - 1}")
+    clean = data
+    clean_t, corr_t = _check_inputs(model, clean, corrupted, device, batch_size)
     metric = variant_metric(metric, clean, corrupted)
-    clean_t, corr_t = _check_inputs(model, clean, corrupted)
     base, source = (corr_t, clean_t) if direction == "denoising" else (clean_t, corr_t)
     B, T = base.shape
     shortcut = where == "z" and _linear_z(model)
@@ -554,7 +601,7 @@ def activation_patching(
 
     dev = base.device
     masks, shape = _variant_masks(kind, per, n_heads, T, dev)
-    chunk = max(1, _rows_per_chunk(model, T, budget) // B)
+    chunk = max(1, _rows_per_chunk(model, T, batch_size) // B)
     out = []
     for l in layers:
         src, act = src_cache[hook_name(where, l)], base_cache[hook_name(where, l)]
@@ -592,7 +639,13 @@ def activation_patching(
         layers=layers,
         pos_labels=_pos_labels(clean, clean_t),
         n_examples=B,
+        kv_heads=kv_heads,
     )
+
+
+def _kv_heads(model: HookedTransformer) -> int:
+    """The key/value heads of each layer: ``n_key_value_heads`` under grouped-query attention, else ``n_heads``."""
+    return getattr(model.cfg, "n_key_value_heads", None) or model.cfg.n_heads
 
 
 def _linear_z(model: HookedTransformer) -> bool:
@@ -659,6 +712,7 @@ class PathPatching(Result):
     corrupted: float
     qkv: tuple[str, ...] = QKV
     n_examples: int = 0
+    kv_group: int = 1  # query heads per key/value head (grouped-query attention); their k and v inputs are shared
 
     @property
     def normalized(self) -> Tensor:
@@ -667,21 +721,32 @@ class PathPatching(Result):
             (self.values - self.corrupted) / span if abs(span) > 1e-12 else torch.full_like(self.values, float("nan"))
         )
 
+    def _receiver(self, r: tuple[int, int], q: str) -> str:
+        """The receiving input's head: the query head, or (grouped-query attention) ``LxKVy`` for k and v."""
+        return head_label(*r) if q == "q" or self.kv_group == 1 else f"L{r[0]}KV{r[1] // self.kv_group}"
+
     def rows(self) -> list[dict]:
+        """One row per (sender, receiving head, input); under grouped-query attention one per key/value head for
+        the k and v inputs (the query heads of a group share it)."""
         n = self.normalized
-        return [
-            {
-                "sender": head_label(*s),
-                "receiver": head_label(*r),
-                "input": q,
-                "value": float(self.values[i, j, k]),
-                "normalized": float(n[i, j, k]),
-            }
-            for i, s in enumerate(self.senders)
-            for j, r in enumerate(self.receivers)
-            for k, q in enumerate(self.qkv)
-            if not torch.isnan(self.values[i, j, k])
-        ]
+        out, done = [], set()
+        for i, s in enumerate(self.senders):
+            for j, r in enumerate(self.receivers):
+                for k, q in enumerate(self.qkv):
+                    name = self._receiver(r, q)
+                    if torch.isnan(self.values[i, j, k]) or (i, name, q) in done:
+                        continue
+                    done.add((i, name, q))
+                    out.append(
+                        {
+                            "sender": head_label(*s),
+                            "receiver": name,
+                            "input": q,
+                            "value": float(self.values[i, j, k]),
+                            "normalized": float(n[i, j, k]),
+                        }
+                    )
+        return out
 
     def top(self, k: int = 5) -> list[dict]:
         base = self.corrupted if self.direction == "denoising" else self.clean
@@ -698,8 +763,34 @@ class PathPatching(Result):
                 "qkv": list(self.qkv),
                 "senders": [head_label(*s) for s in self.senders],
                 "receivers": [head_label(*r) for r in self.receivers],
+                "kv_group": self.kv_group,
                 "rows": self.rows(),
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PathPatching:
+        senders, receivers, qkv = [head_of(h) for h in d["senders"]], [head_of(h) for h in d["receivers"]], d["qkv"]
+        values = torch.full((len(senders), len(receivers), len(qkv)), float("nan"))
+        res = cls(values, senders, receivers, d["direction"], d["metric"], d["clean"], d["corrupted"], tuple(qkv))
+        res.kv_group = d.get("kv_group", 1)
+        s_at = {head_label(*h): i for i, h in enumerate(senders)}
+        for r in d["rows"]:
+            k = qkv.index(r["input"])
+            for j, h in enumerate(receivers):  # every receiving head the row stands for (a group shares k and v)
+                if res._receiver(h, r["input"]) == r["receiver"]:
+                    values[s_at[r["sender"]], j, k] = r["value"]
+        return cls(
+            values=values,
+            senders=senders,
+            receivers=receivers,
+            direction=d["direction"],
+            metric=d["metric"],
+            clean=d["clean"],
+            corrupted=d["corrupted"],
+            qkv=tuple(qkv),
+            n_examples=d["n_examples"],
+            kv_group=res.kv_group,
         )
 
     def text(self) -> str:
@@ -750,19 +841,22 @@ class PathPatching(Result):
 
 def path_patching(
     model: HookedTransformer,
-    clean,
-    corrupted,
+    data: TaskData | Int[Tensor, "batch pos"],
+    *,
+    corrupted: TaskData | Int[Tensor, "batch_c pos_c"],
     metric: str | Callable = "logit_diff",
-    senders=None,
-    receivers=None,
+    senders: object = None,
+    receivers: object = None,
     qkv: Sequence[str] = QKV,
     direction: str = "denoising",
-    budget: int | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> PathPatching:
     """For every sender head, receiver head in a later layer and input in ``qkv``: the metric when the sender's
     output ``z W_O`` on the source run replaces its base-run output in that input of that receiver only (all
-    variants stacked along the batch axis). Defaults: senders = the heads of layer 0, receivers = every head of
-    the later layers."""
+    variants stacked along the batch axis, ``batch_size`` sequences per chunk). ``data`` is the clean run,
+    ``corrupted`` the corrupted one. Defaults: senders = the heads of layer 0, receivers = every head of the later
+    layers (``senders``/``receivers``: a head or a list of heads)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if n_layers < 2:
         raise HeadError("path patching needs a later layer to receive the sender's output; this model has one layer")
@@ -772,18 +866,17 @@ def path_patching(
     if not qkv or any(q not in QKV for q in qkv) or len(set(qkv)) != len(qkv):
         raise InterpError(f"qkv must be distinct inputs among {QKV}, got {qkv}")
     senders = (
-        [(0, h) for h in range(n_heads)]
-        if senders is None
-        else parse_heads(senders, n_layers, n_heads, allow_empty=False)
+        [(0, h) for h in range(n_heads)] if senders is None else one_set(senders, n_layers, n_heads, name="senders")
     )
     s_min = min(l for l, _ in senders)
     receivers = (
         [(l, h) for l in range(s_min + 1, n_layers) for h in range(n_heads)]
         if receivers is None
-        else parse_heads(receivers, n_layers, n_heads, allow_empty=False)
+        else one_set(receivers, n_layers, n_heads, name="receivers")
     )
+    clean = data
+    clean_t, corr_t = _check_inputs(model, clean, corrupted, device, batch_size)
     metric = variant_metric(metric, clean, corrupted)
-    clean_t, corr_t = _check_inputs(model, clean, corrupted)
     base, source = (corr_t, clean_t) if direction == "denoising" else (clean_t, corr_t)
     B, T = base.shape
     s_layers = sorted({l for l, _ in senders})
@@ -810,32 +903,44 @@ def path_patching(
     moves = (seen != 0).flatten(1).any(1)  # a sender whose output does not change where the metric sees changes nothing
 
     values = torch.full((len(senders), len(receivers), len(qkv)), float("nan"))
-    chunk = max(1, _rows_per_chunk(model, T, budget) // B)
+    chunk = max(1, _rows_per_chunk(model, T, batch_size) // B)
     was = model.cfg.use_split_qkv_input
     model.set_use_split_qkv_input(True)
     rows_last = metric.positions is not None and _query_rows_apply(model, split_ok=True)
+    group = n_heads // _kv_heads(model)  # query heads per key/value head (grouped-query attention; 1 otherwise)
+
+    def slot(j: int, letter: str) -> int:
+        """The head of the receiver's ``letter`` input: its own query head, its group's key/value head."""
+        return receivers[j][1] if letter == "q" else receivers[j][1] // group
+
     try:
         for rl in r_layers:  # stacked runs per receiver layer, each started there
-            variants = []
+            variants, same = [], {}  # same: a key/value head's variant, shared by the query heads of its group
             for i, (sl, _) in enumerate(senders):
                 for j, (l, _) in enumerate(receivers):
-                    for k in range(len(qkv)):
+                    for k, letter in enumerate(qkv):
                         if l != rl or sl >= rl:
                             continue
-                        if moves[i]:
-                            variants.append((i, j, k))
-                        else:
+                        if not moves[i]:
                             values[i, j, k] = base_m
+                            continue
+                        key = (i, slot(j, letter), k)
+                        if letter != "q" and key in same:
+                            same[key].append((i, j, k))
+                            continue
+                        same[key] = [(i, j, k)]
+                        variants.append((i, j, k))
             for s in range(0, len(variants), chunk):
                 part = variants[s : s + chunk]
                 n = len(part)
                 adds = {}
                 for k, letter in enumerate(qkv):
-                    add = torch.zeros(n, B, T, n_heads, model.cfg.d_model, device=base.device, dtype=delta.dtype)
+                    width = n_heads if letter == "q" else n_heads // group
+                    add = torch.zeros(n, B, T, width, model.cfg.d_model, device=base.device, dtype=delta.dtype)
                     for v, (i, j, kk) in enumerate(part):
                         if kk == k:
-                            add[v, :, :, receivers[j][1]] = delta[i]
-                    adds[letter] = add.reshape(n * B, T, n_heads, -1)
+                            add[v, :, :, slot(j, letter)] = delta[i]
+                    adds[letter] = add.reshape(n * B, T, width, -1)
                 resid = base_cache[f"blocks.{rl}.hook_resid_pre"].repeat(n, 1, 1)
                 if rows_last and rl == n_layers - 1:  # the receivers' layer is the last: its answer rows only
                     vals = _stacked_run(model, resid, base, rl, [], metric, n, adds=adds).float().cpu()
@@ -846,7 +951,8 @@ def path_patching(
                     ]
                     vals = _stacked_run(model, resid, base, rl, hooks, metric, n).float().cpu()
                 for v, (i, j, k) in enumerate(part):
-                    values[i, j, k] = vals[v]
+                    for ii, jj, kk in same.get((i, slot(j, qkv[k]), k), [(i, j, k)]):
+                        values[ii, jj, kk] = vals[v]
     finally:
         model.set_use_split_qkv_input(was)
     return PathPatching(
@@ -859,41 +965,5 @@ def path_patching(
         corrupted=corr_m,
         qkv=qkv,
         n_examples=B,
+        kv_group=group,
     )
-
-
-def path_patching_loop(
-    model: HookedTransformer, clean, corrupted, metric: Callable, senders, receivers, direction: str = "denoising"
-) -> Float[Tensor, "sender receiver qkv"]:
-    """The slow reference for :func:`path_patching`: one ``run_with_hooks`` per (sender, receiver, input), adding the
-    sender head's change of output (``hook_z`` through its ``W_O``) to that one receiver's query, key or value input
-    only. ``metric`` maps logits to a number; ``senders``/``receivers`` are ``(layer, head)`` pairs. Used by the
-    tests and ``benchmarks/patching.py``."""
-    base, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
-    out = torch.full((len(senders), len(receivers), 3), float("nan"))
-    with torch.inference_mode():
-        _, bc = model.run_with_cache(base.tokens)
-        _, sc = model.run_with_cache(source.tokens)
-    model.set_use_split_qkv_input(True)
-    try:
-        with torch.inference_mode():
-            for i, (sl, sh) in enumerate(senders):
-                z = f"blocks.{sl}.attn.hook_z"
-                delta = (sc[z][:, :, sh] - bc[z][:, :, sh]) @ model.W_O[sl, sh]
-                for j, (rl, rh) in enumerate(receivers):
-                    if rl <= sl:
-                        continue
-                    for k, letter in enumerate(QKV):
-
-                        def add(x, hook, rh=rh, delta=delta):
-                            x = x.clone()
-                            x[:, :, rh] += delta
-                            return x
-
-                        logits = model.run_with_hooks(
-                            base.tokens, fwd_hooks=[(f"blocks.{rl}.hook_{letter}_input", add)]
-                        )
-                        out[i, j, k] = float(metric(logits))
-    finally:
-        model.set_use_split_qkv_input(False)
-    return out

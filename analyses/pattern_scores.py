@@ -21,6 +21,7 @@ in TL's scale. The detection patterns themselves (duplicate tokens, shifted dupl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -28,11 +29,13 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.device import model_device
+from interp.ablation import ablation_hooks
+from interp.device import check_device
 from interp.errors import HeadError, InterpError
-from interp.evaluation import check_tokens
-from interp.heads import head_label, head_mask, parse_heads
-from interp.results import Result, jsonable
+from interp.evaluation import check_batch_size, check_tokens
+from interp.heads import head_label, head_mask, one_set
+from interp.results import Result, head_of, jsonable
+from interp.task import TaskData
 from interp.visualize import attention_patterns, render_table
 
 SCORES = ("induction", "prev_token", "duplicate", "bos")
@@ -146,8 +149,14 @@ class HeadScores(Result):
     prev_token: Float[Tensor, "layer head"]
     duplicate: Float[Tensor, "layer head"]
     bos: Float[Tensor, "layer head"]
-    tokens: Int[Tensor, "batch pos"] = field(repr=False)
+    tokens: Int[Tensor, "batch pos"] | None = field(repr=False)  # None in a result read back by from_dict
     ci: dict = field(default_factory=dict, repr=False)
+    n_seqs: int = 0
+    seq_len: int = 0
+
+    def __post_init__(self):
+        if self.tokens is not None:
+            self.n_seqs, self.seq_len = (int(x) for x in self.tokens.shape)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -179,9 +188,35 @@ class HeadScores(Result):
         return rows
 
     def to_dict(self) -> dict:
-        return jsonable(
-            {"n_seqs": self.tokens.shape[0], "seq_len": self.tokens.shape[1], "ci_level": 0.95, "heads": self.rows()}
-        )
+        return jsonable({"n_seqs": self.n_seqs, "seq_len": self.seq_len, "ci_level": 0.95, "heads": self.rows()})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HeadScores:
+        """The scores and intervals ``to_dict`` wrote (not the sequences they were measured on)."""
+        rows = d["heads"]
+        heads = [head_of(r["head"]) for r in rows]
+        shape = (max(l for l, _ in heads) + 1, max(h for _, h in heads) + 1)
+
+        def grid(values) -> Tensor:
+            t = torch.full(shape, float("nan"))
+            for (l, h), v in zip(heads, values):
+                t[l, h] = float("nan") if v is None else v
+            return t
+
+        scores = {s: grid(r[f"{s}_score"] for r in rows) for s in SCORES}
+        ci = {
+            s: (grid(r[f"{s}_ci"][0] for r in rows), grid(r[f"{s}_ci"][1] for r in rows))
+            for s in SCORES
+            if f"{s}_ci" in rows[0]
+        }
+        return cls(**scores, tokens=None, ci=ci, n_seqs=d["n_seqs"], seq_len=d["seq_len"])
+
+    def text(self) -> str:
+        """Every head's four scores, best induction head first."""
+        rows = sorted(self.rows(), key=lambda r: -r["induction_score"])
+        lines = [f"head scores on {self.n_seqs} sequences of {self.seq_len} tokens: " + ", ".join(SCORES)]
+        lines += [f"  {r['head']:<8}" + "".join(f"{r[f'{s}_score']:>10.3f}" for s in SCORES) for r in rows]
+        return "\n".join(lines)
 
     def figure(self):
         """Heatmap: scores (rows) by head (columns)."""
@@ -217,14 +252,38 @@ class HeadScores(Result):
         return render_table(rows, ["head", *SCORES], caption="score [95% bootstrap interval over sequences]")
 
 
-def head_scores(
-    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 256, n_boot: int = 1000, seed: int = 0
-) -> HeadScores:
-    """Induction / previous-token / duplicate / BOS scores of every head, from one cached forward pass per chunk
-    of ``tokens`` (e.g. ``probe_tokens(task)`` of repeated tokens, or :func:`repeated_tokens` for a model of
-    another task), with percentile-bootstrap 95% intervals over the sequences (``n_boot`` resamples, ``seed``)."""
-    tokens = torch.as_tensor(tokens).to(model_device(model))
+SCORE_BATCH = 256  # sequences per forward of head_scores when batch_size is None
+
+
+def _tokens_of(model: HookedTransformer, data: object, device, batch_size: object = None) -> Tensor:
+    """The token ids of ``data`` (task data or a token tensor) on the model's device, after the entry's checks."""
+    dev = check_device(model, device)
+    check_batch_size(batch_size)
+    if isinstance(data, TaskData):
+        from .answer_cache import check_model_data
+
+        check_model_data(model, data)
+        return data.tokens.to(dev)
+    tokens = torch.as_tensor(data).to(dev)
     check_tokens(model, tokens)
+    return tokens
+
+
+def head_scores(
+    model: HookedTransformer,
+    data: TaskData | Int[Tensor, "batch pos"],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> HeadScores:
+    """Induction / previous-token / duplicate / BOS scores of every head, from one cached forward pass per
+    ``batch_size`` sequences (default 256) of ``data`` (token ids, e.g. ``probe_tokens(task)`` of repeated tokens or
+    :func:`repeated_random_tokens` for a model of another task, or task data), with percentile-bootstrap 95%
+    intervals over the sequences (``n_boot`` resamples, ``seed``)."""
+    tokens = _tokens_of(model, data, device, batch_size)
+    chunk = batch_size or SCORE_BATCH
     sums: dict[str, list] = {}
     for start in range(0, tokens.shape[0], chunk):
         part = tokens[start : start + chunk]
@@ -243,18 +302,18 @@ def head_scores(
 @dataclass
 class AblationTest(Result):
     """The K-composition causal test: induction scores ``[layer, head]`` with nothing removed (``base``) and with
-    each source head's output removed along ``path`` (``ablated[i]`` for ``sources[i]``): ``"all"`` zero-ablates
+    each sender head's output removed along ``path`` (``ablated[i]`` for ``senders[i]``): ``"all"`` zero-ablates
     the head (its effect on later queries, keys and values together); ``"query"``/``"key"``/``"value"`` remove its
     output only from that input of the later layers' heads (``"key"`` is K-composition proper)."""
 
-    sources: list[tuple[int, int]]
+    senders: list[tuple[int, int]]
     base: Float[Tensor, "layer head"]
-    ablated: Float[Tensor, "source layer head"]
+    ablated: Float[Tensor, "sender layer head"]
     layer: int
     path: str = "all"
 
     @property
-    def drop(self) -> Float[Tensor, "source layer head"]:
+    def drop(self) -> Float[Tensor, "sender layer head"]:
         return self.base[None] - self.ablated
 
     @property
@@ -277,25 +336,46 @@ class AblationTest(Result):
                 "ablated_score": float(self.ablated[i, l, h]),
                 "drop": float(self.drop[i, l, h]),
             }
-            for i, s in enumerate(self.sources)
+            for i, s in enumerate(self.senders)
             for l, h in self.targets()
         ]
 
     def to_dict(self) -> dict:
         return jsonable({"layer": self.layer, "path": self.path, "removed": self.removed, "rows": self.rows()})
 
+    @classmethod
+    def from_dict(cls, d: dict) -> AblationTest:
+        """The scores ``to_dict`` wrote: those of the later layers' heads (the others are NaN)."""
+        rows = d["rows"]
+        senders = list(dict.fromkeys(head_of(r["ablated"]) for r in rows))
+        measured = [head_of(r["head"]) for r in rows]
+        shape = (max(l for l, _ in measured) + 1, max(h for _, h in measured) + 1)
+        base = torch.full(shape, float("nan"))
+        ablated = torch.full((len(senders), *shape), float("nan"))
+        for r, (l, h) in zip(rows, measured):
+            base[l, h] = r["induction_score"]
+            ablated[senders.index(head_of(r["ablated"])), l, h] = r["ablated_score"]
+        return cls(senders=senders, base=base, ablated=ablated, layer=d["layer"], path=d["path"])
+
+    def text(self) -> str:
+        """The largest drops of a later head's induction score."""
+        rows = sorted(self.rows(), key=lambda r: -r["drop"])[:8]
+        lines = [f"induction scores with each sender head {self.removed} (the largest drops)"]
+        lines += [f"  {r['ablated']}: {r['head']} {r['induction_score']:.3f} -> {r['ablated_score']:.3f}" for r in rows]
+        return "\n".join(lines)
+
     def figure(self):
         """Heatmap: ablated head (rows) by later head (columns), value = later head's induction score."""
         from interp.visualize import heatmap
 
         tg = self.targets()
-        z = torch.stack([torch.stack([self.ablated[i, l, h] for l, h in tg]) for i in range(len(self.sources))]).cpu()
+        z = torch.stack([torch.stack([self.ablated[i, l, h] for l, h in tg]) for i in range(len(self.senders))]).cpu()
         base = ", ".join(f"{head_label(l, h)} {float(self.base[l, h]):.2f}" for l, h in tg)
         return heatmap(
             z,
             [head_label(*t) for t in tg],
-            [head_label(*s) for s in self.sources],
-            title=f"Induction score, source head ablated ({self.path} path)<br><sup>source head {self.removed};"
+            [head_label(*s) for s in self.senders],
+            title=f"Induction score, sender head ablated ({self.path} path)<br><sup>sender head {self.removed};"
             f" unablated: {base}</sup>",
             colorscale="Blues",
             zmid=None,
@@ -303,7 +383,7 @@ class AblationTest(Result):
             zmax=1,
             text_fmt=".2f",
             x_title="measured head",
-            y_title="source head",
+            y_title="sender head",
         )
 
     def table_html(self) -> str:
@@ -311,42 +391,56 @@ class AblationTest(Result):
             self.rows(),
             ["ablated", "path", "head", "induction_score", "ablated_score", "drop"],
             float_format=".3f",
-            caption=f"source head {self.removed}",
+            caption=f"sender head {self.removed}",
         )
 
 
 def ablation_induction_test(
-    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], layer: int = 0, sources=None, path: str = "all"
+    model: HookedTransformer,
+    data: TaskData | Int[Tensor, "batch pos"],
+    *,
+    senders: object = None,
+    layers: Sequence[int] | None = None,
+    path: str = "all",
+    device: str | None = None,
 ) -> AblationTest:
-    """Remove each head of ``layer`` (or the given ``sources``, all in that layer) along ``path`` and measure every
-    later head's induction score, all in one batched forward pass (the batch repeated once per source).
+    """Remove each sender head (default: every head of the first of ``layers``, layer 0 by default; all senders in
+    one layer) along ``path`` and measure every later head's induction score on ``data`` (token ids or task data),
+    all in one batched forward pass (the batch repeated once per sender).
 
-    ``path="all"`` zero-ablates the head at ``hook_z``. ``"query"``, ``"key"``, ``"value"`` subtract the head's
-    output ``z W_O`` only from that input of every later layer's heads (TransformerLens' split Q/K/V inputs,
-    ``hook_q_input`` etc., before ``ln1``), leaving its other paths intact."""
+    ``path="all"`` zero-ablates the head (:func:`interp.ablation.ablation_hooks`). ``"query"``, ``"key"``,
+    ``"value"`` subtract the head's output ``z W_O`` only from that input of every later layer's heads
+    (TransformerLens' split Q/K/V inputs, ``hook_q_input`` etc., before ``ln1``), leaving its other paths intact."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if path not in PATHS:
         raise InterpError(f"unknown path {path!r}; expected one of {PATHS}")
+    if senders is None:
+        if layers is not None and len(layers) != 1:
+            raise HeadError(f"layers= names the one layer whose heads are removed, e.g. layers=[0]; got {layers!r}")
+        layer = 0 if layers is None else int(next(iter(layers)))
+        heads = [(layer, h) for h in range(n_heads)] if 0 <= layer < n_layers else []
+    else:
+        heads = one_set(senders, n_layers, n_heads, name="senders")
+        layer = heads[0][0]
+        if layers is not None and [int(l) for l in layers] != [layer]:
+            raise HeadError(f"the senders are in layer {layer}, but layers={layers!r} was given")
     if not 0 <= layer < n_layers - 1:
         raise HeadError(
             f"the ablated layer must have a later layer to measure; this model has layers 0..{n_layers - 1}, "
             f"got layer {layer}"
         )
-    heads = [(layer, h) for h in range(n_heads)] if sources is None else parse_heads(sources, n_layers, n_heads)
     if any(l != layer for l, _ in heads):
         raise HeadError(f"all ablated heads must be in layer {layer}, got {[head_label(*h) for h in heads]}")
-    dev = model_device(model)
-    tokens = torch.as_tensor(tokens).to(dev)
-    check_tokens(model, tokens)
+    tokens = _tokens_of(model, data, device)
+    dev = tokens.device
     n_sub = len(heads) + 1  # subset 0: nothing removed
     b = tokens.shape[0]
-    keep = 1 - head_mask([[]] + [[hd] for hd in heads], n_layers, n_heads, dev)[:, layer]  # [n_sub, n_heads]
-    row_keep = keep.repeat_interleave(b, 0)  # [n_sub * b, n_heads], subset-major
+    keep = 1 - head_mask([[]] + [[hd] for hd in heads], n_layers, n_heads, dev)  # [n_sub, layer, head], 1 = kept
+    row_keep = keep.repeat_interleave(b, 0)  # [n_sub * b, layer, head], subset-major
     if path == "all":
-        hooks = [(f"blocks.{layer}.attn.hook_z", lambda z, hook: z * row_keep[:, None, :, None].to(z.dtype))]
-        pats = attention_patterns(model, tokens.repeat(n_sub, 1), fwd_hooks=hooks)
+        pats = attention_patterns(model, tokens.repeat(n_sub, 1), fwd_hooks=ablation_hooks(model, row_keep))
     else:
-        pats = _path_ablated_patterns(model, tokens.repeat(n_sub, 1), layer, 1 - row_keep, path)
+        pats = _path_ablated_patterns(model, tokens.repeat(n_sub, 1), layer, row_keep[:, layer], path)
     masks = target_masks(tokens)
     scores = torch.stack(
         [
@@ -354,19 +448,18 @@ def ablation_induction_test(
             for i in range(n_sub)
         ]
     )
-    return AblationTest(sources=heads, base=scores[0], ablated=scores[1:], layer=layer, path=path)
+    return AblationTest(senders=heads, base=scores[0], ablated=scores[1:], layer=layer, path=path)
 
 
-def _path_ablated_patterns(
-    model: HookedTransformer, tokens, layer: int, removed: Float[Tensor, "batch head"], path: str
-):
-    """Attention patterns with the outputs of the ``removed`` heads of ``layer`` (per row) subtracted from the
-    ``path`` input of every later layer's heads. Turns TransformerLens' split Q/K/V inputs on for the call."""
+def _path_ablated_patterns(model: HookedTransformer, tokens, layer: int, keep: Float[Tensor, "batch head"], path: str):
+    """Attention patterns with the outputs of the heads of ``layer`` that ``keep`` (per row; 1 = kept) leaves out
+    subtracted from the ``path`` input of every later layer's heads. Turns TransformerLens' split Q/K/V inputs on for
+    the call."""
     store = {}
     W_O = model.W_O[layer]  # [head, d_head, d_model]
 
     def keep_out(z, hook):
-        store["out"] = torch.einsum("bphe,bh,hed->bpd", z, removed.to(z.dtype), W_O)
+        store["out"] = torch.einsum("bphe,bh,hed->bpd", z, (1 - keep).to(z.dtype), W_O)
         return z
 
     def subtract(x, hook):  # [batch, pos, head, d_model]

@@ -90,6 +90,20 @@ class Survival(Result):
             }
         )
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Survival:
+        groups = {k: [math.nan if v is None else v for v in vs] for k, vs in d["groups"].items()}
+        return cls(groups, d["title"], d["xlabel"], d["unit"])
+
+    def text(self) -> str:
+        """Per group: how many values, and the share at 1 (100%)."""
+        lines = [self.title]
+        lines += [
+            f"  {label}: {len(v)} {self.unit}, share at 1: {self.share_at_least(label, 1.0):.3f}"
+            for label, v in self.groups.items()
+        ]
+        return "\n".join(lines)
+
 
 def accuracy_survival(frame, split: str = "test") -> Survival:
     """1 - CDF of each run's ``split`` accuracy, one curve per configuration and strategy (the columns that vary,
@@ -137,6 +151,34 @@ class GridAccuracy(Result):
                 "strategy": self.strategy,
             }
         )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GridAccuracy:
+        def grid(rows):
+            return None if rows is None else [[math.nan if v is None else v for v in row] for row in rows]
+
+        return cls(
+            list(d["d_model"]),
+            list(d["n_heads"]),
+            [list(r) for r in d["runs"]],
+            grid(d["share_at_1"]),
+            grid(d["mean_accuracy"]),
+            d["split"],
+            d["strategy"],
+            grid(d["mean_val_accuracy"]),
+        )
+
+    def text(self) -> str:
+        """Per cell with runs: their number, the share at 100% and the mean."""
+        lines = [f"{self.split} accuracy over d_model x n_heads ({self.strategy} runs): runs, share at 100%, mean"]
+        for i, dm in enumerate(self.d_models):
+            for j, h in enumerate(self.n_heads):
+                if self.runs[i][j]:
+                    lines.append(
+                        f"  d_model={dm} n_heads={h}: {self.runs[i][j]} runs, {self.share[i][j]:.3f}, "
+                        f"{self.mean[i][j]:.4f}"
+                    )
+        return "\n".join(lines)
 
     def figure(self):
         import plotly.graph_objects as go
@@ -242,7 +284,7 @@ class LearningRateAccuracy(Result):
                             "lr": lr,
                             "accuracy": sorted(v),
                             "share_at_1": sum(a >= 1 for a in v) / len(v),
-                            "mean": sum(v) / len(v),
+                            "mean": sum(sorted(v)) / len(v),
                         }
                         for lr, v in by.items()
                     ]
@@ -250,6 +292,25 @@ class LearningRateAccuracy(Result):
                 },
             }
         )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LearningRateAccuracy:
+        series = {
+            label: {r["lr"]: [math.nan if a is None else a for a in r["accuracy"]] for r in rows}
+            for label, rows in d["series"].items()
+        }
+        return cls(series, d["split"])
+
+    def text(self) -> str:
+        """Per configuration and learning rate: runs, share at 100% and mean."""
+        lines = [f"{self.split} accuracy over learning rates"]
+        for label, rows in self.to_dict()["series"].items():
+            for r in rows:
+                lines.append(
+                    f"  {label} lr={r['lr']:g}: {len(r['accuracy'])} runs, share at 1 {r['share_at_1']:.3f}, "
+                    f"mean {r['mean']}"
+                )
+        return "\n".join(lines)
 
     def figure(self):
         import plotly.graph_objects as go

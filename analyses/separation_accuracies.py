@@ -28,7 +28,6 @@ Tensors stay on the model's device until the scikit-learn boundary, where the fe
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,17 +36,17 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.errors import HeadError, InterpError
-from interp.heads import head_label
-from interp.results import Result, jsonable
+from interp.errors import InterpError
+from interp.heads import head_label, one_set
+from interp.results import Result, floats, head_of, jsonable
 
-from .answer_cache import AnswerCache, as_cache
-from .learned_accuracies import Subset, head_subsets, parse_subsets, subset_name
+from .answer_cache import AnswerCache, as_cache, check_inputs
+from .learned_accuracies import Subset, subset_name, subsets_of
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
-    from interp.task import Task
+    from interp.task import Task, TaskData
 
 
 @dataclass
@@ -93,6 +92,37 @@ class SeparationAccuracy(Result):
             }
         )
 
+    @classmethod
+    def from_dict(cls, d: dict) -> SeparationAccuracy:
+        return cls(
+            subsets=[tuple(head_of(h) for h in s) for s in d["subsets"]],
+            accuracy=floats(d["accuracy"]),
+            roc_auc=floats(d["roc_auc"]),
+            train_accuracy=floats(d["train_accuracy"]),
+            converged=torch.tensor(d["converged"], dtype=torch.bool),
+            C=d["C"],
+            standardize=d["standardize"],
+            n_train=d["n_train"],
+            n_test=d["n_test"],
+            chance=float("nan") if d["chance"] is None else d["chance"],
+            center=d["center"],
+        )
+
+    def text(self, top: int = 10) -> str:
+        """The ``top`` best subsets: test accuracy, ROC AUC and train accuracy."""
+        order = torch.argsort(self.accuracy, descending=True, stable=True)[:top].tolist()
+        lines = [
+            f"separation accuracy (LinearSVC C={self.C:g}, {self.n_train} train / {self.n_test} test; chance "
+            f"{self.chance:.3f}) of {len(self.subsets)} head subset(s)"
+        ]
+        lines.append(f"  {'subset':<24}{'accuracy':>10}{'ROC AUC':>10}{'train':>10}")
+        for i in order:
+            lines.append(
+                f"  {self.names[i]:<24}{float(self.accuracy[i]):>10.4f}{float(self.roc_auc[i]):>10.4f}"
+                f"{float(self.train_accuracy[i]):>10.4f}" + ("" if bool(self.converged[i]) else "  (not converged)")
+            )
+        return "\n".join(lines)
+
     def figure(self, top: int = 40):
         import plotly.graph_objects as go
 
@@ -113,10 +143,11 @@ class SeparationAccuracy(Result):
         return fig
 
 
-def head_features(cache: AnswerCache, subset: Subset) -> Float[Tensor, "batch feature"]:
-    """The outputs of the heads in ``subset`` at the answer position, concatenated: ``[batch, |H| * d_head]``."""
-    if not subset:
-        raise HeadError("an empty head subset was given where at least one head is needed (a separator needs features)")
+def head_features(cache: AnswerCache, *, heads: object) -> Float[Tensor, "batch feature"]:
+    """The outputs of the heads of one set ``heads`` at the answer position, concatenated: ``[batch, |H| * d_head]``
+    (the separator's features)."""
+    _, n_layers, n_heads, _ = cache.z.shape
+    subset = one_set(heads, n_layers, n_heads)
     return torch.cat([cache.z[:, l, h] for l, h in subset], dim=-1)
 
 
@@ -179,25 +210,35 @@ def fit_separator(
 
 def separation_accuracy(
     model: HookedTransformer,
-    train,
-    test,
-    subsets: Iterable | None = None,
+    data: TaskData | AnswerCache,
     *,
+    train: TaskData | AnswerCache | None = None,
+    heads: object = None,
     C: float = 1000.0,
     standardize: bool = False,
     center: bool = True,
     max_iter: int = 10_000,
     task: Task | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> SeparationAccuracy:
-    """A_s(H) for every H in ``subsets`` (default: every single head). ``train``/``test`` are task data or
-    :class:`AnswerCache` objects (reuse them across calls: the forward pass is the expensive part)."""
-    cfg = model.cfg
-    subsets = head_subsets(cfg.n_layers, cfg.n_heads, 1) if subsets is None else subsets
-    parsed = parse_subsets(subsets, cfg.n_layers, cfg.n_heads, allow_empty=False)
-    tr = as_cache(model, train, attention=False, task=task)
-    te = as_cache(model, test, attention=False, task=task)
+    """A_s(H) for every head set H of ``heads`` (default: each head alone): a separator fitted on ``train`` (default
+    ``task.dataset("train")``) and scored on ``data`` (the test split). Both are task data or :class:`AnswerCache`
+    objects (reuse them across calls: the forward pass is the expensive part)."""
+    if train is None:
+        if task is None:
+            raise InterpError(
+                "separation_accuracy fits its separators on a train split: pass train=... (task data or an "
+                "AnswerCache) or task=..."
+            )
+        train = task.dataset("train")
+    check_inputs(model, train, task=task, device=device, batch_size=batch_size, what="train")
+    check_inputs(model, data, task=task, what="data")
+    parsed = subsets_of(model, heads, allow_empty=False)
+    tr = as_cache(model, train, attention=False, batch_size=batch_size)
+    te = as_cache(model, data, attention=False, batch_size=batch_size)
     if tr.task != te.task:
-        raise InterpError(f"train data is of task {tr.task!r} but test data of task {te.task!r}")
+        raise InterpError(f"train data is of task {tr.task!r} but the scored data of task {te.task!r}")
     # the scikit-learn boundary: move everything to CPU once
     z_tr, z_te = tr.z.float().cpu(), te.z.float().cpu()
     y_tr, y_te = tr.labels.cpu().numpy(), te.labels.cpu().numpy()

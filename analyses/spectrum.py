@@ -30,11 +30,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.device import check_device, model_device
 from interp.errors import InterpError
-from interp.evaluation import DEFAULT_BUDGET, check_tokens, map_chunks, per_position_loss
+from interp.evaluation import DEFAULT_BUDGET, check_batch_size, map_chunks, per_position_loss
 from interp.heads import head_label
-from interp.results import Result, jsonable
-from interp.task import IGNORE, TaskData, check_nonempty
+from interp.results import Result, floats, jsonable
+from interp.task import IGNORE, TaskData
+
+from .answer_cache import check_model_data
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -100,6 +103,8 @@ class AttentionSpectrum(Result):
                 "n_inputs": self.n_inputs,
                 "mean_length": self.mean_length,
                 "energy_threshold": ENERGY,
+                "metric": self.metric,
+                "energy": self.energy,
                 "heads": self.rows(),
                 "causal_test": None
                 if self.accuracy is None
@@ -114,6 +119,45 @@ class AttentionSpectrum(Result):
                 },
             }
         )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AttentionSpectrum:
+        rows, f32 = d["heads"], torch.float32  # float32, as computed: the rows are recomputed from the tensors
+        energy = floats(d["energy"], f32)
+        L, H = energy.shape[:2]
+        res = cls(
+            energy=energy,
+            rank90=floats([r["rank90"] for r in rows], f32).view(L, H),
+            rank90_fraction=floats([r["rank90_fraction"] for r in rows], f32).view(L, H),
+            mean_length=d["mean_length"],
+            n_inputs=d["n_inputs"],
+            metric=d.get("metric", "accuracy"),
+        )
+        test = d["causal_test"]
+        if test is not None:
+            res.ks = list(test["ks"])
+            res.accuracy, res.loss = floats(test[res.metric], f32), floats(test["loss"], f32)
+            res.full_accuracy, res.full_loss = test[f"full_{res.metric}"], test["full_loss"]
+            if "accuracy_k" + str(res.ks[0]) in rows[0]:
+                per = [[r[f"accuracy_k{k}"] for k in res.ks] for r in rows]
+                res.per_head_accuracy = floats(per, f32).view(L, H, len(res.ks))
+        return res
+
+    def text(self) -> str:
+        """The rank holding 90% of each head's pattern energy and, with the causal test, the metric per rank."""
+        lines = [
+            f"attention spectrum on {self.n_inputs} inputs of mean length {self.mean_length:.1f}: rank holding "
+            f"{ENERGY:.0%} of each head's pattern energy"
+        ]
+        lines += [
+            f"  {r['head']:<8}{r['rank90']:>8.2f} ({r['rank90_fraction']:.2f} of the length)" for r in self.rows()
+        ]
+        if self.accuracy is not None:
+            lines.append(
+                f"{self.metric} with every head at rank k (full {self.full_accuracy:.4f}): "
+                + ", ".join(f"k={k} {a:.4f}" for k, a in zip(self.ks, self.accuracy.tolist()))
+            )
+        return "\n".join(lines)
 
     def table_html(self) -> str:
         from interp.visualize import render_table
@@ -209,25 +253,28 @@ def _rank_list(max_len: int) -> list[int]:
 def attention_spectrum(
     model: HookedTransformer,
     data: TaskData,
-    task: Task | None = None,
     *,
+    task: Task | None = None,
     n_inputs: int = 32,
     ks: list[int] | None = None,
     causal: bool = True,
     per_head: bool = False,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> AttentionSpectrum:
     """The spectrum of every head's attention pattern on the first ``n_inputs`` examples of ``data``, and (with
     ``causal``) the rank-``k`` causal test on them for ``ks`` (default ``1, 2, 4, ..`` and the longest input). The
     metric is ``task.metrics(...)["accuracy"]`` when the task is given, else the accuracy of the argmax at every
-    target position. ``per_head=True`` also runs the test with one head at a time at rank ``k``."""
+    target position. ``per_head=True`` also runs the test with one head at a time at rank ``k``. ``batch_size``:
+    inputs per forward (None: from the memory budget)."""
     if not isinstance(data, TaskData):
         raise InterpError(f"attention_spectrum takes task data (interp.task.TaskData), got {type(data).__name__}")
-    check_nonempty(data)
     if not isinstance(n_inputs, int) or n_inputs < 1:
         raise InterpError(f"n_inputs must be a positive integer, got {n_inputs!r}")
-    device = next(model.parameters()).device
-    data = data.select(slice(0, min(n_inputs, len(data)))).to(device)
-    check_tokens(model, data.tokens)
+    check_device(model, device)
+    check_batch_size(batch_size)
+    check_model_data(model, data, task)
+    data = data.select(slice(0, min(n_inputs, len(data)))).to(model_device(model))
     L, H = model.cfg.n_layers, model.cfg.n_heads
     budget = max(1, DEFAULT_BUDGET // max(H, 1))
     max_len = int(data.lengths.max())
@@ -249,7 +296,7 @@ def attention_spectrum(
         return {"energy": energy, "rank": rank, "fraction": rank / chunk.lengths[:, None, None].float()}
 
     with torch.inference_mode():
-        out = map_chunks(model, data, spectra, budget=budget)
+        out = map_chunks(model, data, spectra, budget=budget, batch_size=batch_size)
     result = AttentionSpectrum(
         energy=out["energy"].mean(0),
         rank90=out["rank"].mean(0),
@@ -259,6 +306,7 @@ def attention_spectrum(
     )
     if not causal:
         return result
+    budget = (budget, batch_size)
     metric = _metric(model, data, task, lambda chunk: [], budget)
     result.full_accuracy, result.full_loss = metric
     result.ks = list(ks)
@@ -310,7 +358,7 @@ def _rank_hooks(n_layers: int, head: tuple[int, int] | None, k: int, cache: dict
     return hooks
 
 
-def _metric(model, data: TaskData, task, hooks_for, budget: int) -> tuple[float, float]:
+def _metric(model, data: TaskData, task, hooks_for, budget: tuple[int, int | None]) -> tuple[float, float]:
     """(accuracy, mean loss) with the chunk's hooks: the task's metrics when given, else at every target."""
 
     def one(chunk: TaskData) -> dict[str, Tensor]:
@@ -318,7 +366,7 @@ def _metric(model, data: TaskData, task, hooks_for, budget: int) -> tuple[float,
             logits = model.run_with_hooks(chunk.tokens, fwd_hooks=hooks_for(chunk))
         return {"preds": logits.argmax(-1), "loss": per_position_loss(logits, chunk.targets)}
 
-    out = map_chunks(model, data, one, budget=budget)
+    out = map_chunks(model, data, one, budget=budget[0], batch_size=budget[1])
     if task is not None:
         m = task.metrics(out["preds"], out["loss"], data)
         return float(m["accuracy"]), float(m.get("loss", float("nan")))

@@ -87,12 +87,12 @@ def _add_option(p, opt, *, help_default: str = "") -> None:
     )
 
 
-def _model_and_training_options(p, task_names) -> None:
+def _model_and_training_options(p) -> None:
     """The task, model and training options shared by ``train`` and ``sweep``, from the config dataclasses."""
     from interp.configs import ModelSpec, TrainConfig
     from interp.options import options
 
-    p.add_argument("task", help="task name: " + ", ".join(sorted(task_names)))
+    p.add_argument("task", help="a registered task's name (interp list shows them)")
     p.add_argument(
         "--set",
         dest="task_params",
@@ -109,11 +109,9 @@ def _model_and_training_options(p, task_names) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from interp.tasks import TASKS  # the table only: no task module is imported
-
     p = _Parser(prog="interp", description="Train, evaluate and take apart small transformers on algorithmic tasks.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    _train_parser(sub, TASKS)
+    _train_parser(sub)
 
     e = sub.add_parser("eval", help="accuracy of a checkpoint on every split")
     e.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
@@ -152,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(r)
 
-    _sweep_parser(sub, TASKS)
+    _sweep_parser(sub)
 
     tb = sub.add_parser(
         "table",
@@ -178,16 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
         '--json: {"table": [...], "differences": [...]})',
     )
 
-    sub.add_parser("list", help="list tasks and shipped checkpoints")
+    sub.add_parser("list", help="list the registered tasks (and where each comes from) and the named checkpoints")
     _shapley_parser(sub)
     return p
 
 
-def _train_parser(sub, task_names) -> None:
+def _train_parser(sub) -> None:
     from interp.configs import STRATEGIES
 
     t = sub.add_parser("train", help="train a model on a task and write a .safetensors checkpoint")
-    _model_and_training_options(t, task_names)
+    _model_and_training_options(t)
     t.add_argument(
         "--halving",
         choices=STRATEGIES,
@@ -217,14 +215,14 @@ def _train_parser(sub, task_names) -> None:
     _add_common(t)
 
 
-def _sweep_parser(sub, task_names) -> None:
+def _sweep_parser(sub) -> None:
     sw = sub.add_parser(
         "sweep",
         help="train many seeds x a grid of configurations into one directory (resumable)",
         description="interp sweep TASK [options] --out DIR trains the sweep into DIR; "
         "interp sweep DIR --status says what is done, interp sweep DIR --resume continues it.",
     )
-    _model_and_training_options(sw, task_names)
+    _model_and_training_options(sw)
     sw.add_argument("--seeds", default="0..9", help="'A..B' (inclusive) or a comma-separated list (default 0..9)")
     sw.add_argument(
         "--grid",
@@ -338,7 +336,7 @@ def _new_run(args, seed: int, grid_only: tuple[str, ...] = ()):
     """(task, spec, config) of a new run from the options given and the task's defaults; ``grid_only`` names options
     whose flag is a sweep grid (``--halving S1,S2``), left at their defaults here."""
     from interp.model import ModelSpec
-    from interp.tasks import get_task
+    from interp.registry import get_task
     from interp.training import TrainConfig
 
     task = get_task(args.task, **_parse_task_params(args.task_params))
@@ -353,7 +351,7 @@ def _resumed_run(args):
     agree with it, except the resumable ones (epochs, patience, save-every, keep), which change it."""
     from interp.model import ModelSpec
     from interp.options import options
-    from interp.tasks import get_task
+    from interp.registry import get_task
     from interp.training import TrainConfig, resume_options
 
     if not args.out:
@@ -451,7 +449,7 @@ def _train_one(args) -> int:
 
 def cmd_eval(args) -> int:
     from interp.evaluation import evaluate_splits
-    from interp.tasks import load_checkpoint
+    from interp.loading import load_checkpoint
 
     _set_threads(args)
     params = _parse_task_params(args.task_params)
@@ -496,7 +494,7 @@ def _output(path: str | None, what: str):
 
 def cmd_analyze(args) -> int:
     from interp.analyses import suite_for
-    from interp.tasks import load_checkpoint
+    from interp.loading import load_checkpoint
 
     _set_threads(args)
     with _output(args.out, "the analysis JSON") as output:
@@ -522,22 +520,34 @@ def cmd_report(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from interp.tasks import CHECKPOINT_ALIASES, shipped_checkpoints, task_names
+    from interp.loading import checkpoint_aliases, checkpoint_names
+    from interp.registry import GROUP, task_names, task_source
 
-    print("tasks: " + ", ".join(task_names()))
-    print("shipped checkpoints:")
-    for name, path in shipped_checkpoints().items():
+    names = task_names()
+    width = max((len(n) for n in names), default=0) + 2
+    print(f"tasks (registered by an entry point in the group '{GROUP}' of an installed package, or in Python):")
+    for name in names:
+        print(f"  {name:<{width}}{task_source(name)}")
+    broken: list[str] = []
+    checkpoints = checkpoint_names(broken=broken)
+    print("checkpoints (by name; interp eval/analyze/report/explore take a name or a path):")
+    for name, path in checkpoints.items():
         print(f"  {name:<24} {path}")
-    print("old names still accepted: " + ", ".join(f"{a} -> {b}" for a, b in CHECKPOINT_ALIASES.items()))
+    aliases = checkpoint_aliases(broken=[])
+    if aliases:
+        print("old names still accepted: " + ", ".join(f"{a} -> {b}" for a, b in aliases.items()))
+    for message in broken:
+        print(f"broken: {message}")
     return 0
 
 
 def cmd_sweep(args) -> int:
-    from interp.tasks import TASKS
+    from interp.registry import task_names
 
     directory = Path(args.task) if Path(args.task).is_dir() else None  # interp sweep DIR --status|--resume
-    if directory is None and args.task not in TASKS:
-        raise ConfigError(f"{args.task!r} is neither a task ({', '.join(sorted(TASKS))}) nor a sweep directory")
+    if directory is None and args.task not in task_names():
+        names = ", ".join(task_names())
+        raise ConfigError(f"{args.task!r} is neither a registered task ({names}) nor a sweep directory")
     if directory is None and args.out is None:
         raise ConfigError("interp sweep TASK ... needs --out DIR (or: interp sweep DIR --status / --resume)")
     if args.status:
@@ -686,9 +696,8 @@ def _shapley_parser(sub) -> None:
 def cmd_shapley(args) -> int:
     import time
 
-    from interp.analyses.coalitions import coalition_values
-    from interp.analyses.shapley import sampled_shapley, shapley
-    from interp.tasks import load_checkpoint
+    from interp.analyses.shapley import shapley_values
+    from interp.loading import load_checkpoint
 
     _set_threads(args)
     with _output(args.out, "the Shapley JSON") as output:
@@ -705,11 +714,12 @@ def cmd_shapley(args) -> int:
         if args.value == "separation":
             kw["train"] = task.dataset("train")
         test = task.dataset("test")
-        t0 = time.perf_counter()
-        if args.samples:
-            result = sampled_shapley(ckpt.model, test, samples=args.samples, seed=args.seed, **kw)
+        if args.samples:  # without --samples: all 2^n coalitions (at most 24 heads), as before
+            kw.update(method="sampled", samples=args.samples, seed=args.seed)
         else:
-            result = shapley(coalition_values(ckpt.model, test, **kw))
+            kw.update(method="exact")
+        t0 = time.perf_counter()
+        result = shapley_values(ckpt.model, test, **kw)
         result.info["seconds"] = round(time.perf_counter() - t0, 3)
         result.info["checkpoint"] = str(ckpt.path)
         text = result.to_json()

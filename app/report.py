@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from interp.analyses import suite_for
 from interp.checkpoint import Checkpoint
+from interp.device import model_device
 from interp.errors import InterpError, TaskError
 from interp.files import AtomicFile
+from interp.loading import load_checkpoint
+from interp.registry import get_task
 from interp.report_page import Report
-from interp.tasks import get_task, load_checkpoint
 from interp.visualize import render_table
 
 if TYPE_CHECKING:
@@ -202,7 +204,7 @@ def add_attention_spectrum(ckpt, report: Report, progress: bool = False, n_input
 
     task = ckpt.task
     split = task.splits[-1]
-    spec = attention_spectrum(ckpt.model, task.dataset(split), task, n_inputs=n_inputs)
+    spec = attention_spectrum(ckpt.model, task.dataset(split), task=task, n_inputs=n_inputs)
     needed, near = spec.rank_needed(), spec.rank_needed(0.01)
     report.section(
         "Attention spectrum",
@@ -280,7 +282,7 @@ def add_attention_views(ckpt, report: Report, progress: bool = False, n_examples
         f"{EXAMPLE_TOKENS} tokens long: here {reason}. Pick a head to enlarge it; hover a destination token "
         "to see where it attends.",
     )
-    device = next(model.parameters()).device
+    device = model_device(model)
     add_mask_figure(model, report, min(max_len, EXAMPLE_TOKENS))
     for split, i, ex in examples:
         length = int(ex.lengths[0])

@@ -30,6 +30,7 @@ from interp.configs import STRATEGIES, check_snapshot_every
 from interp.errors import ConfigError
 from interp.model import ModelSpec
 from interp.population import VARYING_CONFIG, check_population, train_population
+from interp.registry import GROUP, entry_point_only, get_task, task_plugin
 from interp.sweep_directory import (
     PLAN,
     RUNS,
@@ -45,7 +46,6 @@ from interp.sweep_directory import (
     write_results,
 )
 from interp.task import Task
-from interp.tasks import get_task
 from interp.training import TrainConfig, resume_path, train
 
 ScorerFor = Callable[[str], Any]
@@ -207,7 +207,8 @@ def group_resume_file(paths: Sequence) -> Path:
 def _ray_train_group(
     task_name, task_params, specs, cfgs, paths, device, threads, scorer_for, compile=False, snapshot_every=None
 ):
-    """:func:`train_group` in a Ray worker (the task is rebuilt there from its name and parameters)."""
+    """:func:`train_group` in a Ray worker (the task is rebuilt there from its name and parameters, by the registry
+    of the worker's process: an entry point)."""
     return train_group(
         get_task(task_name, **task_params),
         specs,
@@ -254,6 +255,8 @@ def run_sweep(
         raise ConfigError(f"group must be at least 1, got {group}")
     if backend not in ("local", "ray"):
         raise ConfigError(f"unknown sweep backend {backend!r}; expected 'local' or 'ray'")
+    if backend == "ray":
+        check_ray_task(task)
     directory = Path(directory)
     runs = plan(task.name, task.params(), base_spec, base_cfg, seeds, grid)  # checks every run's configuration
     check_snapshot_every(snapshot_every, min((r["cfg"].epochs for r in runs), default=base_cfg.epochs))
@@ -308,6 +311,23 @@ def run_sweep(
         _run_on_ray(task, chunks, args_of, finished, device, threads, scorer_for, ray_address, compile, snapshot_every)
     bar.close()
     return [rows[r["name"]] for r in runs]
+
+
+def check_ray_task(task: Task) -> None:
+    """A ConfigError unless a Ray worker can rebuild ``task`` from its name: only a task registered by an entry
+    point is seen by every process (one registered with ``interp.register_task`` lives in this process alone)."""
+    if not entry_point_only(task.name):
+        raise ConfigError(
+            f"task {task.name!r} is registered in this Python process only (interp.register_task, or not at all), so a "
+            f"Ray worker cannot build it: register it by an entry point in the group '{GROUP}' of an installed "
+            "package (docs/own-task.md), or use backend='local'"
+        )
+    make = task_plugin(task.name).make
+    if isinstance(make, type) and type(task) is not make:
+        raise ConfigError(
+            f"the task is a {type(task).__qualname__}, but a Ray worker would build task {task.name!r} from its entry "
+            f"point as a {make.__qualname__}: register your class under its own name"
+        )
 
 
 def _rows_and_todo(directory: Path, runs: list[dict[str, Any]]) -> tuple[dict[str, dict], list[dict[str, Any]]]:

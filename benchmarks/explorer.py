@@ -22,6 +22,7 @@ from timing import timed  # benchmarks/timing.py (the script's folder is on sys.
 
 import interp
 from interp import analyses
+from interp.analyses.reference import learned_accuracy_loop
 from interp.tasks import shipped_checkpoints
 
 
@@ -30,7 +31,7 @@ def naive_click(model, example, batch, off, ablation):
     mean-ablation reference recomputed, and the example's logits and patterns from a cached forward."""
     cfg = model.cfg
     kept = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if interp.head_label(l, h) not in off]
-    acc = analyses.learned_accuracy_loop(model, batch, [kept], ablation=ablation).accuracy[0]
+    acc = learned_accuracy_loop(model, batch, heads=[kept], ablation=ablation).accuracy[0]
     z_ref = analyses.mean_head_outputs(model, batch) if ablation == "mean" else None
     mask = interp.head_mask([kept], cfg.n_layers, cfg.n_heads)[0]
 
@@ -60,7 +61,7 @@ def bench(name: str, args) -> str:
         assert w.status["error"] == "", w.status["error"]
 
     def naive():
-        return naive_click(model, example, batch, set(w.mask), args.ablation)
+        return naive_click(model, example, batch, set(w.ablated), args.ablation)
 
     example = task.dataset("test").select([0])
     batch = task.dataset("test").select(slice(0, w.batch_size))

@@ -19,7 +19,9 @@ import torch
 from timing import timed  # benchmarks/timing.py (the script's folder is on sys.path)
 
 from interp.analyses.answer_cache import cache_answer
-from interp.analyses.learned_accuracies import head_subsets, learned_accuracy, learned_accuracy_loop
+from interp.analyses.learned_accuracies import head_subsets, learned_accuracy
+from interp.analyses.reference import learned_accuracy_loop
+from interp.device import model_device
 from interp.tasks import load_checkpoint
 
 
@@ -40,7 +42,7 @@ def main() -> None:
     data = task.dataset("test").select(slice(0, args.n_test))
     cfg = model.cfg
     subsets = head_subsets(cfg.n_layers, cfg.n_heads, 1) + head_subsets(cfg.n_layers, cfg.n_heads, 2)
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     print(
         f"{ckpt.path}: {cfg.n_layers} layer(s), {cfg.n_heads} heads; {len(subsets)} subsets x {len(data)} test "
         f"sequences on {dev} ({torch.get_num_threads()} threads)"
@@ -58,14 +60,18 @@ def main() -> None:
 
         return timed(go)
 
-    tl, t_tl = run(lambda: learned_accuracy(model, cache_answer(model, data, attention=False, method="hooks"), subsets))
+    tl, t_tl = run(
+        lambda: learned_accuracy(model, cache_answer(model, data, attention=False, method="hooks"), heads=subsets)
+    )
     print(f"batched, cached (TL run_with_cache): {t_tl:8.2f} s")
-    q, t_q = run(lambda: learned_accuracy(model, cache_answer(model, data, attention=False, method="fast"), subsets))
+    q, t_q = run(
+        lambda: learned_accuracy(model, cache_answer(model, data, attention=False, method="fast"), heads=subsets)
+    )
     print(f"batched, cached (query forward)    : {t_q:8.2f} s")
     if args.generic:
-        g, t_g = run(lambda: learned_accuracy(model, data, subsets, method="hooks"))
+        g, t_g = run(lambda: learned_accuracy(model, data, heads=subsets, method="hooks"))
         print(f"batched, generic hooks             : {t_g:8.2f} s")
-    naive, t_naive = run(lambda: learned_accuracy_loop(model, data, subsets))
+    naive, t_naive = run(lambda: learned_accuracy_loop(model, data, heads=subsets))
     print(f"naive loop (run_with_hooks/subset) : {t_naive:8.2f} s")
     same = torch.equal(tl.accuracy, naive.accuracy) and torch.equal(q.accuracy, naive.accuracy)
     if args.generic:

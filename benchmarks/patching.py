@@ -27,8 +27,10 @@ import time
 import torch
 import transformer_lens.patching as tl_patching
 
-from interp.analyses.patching import activation_patching, path_patching, path_patching_loop, variant_metric
+from interp.analyses.patching import activation_patching, path_patching
+from interp.analyses.reference import path_patching_loop, variant_metric
 from interp.analyses.repeated_tokens.corrupt import corrupted_pair
+from interp.device import model_device
 from interp.tasks import load_checkpoint
 
 SWEEPS = [  # (where, per, TransformerLens function, permutation of ours to theirs)
@@ -65,7 +67,7 @@ def main() -> None:
     cfg = model.cfg
     print(
         f"{ckpt.path.name}: {cfg.n_layers} layers x {cfg.n_heads} heads, {task.n_ctx} tokens, on "
-        f"{next(model.parameters()).device} ({torch.get_num_threads()} thread(s)); best of {args.repeats}"
+        f"{model_device(model)} ({torch.get_num_threads()} thread(s)); best of {args.repeats}"
     )
     print(f"{'sweep':<20}{'pairs':>6}{'patches':>9}{'TL serial s':>13}{'batched s':>11}{'ratio':>8}{'max |diff|':>12}")
     total_tl = total_ours = 0.0
@@ -76,7 +78,10 @@ def main() -> None:
             _, clean_cache = model.run_with_cache(clean.tokens)
         for where, per, fn, perm in SWEEPS:
             ours, t_ours = best_of(
-                lambda: activation_patching(model, clean, corrupted, "logit_diff", where=where, per=per), args.repeats
+                lambda: activation_patching(
+                    model, clean, corrupted=corrupted, metric="logit_diff", where=where, per=per
+                ),
+                args.repeats,
             )
             with torch.inference_mode():
                 theirs, t_tl = best_of(lambda: fn(model, corrupted.tokens, clean_cache, metric), args.repeats)
@@ -89,15 +94,17 @@ def main() -> None:
                 f"{where + ' ' + per:<20}{n:>6}{ours.values.numel():>9}{t_tl:>13.3f}{t_ours:>11.3f}"
                 f"{t_tl / t_ours:>7.1f}x{diff:>12.2e}"
             )
-        ours, t_ours = best_of(lambda: path_patching(model, clean, corrupted, "logit_diff"), args.repeats)
+        ours, t_ours = best_of(
+            lambda: path_patching(model, clean, corrupted=corrupted, metric="logit_diff"), args.repeats
+        )
         slow, t_slow = best_of(
             lambda: path_patching_loop(
                 model,
                 clean,
-                corrupted,
-                metric,
-                [(0, h) for h in range(H)],
-                [(l, h) for l in range(1, L) for h in range(H)],
+                corrupted=corrupted,
+                metric=metric,
+                senders=[(0, h) for h in range(H)],
+                receivers=[(l, h) for l in range(1, L) for h in range(H)],
             ),
             args.repeats,
         )

@@ -23,8 +23,8 @@ import torch
 from timing import timed  # benchmarks/timing.py (the script's folder is on sys.path)
 
 from interp.analyses.coalitions import coalition_evaluator, coalition_values
-from interp.analyses.learned_accuracies import learned_accuracy_loop
-from interp.analyses.shapley import shapley
+from interp.analyses.reference import learned_accuracy_loop
+from interp.analyses.shapley import shapley_values
 from interp.tasks import load_checkpoint
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
 
     # learned accuracy
-    res, t_fast = timed(lambda: shapley(coalition_values(model, test, value="learned-accuracy", task=task)))
+    res, t_fast = timed(lambda: shapley_values(model, test, value="learned-accuracy", method="exact", task=task))
     print(
         f"learned accuracy, exact Shapley (all {total:,} coalitions): {t_fast:8.2f} s; "
         f"efficiency gap {res.efficiency_gap:.1e}"
@@ -57,7 +57,7 @@ def main() -> None:
     idx = torch.randint(0, total, (args.naive,), generator=gen)
     heads = res.heads
     subsets = [[h for i, h in enumerate(heads) if int(m) >> i & 1] for m in idx]
-    naive, t_naive = timed(lambda: learned_accuracy_loop(model, test, subsets, task=task))
+    naive, t_naive = timed(lambda: learned_accuracy_loop(model, test, heads=subsets, task=task))
     cv = coalition_evaluator(model, test, value="learned-accuracy", task=task)(idx)
     same = float((naive.accuracy.double() - cv).abs().max())
     est = t_naive / len(idx) * total
@@ -69,7 +69,7 @@ def main() -> None:
 
     if not args.no_separation:
         sep, t_sep = timed(lambda: coalition_values(model, test, value="separation", train=train, task=task))
-        res_s = shapley(sep)
+        res_s = sep.shapley()
         print(
             f"separation accuracy, exact Shapley (all {total:,} SVC fits, batched torch): {t_sep:8.2f} s; "
             f"efficiency gap {res_s.efficiency_gap:.1e}"

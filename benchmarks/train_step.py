@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from interp.device import pick_device
+from interp.device import model_device, pick_device
 from interp.model import ModelSpec, build_model, trainable_parameters
 from interp.tasks import get_task
 from interp.training import batch_loss, dropout_hooks, task_loss
@@ -30,7 +30,7 @@ def time_steps(model, batches, fast: bool) -> float:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    if next(model.parameters()).is_cuda:
+    if model_device(model).type == "cuda":
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / len(batches)
 

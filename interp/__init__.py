@@ -46,11 +46,14 @@ _WHERE = {
     "Suite": "interp.suite",
     "Report": "interp.report_page",
     "load_results": "interp.sweep_directory",
-    # the tasks: the registry and the shipped checkpoints
-    "load": "interp.tasks",
-    "load_checkpoint": "interp.tasks",
-    "get_task": "interp.tasks",
-    "task_names": "interp.tasks",
+    # the task registry (every door finds tasks there) and checkpoints by name
+    "TaskPlugin": "interp.registry",
+    "register_task": "interp.registry",
+    "get_task": "interp.registry",
+    "task_names": "interp.registry",
+    "load": "interp.loading",
+    "load_checkpoint": "interp.loading",
+    # the tasks: the checkpoints that ship with the project
     "shipped_checkpoints": "interp.tasks",
     # the app: whole reports and sweeps
     "write_report": "interp.app.report",

@@ -31,8 +31,8 @@ covered: their ``checksum``, where present, covers the tensors only) still load,
 refused. :func:`upgrade_checkpoint` re-saves one as version 2 (the same weights).
 
 This module is the file format only: it knows no task. :func:`read_checkpoint` takes a ``make_task(name, params)``
-that builds the task a file names (the registry's ``get_task``, or your own); ``interp.tasks.load_checkpoint`` also
-resolves the names of the checkpoints that ship with the project.
+that builds the task a file names (the registry's ``get_task``, or your own); ``interp.load_checkpoint``
+(:mod:`interp.loading`) also resolves the names of registered checkpoints.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def read_checkpoint(
     task_params: dict[str, Any] | None = None,
 ) -> Checkpoint:
     """Read and verify the checkpoint file at ``path`` onto ``device`` (default: CUDA if present, else CPU);
-    ``make_task(name, **params)`` builds the task it names (``interp.tasks.get_task``).
+    ``make_task(name, **params)`` builds the task it names (``interp.get_task``: the task registry).
 
     ``task_params`` override the task's saved parameters (e.g. ``{"test_lengths": [201, 400]}`` to test length
     generalisation); a model without positional embedding then takes the longer sequences. A version-1 file loads

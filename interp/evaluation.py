@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .errors import InterpError, TokenError
+from .device import model_device
+from .errors import ConfigError, InterpError, TokenError
 from .query_forward import logits_at, supports_query_forward
 from .task import IGNORE, Task, TaskData, check_model_task, check_nonempty
 
@@ -65,32 +67,50 @@ def check_finite_logits(logits: Tensor, what: str = "the model's logits") -> Non
         raise InterpError(f"{what} hold NaN or infinite values (overflow?); an accuracy of them is undefined")
 
 
-def length_chunks(data: TaskData, budget: int = DEFAULT_BUDGET) -> Iterator[Tensor]:
+def check_batch_size(batch_size: object) -> None:
+    """Refuse a ``batch_size`` (the analyses' one memory knob: at most this many sequences per forward, counting the
+    copies of a batch repeated per head subset or variant) that is not None or a positive integer."""
+    if batch_size is not None and (
+        not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1
+    ):
+        raise ConfigError(f"batch_size must be a positive integer or None (automatic), got {batch_size!r}")
+
+
+def length_chunks(data: TaskData, budget: int = DEFAULT_BUDGET, batch_size: int | None = None) -> Iterator[Tensor]:
     """Index tensors over ``data``, sorted by length, each chunk holding at most ``budget``
-    attention entries per head (chunk size x longest length squared), so padding and memory stay small."""
+    attention entries per head (chunk size x longest length squared), so padding and memory stay small; with
+    ``batch_size``, at most that many examples instead."""
     order = torch.argsort(data.lengths.cpu(), stable=True).to(data.device)
     lengths = data.lengths[order].tolist()
     start = 0
     while start < len(order):
         end = start + 1
-        while end < len(order) and (end - start + 1) * max(lengths[end], 1) ** 2 <= budget:
+        if batch_size is not None:
+            end = min(len(order), start + batch_size)
+        while batch_size is None and end < len(order) and (end - start + 1) * max(lengths[end], 1) ** 2 <= budget:
             end += 1
         yield order[start:end]
         start = end
 
 
 def map_chunks(
-    model: HookedTransformer, data: TaskData, fn: Callable[[TaskData], dict[str, Tensor]], budget: int = DEFAULT_BUDGET
+    model: HookedTransformer,
+    data: TaskData,
+    fn: Callable[[TaskData], dict[str, Tensor]],
+    budget: int = DEFAULT_BUDGET,
+    *,
+    batch_size: int | None = None,
 ) -> dict[str, Tensor]:
     """Apply ``fn`` to length-sorted chunks of ``data`` (moved to the model's device) and reassemble
-    the per-example outputs (dim 0) in the original order."""
+    the per-example outputs (dim 0) in the original order. Chunks hold ``budget`` attention entries per head, or
+    ``batch_size`` examples where that is given."""
     check_nonempty(data)
-    device = next(model.parameters()).device
+    device = model_device(model)
     data = data.to(device)
     check_tokens(model, data.tokens)
     outs: dict[str, list[Tensor]] = {}
     order = []
-    for idx in length_chunks(data, budget):
+    for idx in length_chunks(data, budget, batch_size):
         res = fn(data.select(idx))
         for k, v in res.items():
             outs.setdefault(k, []).append(v)
@@ -109,8 +129,11 @@ def _cat_padded(chunks: list[Tensor]) -> Tensor:
     return torch.cat([F.pad(c, (0, 0) * (c.ndim - 2) + (0, t - c.shape[1])) for c in chunks])
 
 
-def predictions_and_loss(model: HookedTransformer, data: TaskData, fwd_hooks=()) -> dict[str, Tensor]:
-    """Per-position argmax ``preds [batch, pos]`` and cross-entropy ``loss [batch, pos]`` (0 where no target)."""
+def predictions_and_loss(
+    model: HookedTransformer, data: TaskData, fwd_hooks=(), *, batch_size: int | None = None
+) -> dict[str, Tensor]:
+    """Per-position argmax ``preds [batch, pos]`` and cross-entropy ``loss [batch, pos]`` (0 where no target);
+    ``batch_size`` examples per forward (None: from the memory budget)."""
 
     from .fast_attention import fast_logits, has_fast_path
 
@@ -124,7 +147,7 @@ def predictions_and_loss(model: HookedTransformer, data: TaskData, fwd_hooks=())
                 logits = fast_logits(model, chunk.tokens) if fast else model(chunk.tokens)
         return {"preds": logits.argmax(-1), "loss": per_position_loss(logits, chunk.targets)}
 
-    return map_chunks(model, data, one)
+    return map_chunks(model, data, one, batch_size=batch_size)
 
 
 def per_position_loss(
@@ -173,7 +196,7 @@ def sparse_predictions_and_loss(model: HookedTransformer, data, batch_size: int 
     elsewhere) via the exact query-restricted forward, or None where that forward does not apply."""
     if not supports_query_forward(model):
         return None
-    device = next(model.parameters()).device
+    device = model_device(model)
     data = data.to(device)
     check_tokens(model, data.tokens)
     if target_positions(data.select(slice(0, 1))) is None:

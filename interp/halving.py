@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .configs import SELF_SCORED, check_strategy
+from .device import model_device
 from .errors import ConfigError
 from .heads import Head, all_heads, head_label, head_mask, parse_head
 
@@ -110,7 +111,7 @@ class Halving:
         """Zero the masked heads' parameters (and, with ``optimizer``, their Adam moments)."""
         if len(self.active) == self.n_layers * self.n_heads:
             return
-        mask = self.mask.to(next(model.parameters()).device)
+        mask = self.mask.to(model_device(model))
         for name, p, layer in _per_head_params(model):
             if not p.requires_grad and name == "W_O":
                 continue  # a frozen output matrix stays as the spec fixes it; z is zero anyway

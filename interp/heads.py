@@ -2,7 +2,7 @@
 
 A head is ``(layer, head)`` with two integers, or a name ``'L0H3'`` / ``'0.3'``. A set of heads is a mask
 ``[n_layers, n_heads]`` (1 = kept); many sets are a mask with a subset axis ``[subset, n_layers, n_heads]``.
-:func:`head_sets` reads every spelling an analysis's ``heads=`` takes.
+:func:`parse_head_sets` reads every spelling an analysis's ``heads=`` takes (:func:`head_sets`: as a mask).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def head_mask(subsets: Sequence[Iterable], n_layers: int, n_heads: int, device=N
     return mask.to(device) if device is not None else mask
 
 
-def _is_head(spec: object) -> bool:
+def is_head(spec: object) -> bool:
+    """Whether ``spec`` spells one head (``'L0H3'``, ``'0.3'``, ``(0, 3)``), not a set of heads."""
     if isinstance(spec, str):
         return bool(_HEAD_RE.match(spec.strip()) or re.match(r"^\d+\.\d+$", spec.strip()))
     try:
@@ -86,25 +87,27 @@ def _is_head(spec: object) -> bool:
     return len(parts) == 2 and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in parts)
 
 
-def head_sets(heads: object, n_layers: int, n_heads: int, *, default: str = "all", device=None):
-    """Every spelling of an analysis's ``heads=`` as a float mask ``[subset, n_layers, n_heads]`` (1 = in the set):
+def parse_head_sets(heads: object, n_layers: int, n_heads: int, *, default: str = "all") -> list[tuple[Head, ...]]:
+    """Every spelling of an analysis's ``heads=`` as a list of head sets, each a tuple of ``(layer, head)`` in the
+    order given (the one parser of the toolkit; :func:`head_sets` is its mask):
 
     - ``None``: ``default`` decides: ``"all"`` (one set of every head) or ``"each"`` (each head alone, one set per
       head);
     - one head (``"L0H3"``, ``"0.3"``, ``(0, 3)``) or a list of heads (``["L0H1", (1, 0)]``): one set;
     - a list of sets (``[["L0H1"], ["L0H1", "L0H2"], []]``): one set each (a list whose elements all parse as
-      heads is one set, so ``[(0, 1), (0, 2)]`` is one set of two heads);
-    - a mask ``[n_layers, n_heads]`` (one set) or ``[subset, n_layers, n_heads]`` (0 or 1 values).
+      heads is one set, so ``[(0, 1), (0, 2)]`` is one set of two heads; ``[]`` is one empty set);
+    - a mask ``[n_layers, n_heads]`` (one set) or ``[subset, n_layers, n_heads]`` (0 or 1 values; 1 = in the set),
+      its heads in layer order.
 
-    Heads are checked against the model's shape; anything else is a HeadError saying what is expected."""
+    Heads are checked against the model's shape and a set may not name a head twice; anything else is a HeadError
+    saying what is expected."""
     import torch
 
+    if default not in ("all", "each"):
+        raise HeadError(f"default must be 'all' or 'each', got {default!r}")
     if heads is None:
-        if default == "each":
-            sets = [[h] for h in all_heads(n_layers, n_heads)]
-        else:
-            sets = [all_heads(n_layers, n_heads)]
-        return head_mask(sets, n_layers, n_heads, device=device)
+        every = all_heads(n_layers, n_heads)
+        return [(h,) for h in every] if default == "each" else [tuple(every)]
     if isinstance(heads, torch.Tensor):
         mask = heads.detach().float()
         if mask.dim() == 2:
@@ -115,10 +118,10 @@ def head_sets(heads: object, n_layers: int, n_heads: int, *, default: str = "all
                 f"{n_heads}] (one set) or [subset, {n_layers}, {n_heads}], 1 = in the set"
             )
         if not bool(((mask == 0) | (mask == 1)).all()):
-            raise HeadError("a head mask holds values other than 0 and 1")
-        return mask.to(device) if device is not None else mask
-    if _is_head(heads):
-        return head_mask([[heads]], n_layers, n_heads, device=device)
+            raise HeadError("a head mask holds values other than 0 and 1 (1 = in the set, 0 = not)")
+        return [tuple((int(l), int(h)) for l, h in m.nonzero().tolist()) for m in mask.cpu()]
+    if is_head(heads):
+        return [(parse_head(heads, n_layers, n_heads),)]
     try:
         items = list(heads)  # type: ignore[call-overload]
     except TypeError:
@@ -126,15 +129,49 @@ def head_sets(heads: object, n_layers: int, n_heads: int, *, default: str = "all
             f"cannot read heads={heads!r}; expected a head ('L0H3' or (0, 3)), a list of heads, a list of head "
             "sets, or a mask [n_layers, n_heads]"
         ) from None
-    if all(_is_head(x) for x in items):
-        return head_mask([items], n_layers, n_heads, device=device)
+    if all(is_head(x) for x in items):
+        return [tuple(parse_heads(items, n_layers, n_heads))]
     bad = [x for x in items if isinstance(x, str) or not _iterable(x)]
     if bad:
         raise HeadError(
             f"cannot read {bad[0]!r} in heads=...; expected a head ('L0H3' or (0, 3)) in a list of heads, or a "
             "list of head sets"
         )
-    return head_mask([list(x) for x in items], n_layers, n_heads, device=device)
+    return [tuple(parse_heads(list(x), n_layers, n_heads)) for x in items]
+
+
+def head_sets(heads: object, n_layers: int, n_heads: int, *, default: str = "all", device=None):
+    """Every spelling of an analysis's ``heads=`` (see :func:`parse_head_sets`) as a float mask ``[subset, n_layers,
+    n_heads]``, 1 = in the set (kept)."""
+    import torch
+
+    if isinstance(heads, torch.Tensor):
+        parse_head_sets(heads, n_layers, n_heads)  # checks the shape and the values
+        mask = heads.detach().float()
+        mask = mask[None] if mask.dim() == 2 else mask
+        return mask.to(device) if device is not None else mask
+    return head_mask(parse_head_sets(heads, n_layers, n_heads, default=default), n_layers, n_heads, device=device)
+
+
+def one_set(
+    heads: object, n_layers: int, n_heads: int, *, name: str = "heads", allow_empty: bool = False
+) -> list[Head]:
+    """The one head set ``heads=`` names (a head, a list of heads, or a mask ``[n_layers, n_heads]``), in the order
+    given; a HeadError where it names several sets (or, unless ``allow_empty``, no head)."""
+    sets = parse_head_sets(heads, n_layers, n_heads)
+    if len(sets) != 1:
+        raise HeadError(f"{name}= takes one set of heads (a head or a list of heads), got {len(sets)} sets")
+    if not sets[0] and not allow_empty:
+        raise HeadError(f"{name}= names no head; expected at least one")
+    return list(sets[0])
+
+
+def one_head(heads: object, n_layers: int, n_heads: int, what: str = "this analysis") -> Head:
+    """The one head ``heads=`` names (a head, or a set of one); a HeadError where it names another number."""
+    sets = parse_head_sets(heads, n_layers, n_heads)
+    if len(sets) != 1 or len(sets[0]) != 1:
+        raise HeadError(f"{what} takes one head (e.g. heads='L0H3'), got heads={heads!r}")
+    return sets[0][0]
 
 
 def _iterable(x: object) -> bool:

@@ -36,11 +36,6 @@ def lm_targets(data: TaskData) -> Int[Tensor, "batch pos"]:
     return targets
 
 
-def objective_targets(data: TaskData, objective: str) -> Int[Tensor, "batch pos"]:
-    """The targets a training step's loss is computed on under ``objective``."""
-    return lm_targets(data) if objective == "lm" else data.targets
-
-
 def left_pad(
     tokens: Int[Tensor, "batch pos"], targets: Int[Tensor, "batch pos"], lengths: Int[Tensor, " batch"], pad: int
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:

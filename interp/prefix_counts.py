@@ -118,11 +118,6 @@ class Packed:
     n_rows: Int[Tensor, " K"]
 
 
-def block_rows(rows: PrefixRows, idx: Int[Tensor, "K b"]) -> Int[Tensor, "K blocks"]:
-    """How many rows each model's sentences ``idx`` have in each block."""
-    return torch.stack([blk.length[idx].sum(-1) for blk in rows.blocks], -1)
-
-
 def pack(rows: PrefixRows, idx: Int[Tensor, "K b"], widths: Sequence[int] | None = None) -> Packed:
     """Lay out the rows of each model's sentences ``idx`` (vectorised over the models; no sort), each block
     ``widths[i]`` columns wide (at least as many as any model has rows in it; the most any model has where None).

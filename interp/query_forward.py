@@ -129,4 +129,19 @@ def logits_at(
         out = F.dropout(out, p=dropout, training=True)
     rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
     resid = x[rows, query_pos] + out
-    return model.unembed(model.ln_final(resid) if hasattr(model, "ln_final") else resid)
+    return soft_capped(model, model.unembed(model.ln_final(resid) if hasattr(model, "ln_final") else resid))
+
+
+def soft_capped(model: HookedTransformer, logits: Tensor) -> Tensor:
+    """The logits as the model outputs them: ``cap * tanh(logits / cap)`` where its config sets
+    ``output_logits_soft_cap`` (Gemma 2's logit soft-capping, which TransformerLens' forward applies), unchanged
+    otherwise. Every shortcut that unembeds by hand ends with it."""
+    from transformer_lens.utilities.activation_functions import apply_softcap
+
+    return apply_softcap(logits, getattr(model.cfg, "output_logits_soft_cap", None))
+
+
+def has_soft_cap(model: HookedTransformer) -> bool:
+    """Whether the model soft-caps its logits (then they are not affine in the heads' outputs)."""
+    cap = getattr(model.cfg, "output_logits_soft_cap", None)
+    return cap is not None and cap > 0

@@ -44,6 +44,27 @@ def jsonable(x: Any) -> Any:
     raise TypeError(f"cannot turn a {type(x).__name__} into JSON")
 
 
+def floats(x, dtype=None):
+    """A float tensor of ``x`` (nested lists of numbers as ``to_dict`` wrote them; ``None``, JSON's NaN or infinity,
+    read back as NaN): what ``from_dict`` reads a tensor field with. float64 by default, which holds every float32
+    value exactly, so that ``from_dict(d).to_dict() == d``."""
+    import torch
+
+    def walk(v):
+        if isinstance(v, list):
+            return [walk(u) for u in v]
+        return float("nan") if v is None else float(v)
+
+    return torch.tensor(walk(x), dtype=dtype or torch.float64)
+
+
+def head_of(label: str) -> tuple[int, int]:
+    """``'L0H3' -> (0, 3)``: a head as ``to_dict`` names it, read back."""
+    from .heads import parse_head
+
+    return parse_head(label, 10**9, 10**9)
+
+
 class Result:
     """Base class of analysis results: ``to_dict``, ``from_dict``, ``text``, ``figure``, ``table_html`` and a rich
     Jupyter display."""

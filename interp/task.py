@@ -159,7 +159,7 @@ class Task(Protocol):
         """Keyword arguments for ``interp.training.TrainConfig`` suited to this task."""
 
     def params(self) -> dict[str, Any]:
-        """JSON-serialisable parameters that rebuild this task via ``interp.tasks.get_task(name, **params)``."""
+        """JSON-serialisable parameters that rebuild this task via ``interp.get_task(name, **params)``."""
 
     def check_data(self, data: TaskData) -> None:
         """Raise a TaskError if ``data`` does not belong to this task."""

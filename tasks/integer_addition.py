@@ -28,6 +28,7 @@ examples (the rare-case test set). ``test`` is uniform random sums.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.errors import TaskError
+from interp.registry import TaskPlugin
 from interp.task import IGNORE, TaskData, Vocab
 
 TOKENS = tuple(str(d) for d in range(10)) + ("[EOS]", "+", "=", "[BOS]", "[PAD]")
@@ -344,3 +346,13 @@ def digit_correct(preds: Int[Tensor, "batch pos"], data: TaskData) -> Tensor:
     got = preds.gather(1, pos)
     want = data.fields["answer"][:, : pos.shape[1]].to(preds.device)
     return (got == want) & (data.fields["digit_case"][:, : pos.shape[1]].to(preds.device) >= 0)
+
+
+# The registration, found through this distribution's entry point (pyproject.toml, group "interp.tasks"), as a
+# user's task is found through theirs: the suite is imported only when asked for.
+PLUGIN = TaskPlugin(
+    name=IntegerAddition.name,
+    make=IntegerAddition,
+    suite="interp.analyses.integer_addition.suite:SUITE",
+    checkpoints=Path(__file__).parent / "checkpoints",
+)

@@ -14,6 +14,7 @@ betas (0.9, 0.98), 10 warmup steps, no dropout, the loss in float64, the last ep
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.errors import TaskError
+from interp.registry import TaskPlugin
 from interp.task import IGNORE, TaskData, Vocab
 
 EQ_POS = 2  # the answer position: "a b =" -> the prediction made at "="
@@ -158,3 +160,13 @@ def make_pairs(a, b, p: int) -> TaskData:
         fields={"a": a, "b": b},
         vocab=vocab,
     )
+
+
+# The registration, found through this distribution's entry point (pyproject.toml, group "interp.tasks"), as a
+# user's task is found through theirs: the suite is imported only when asked for.
+PLUGIN = TaskPlugin(
+    name=ModularAddition.name,
+    make=ModularAddition,
+    suite="interp.analyses.modular_addition.suite:SUITE",
+    checkpoints=Path(__file__).parent / "checkpoints",
+)

@@ -9,6 +9,7 @@ input-only token the model never predicts.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.errors import TaskError
+from interp.registry import TaskPlugin
 from interp.task import IGNORE, TaskData, Vocab
 
 TOKENS = ("[BOS]", "0", "1", "2", "=", "4", "5", "[EOS]", "[PAD]")
@@ -158,3 +160,13 @@ def make_sentences(digit_seqs: list[Tensor] | list[list[int]]) -> TaskData:
         fields={"n0": counts[:, 0], "n1": counts[:, 1], "n2": counts[:, 2], "n_digits": n},
         vocab=VOCAB,
     )
+
+
+# The registration, found through this distribution's entry point (pyproject.toml, group "interp.tasks"), as a
+# user's task is found through theirs: the suite is imported only when asked for.
+PLUGIN = TaskPlugin(
+    name=NoisyMajority.name,
+    make=NoisyMajority,
+    suite="interp.analyses.noisy_majority.suite:SUITE",
+    checkpoints=Path(__file__).parent / "checkpoints",
+)

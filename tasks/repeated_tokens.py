@@ -22,6 +22,7 @@ and input-only (the model's output vocabulary is the symbols).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.errors import TaskError
+from interp.registry import TaskPlugin
 from interp.task import IGNORE, TaskData, Vocab
 
 
@@ -190,3 +192,14 @@ class RepeatedTokens:
             raise TaskError(f"data of task {data.task!r} was given where {self.name!r} data is expected")
         if "repeat_len" not in data.fields:
             raise TaskError("repeated-tokens data needs the field 'repeat_len' (build it with make_sequences)")
+
+
+# The registration, found through this distribution's entry point (pyproject.toml, group "interp.tasks"), as a
+# user's task is found through theirs: the suite is imported only when asked for.
+PLUGIN = TaskPlugin(
+    name=RepeatedTokens.name,
+    make=RepeatedTokens,
+    suite="interp.analyses.repeated_tokens.suite:SUITE",
+    checkpoints=Path(__file__).parent / "checkpoints",
+    aliases={"induction": "repeated-tokens", "induction-1layer": "repeated-tokens-1layer"},  # old checkpoint names
+)

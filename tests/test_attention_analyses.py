@@ -78,13 +78,12 @@ def test_every_analysis_runs_on_the_variant(trained, variant, shape, full):
     from interp.analyses import (
         activation_patching,
         attention_spectrum,
-        coalition_values,
         composition_scores,
-        exact_shapley,
         full_ov_circuit,
         full_qk_circuit,
         head_scores,
         path_patching,
+        shapley_values,
         suite_for,
     )
     from interp.analyses.learned_accuracies import learned_accuracy
@@ -101,32 +100,32 @@ def test_every_analysis_runs_on_the_variant(trained, variant, shape, full):
         summary = suite_for(task).analyze(ck)  # learned and separation accuracy, attention ratios, pair tables
         assert len(summary.rows) == model.cfg.n_layers * model.cfg.n_heads
     every = [(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    learned = learned_accuracy(model, test, [[(0, 0)], every], task=task)
+    learned = learned_accuracy(model, test, heads=[[(0, 0)], every], task=task)
     assert learned.accuracy[-1] == pytest.approx(evaluate(model, task, test)["accuracy"])
     heads = [(0, h) for h in range(min(4, model.cfg.n_heads))]
-    shapley = exact_shapley(coalition_values(model, test, value="learned-accuracy", heads=heads, task=task))
+    shapley = shapley_values(model, test, value="learned-accuracy", heads=heads, method="exact", task=task)
     assert torch.isfinite(shapley.shapley).all()
     corrupted = flip_answer(test.select(slice(0, 8)))
     clean = test.select(slice(0, 8))
     for where in ("z", "pattern"):
-        patched = activation_patching(model, clean, corrupted, "logit_diff", where=where, per="head")
+        patched = activation_patching(model, clean, corrupted=corrupted, metric="logit_diff", where=where, per="head")
         assert patched.to_json()
     if model.cfg.n_layers > 1:
-        assert path_patching(model, clean, corrupted).to_json()
+        assert path_patching(model, clean, corrupted=corrupted).to_json()
         comp = composition_scores(model, n_baseline=20)
         pooling = ck.spec.attention.split("+")[0]
         assert bool(torch.isnan(comp.scores("K")[0, :, 1]).all()) == (
             pooling in ("linear:relu", "linear:elu", "additive")
         )
     assert torch.isfinite(head_scores(model, test.tokens[:8]).induction).all()
-    assert full_ov_circuit(model, "L0H0").dense().isfinite().all()
+    assert full_ov_circuit(model, heads="L0H0").dense().isfinite().all()
     if ck.spec.attention.split("+")[0] in ("linear:relu", "linear:elu", "additive"):
         with pytest.raises(ConfigError, match="bilinear q·k score, undefined") as e:
-            full_qk_circuit(model, "L0H0")
+            full_qk_circuit(model, heads="L0H0")
         assert "\n" not in str(e.value)
     else:
-        assert full_qk_circuit(model, "L0H0").dense().isfinite().all()
-    spectrum = attention_spectrum(model, test, task, n_inputs=8)
+        assert full_qk_circuit(model, heads="L0H0").dense().isfinite().all()
+    spectrum = attention_spectrum(model, test, task=task, n_inputs=8)
     assert spectrum.accuracy[-1] == pytest.approx(spectrum.full_accuracy)  # full rank: P itself
     masked = any(
         t.split(":")[0] in ("window", "dilated", "global", "random", "bigbird") for t in ck.spec.attention.split("+")

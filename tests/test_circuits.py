@@ -56,18 +56,23 @@ def test_circuits_equal_dense_products(model):
         for h in range(3):
             qk = model.W_Q[l, h] @ model.W_K[l, h].T
             ov = model.W_V[l, h] @ model.W_O[l, h]
-            torch.testing.assert_close(full_qk_circuit(model, (l, h)).dense(), W_E @ qk @ W_E.T, atol=ATOL, rtol=1e-4)
             torch.testing.assert_close(
-                full_ov_circuit(model, f"L{l}H{h}").dense(), W_E @ ov @ W_U, atol=ATOL, rtol=1e-4
+                full_qk_circuit(model, heads=(l, h)).dense(), W_E @ qk @ W_E.T, atol=ATOL, rtol=1e-4
             )
             torch.testing.assert_close(
-                positional_qk_circuit(model, (l, h)).dense(), W_pos @ qk @ W_pos.T, atol=ATOL, rtol=1e-4
+                full_ov_circuit(model, heads=f"L{l}H{h}").dense(), W_E @ ov @ W_U, atol=ATOL, rtol=1e-4
             )
-    torch.testing.assert_close(positional_qk_circuit(model, (0, 1), n_pos=4).dense().shape, torch.Size([4, 4]))
+            torch.testing.assert_close(
+                positional_qk_circuit(model, heads=(l, h)).dense(), W_pos @ qk @ W_pos.T, atol=ATOL, rtol=1e-4
+            )
+    torch.testing.assert_close(positional_qk_circuit(model, heads=(0, 1), n_pos=4).dense().shape, torch.Size([4, 4]))
     ov0 = model.W_V[0, 2] @ model.W_O[0, 2]
     qk1 = model.W_Q[1, 1] @ model.W_K[1, 1].T
     torch.testing.assert_close(
-        k_composition_circuit(model, "L0H2", "L1H1").dense(), W_E @ qk1 @ ov0.T @ W_E.T, atol=ATOL, rtol=1e-4
+        k_composition_circuit(model, senders="L0H2", receivers="L1H1").dense(),
+        W_E @ qk1 @ ov0.T @ W_E.T,
+        atol=ATOL,
+        rtol=1e-4,
     )
     torch.testing.assert_close(bigram_table(model).dense(), W_E @ W_U, atol=ATOL, rtol=1e-4)
 
@@ -75,7 +80,7 @@ def test_circuits_equal_dense_products(model):
 def test_k_composition_circuit_scores_what_layer1_sees():
     """Through the hand-built circuit, the K-composition circuit is the induction QK: diagonal (same token)."""
     m = induction_circuit_model(n_symbols=6, n_ctx=13)
-    kc = k_composition_circuit(m, "L0H0", "L1H0").dense()
+    kc = k_composition_circuit(m, senders="L0H0", receivers="L1H0").dense()
     assert torch.allclose(kc, kc[0, 0] * torch.eye(7), atol=1e-4) and kc[0, 0] > 0
 
 
@@ -137,12 +142,47 @@ def test_one_layer_decomposition_is_the_seed_formula():
 
 def test_errors_and_figures(model):
     with pytest.raises(HeadError, match="out of range"):
-        full_ov_circuit(model, "L2H0")
+        full_ov_circuit(model, heads="L2H0")
     with pytest.raises(InterpError, match="later layer"):
-        k_composition_circuit(model, "L1H0", "L0H0")
+        k_composition_circuit(model, senders="L1H0", receivers="L0H0")
     with pytest.raises(ConfigError, match="LayerNorm"):
         logit_decomposition(make(normalization="LN"), torch.zeros(1, 3, dtype=torch.long))
-    fig = full_ov_circuit(model, "L0H0").figure()
+    fig = full_ov_circuit(model, heads="L0H0").figure()
     assert fig.data[0].type == "heatmap" and len(fig.data[0].z) == 9
     assert ov_copying(model).figure().data[0].type == "heatmap"
     assert "<table" in ov_copying(model)._repr_html_() and "<td>L0H0</td>" in ov_copying(model)._repr_html_()
+
+
+def test_token_qk_circuit_of_a_rotary_model_says_it_leaves_the_rotation_out():
+    """Under rotary positions the attention score of two tokens depends on their distance, which W_E W_QK W_E^T
+    leaves out: the circuit says so (its note and text), and the positional QK circuit, which needs a learned W_pos,
+    is refused."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from interp.errors import ConfigError
+
+    cfg = HookedTransformerConfig(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_head=8,
+        d_vocab=9,
+        n_ctx=12,
+        attn_only=True,
+        act_fn="relu",
+        seed=0,
+        positional_embedding_type="rotary",
+        rotary_dim=8,
+        device="cpu",
+    )
+    model = HookedTransformer(cfg).eval()
+    for circuit in (
+        full_qk_circuit(model, heads="L0H1"),
+        full_qk_circuit(model, heads=["L0H0", "L1H1"]),
+        k_composition_circuit(model, senders="L0H0", receivers="L1H1"),
+    ):
+        assert "rotary" in circuit.note and "rotary" in circuit.text()
+        assert circuit.to_dict()["note"] == circuit.note
+    assert full_ov_circuit(model, heads="L0H1").note == ""  # the OV circuit does not depend on positions
+    with pytest.raises(ConfigError, match="learned W_pos"):
+        positional_qk_circuit(model, heads="L0H0")

@@ -16,6 +16,7 @@ import torch
 
 import interp
 from interp import analyses
+from interp.analyses.reference import learned_accuracy_loop
 from interp.analyses.repeated_tokens.corrupt import corrupted_pair
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.tasks import get_task, shipped_checkpoints
@@ -88,7 +89,7 @@ def kept_of(model, off):
 
 
 def reference_hooks(model, kept, z_ref=None):
-    """hook_z hooks written here, as analyses.learned_accuracy_loop writes them (one mask, zero or mean)."""
+    """hook_z hooks written here, as learned_accuracy_loop (the reference) writes them (one mask, zero or mean)."""
     mask = interp.head_mask([kept], model.cfg.n_layers, model.cfg.n_heads)[0]
 
     def hook(z, hook):
@@ -115,8 +116,12 @@ def check_view(w, model, task, split, index, off, ablation, batch_size):
     # the answer position: the learned-accuracy path's logits (hooks, and the fast path where it applies)
     pred = w.prediction
     row = pred.positions.index(pred.answer_pos)
-    fast = analyses.subset_answer_logits(model, ex, [kept], ablation=ablation, reference=batch, method="auto")[0, 0]
-    la = analyses.subset_answer_logits(model, ex, [kept], ablation=ablation, reference=batch, method="hooks")[0, 0]
+    fast = analyses.subset_answer_logits(model, ex, heads=[kept], ablation=ablation, reference=batch, method="auto")[
+        0, 0
+    ]
+    la = analyses.subset_answer_logits(model, ex, heads=[kept], ablation=ablation, reference=batch, method="hooks")[
+        0, 0
+    ]
     torch.testing.assert_close(pred.logits[row], la, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pred.logits[row], fast, rtol=1e-5, atol=1e-5)
     assert pred.answer["correct"] == bool(la.argmax() == ex.labels[0])
@@ -124,16 +129,16 @@ def check_view(w, model, task, split, index, off, ablation, batch_size):
     assert pred.top_ids[row].tolist() == top.indices.tolist()
     torch.testing.assert_close(pred.top_probs[row], top.values, rtol=1e-5, atol=1e-6)
     # accuracy: learned_accuracy on the same batch, exactly (and its slow one-forward-per-subset reference)
-    assert w.accuracy == float(analyses.learned_accuracy(model, batch, [kept], ablation=ablation).accuracy[0])
-    assert w.accuracy == float(analyses.learned_accuracy_loop(model, batch, [kept], ablation=ablation).accuracy[0])
+    assert w.accuracy == float(analyses.learned_accuracy(model, batch, heads=[kept], ablation=ablation).accuracy[0])
+    assert w.accuracy == float(learned_accuracy_loop(model, batch, heads=[kept], ablation=ablation).accuracy[0])
     assert w.full_accuracy == float(
-        analyses.learned_accuracy(model, batch, [all_heads(model)], ablation=ablation).accuracy[0]
+        analyses.learned_accuracy(model, batch, heads=[all_heads(model)], ablation=ablation).accuracy[0]
     )
     view = w.accuracy_view
     assert (
         view["correct"] == round(w.accuracy * batch_size)
         and view["n"] == batch_size
-        and view["mask"] == (w.mask)
+        and view["ablated"] == (w.ablated)
         and view["split"] == split
     )
 
@@ -145,7 +150,7 @@ def check_view(w, model, task, split, index, off, ablation, batch_size):
 def test_prediction_patterns_and_accuracy_equal_the_toolkit(shaped, ablation):
     model, task, off = shaped
     w = interp.explore(model, task, batch_size=BATCH, ablation=ablation)
-    w.mask = off
+    w.ablated = off
     w.example = ("test", 5)
     check_view(w, model, task, "test", 5, off, ablation, BATCH)
     w.example = ("val", 3)  # another split: the accuracy batch follows it
@@ -157,9 +162,9 @@ def test_each_example_of_the_batch_agrees_with_the_batched_accuracy(shaped):
     """An example's 'correct' under the mask is its row of the batched learned-accuracy logits."""
     model, task, off = shaped
     w = interp.explore(model, task, batch_size=BATCH, ablation="mean")
-    w.mask = off
+    w.ablated = off
     batch = task.dataset("test").select(slice(0, BATCH))
-    logits = analyses.subset_answer_logits(model, batch, [kept_of(model, off)], ablation="mean")[0]
+    logits = analyses.subset_answer_logits(model, batch, heads=[kept_of(model, off)], ablation="mean")[0]
     ok = (logits.argmax(-1) == batch.labels).tolist()
     for i in range(12):
         w.example = ("test", i)
@@ -174,7 +179,7 @@ def test_patching_equals_activation_and_path_patching(shaped):
     clean = task.dataset("test").select([2])
     w.corruption = "flip"
     ref = analyses.activation_patching(
-        model, clean, analyses.flip_answer(clean, seed=0), metric="logit_diff", where="z", per="head"
+        model, clean, corrupted=analyses.flip_answer(clean, seed=0), metric="logit_diff", where="z", per="head"
     )
     assert torch.equal(w.patching.values, ref.values) and w.patching.clean == ref.clean
     assert w.corrupted_tokens == task.vocab.decode(analyses.flip_answer(clean, seed=0).tokens[0])
@@ -182,11 +187,11 @@ def test_patching_equals_activation_and_path_patching(shaped):
     j = w.patch_view["resampled"]
     corrupted = task.dataset("test").select([j])
     assert j > 2 and corrupted.tokens.shape == clean.tokens.shape and int(corrupted.labels[0]) != int(clean.labels[0])
-    ref = analyses.activation_patching(model, clean, corrupted, metric="logit_diff", where="z", per="head")
+    ref = analyses.activation_patching(model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="head")
     assert torch.equal(w.patching.values, ref.values)
     if model.cfg.n_layers > 1:
         w.sender = "L0H1"
-        path = analyses.path_patching(model, clean, corrupted, metric="logit_diff", senders=["L0H1"])
+        path = analyses.path_patching(model, clean, corrupted=corrupted, metric="logit_diff", senders=["L0H1"])
         torch.testing.assert_close(w.path_patching.values, path.values, rtol=0, atol=0, equal_nan=True)
         assert [r["receiver"] for r in w.patch_view["path"]["rows"]] == [r["receiver"] for r in path.rows()]
     else:
@@ -202,7 +207,7 @@ def test_task_metrics_under_the_mask(shaped):
 
     model, task, off = shaped
     w = interp.explore(model, task, batch_size=BATCH)
-    w.mask = off
+    w.ablated = off
     batch = task.dataset("test").select(slice(0, BATCH))
     out = predictions_and_loss(model, batch, fwd_hooks=reference_hooks(model, kept_of(model, off)))
     assert w.metrics == task.metrics(out["preds"], out["loss"], batch)
@@ -236,7 +241,7 @@ def test_every_shipped_checkpoint(name):
     model, task = ckpt.model, ckpt.task
     w = interp.explore(ckpt, batch_size=BATCH)
     off = [interp.head_label(model.cfg.n_layers - 1, 0)]
-    w.mask = off
+    w.ablated = off
     w.example = ("test", 7)
     check_view(w, model, task, "test", 7, off, "zero", BATCH)  # (mean ablation: the 1-head, 64-head and 2-layer tests)
     clean = task.dataset("test").select([7])
@@ -252,13 +257,13 @@ def test_every_shipped_checkpoint(name):
             c, corrupted = clean, analyses.flip_answer(clean, seed=0)
         else:
             c, corrupted = clean, task.dataset("test").select([w.patch_view["resampled"]])
-        ref = analyses.activation_patching(model, c, corrupted, metric="logit_diff", where="z", per="head")
+        ref = analyses.activation_patching(model, c, corrupted=corrupted, metric="logit_diff", where="z", per="head")
         assert torch.equal(w.patching.values, ref.values), kind
         assert w.patching.corrupted == ref.corrupted
     w.corruption = None
     assert w.example == ("test", 7)
     w.head = interp.head_label(0, 0)
-    qk = analyses.full_qk_circuit(model, "L0H0", task.vocab).dense()
+    qk = analyses.full_qk_circuit(model, heads="L0H0", vocab=task.vocab).dense()
     c = w.head_view["circuits"][0]
     got = torch.frombuffer(bytearray(c["data"]), dtype=torch.float32).view(*c["shape"])
     assert torch.equal(got, qk[: c["shape"][0], : c["shape"][1]].float())
@@ -285,7 +290,7 @@ def test_typed_input_is_the_tasks_own_example(name):
     before = w.prediction
     w.tokens = typed
     assert w.tokens == toks and w.example is None and w.controls["source"] == "typed"
-    clean = w._clean
+    clean = w.input_data
     for f in ("tokens", "targets", "answer_pos", "labels", "lengths"):
         assert torch.equal(getattr(clean, f), getattr(ex, f)), f
     torch.testing.assert_close(w.prediction.logits, before.logits, rtol=0, atol=1e-6)
@@ -334,8 +339,8 @@ def test_explore_arguments(nm, small_task):
 
 def test_bad_input_from_the_page_is_one_line_and_changes_nothing(nm):
     w = interp.explore(nm, batch_size=BATCH)
-    w.mask = ["L0H2"]
-    before = (w.tokens, w.mask, w.accuracy, w.example, w.ablation, w.batch_size)
+    w.ablated = ["L0H2"]
+    before = (w.tokens, w.ablated, w.accuracy, w.example, w.ablation, w.batch_size)
     cases = [
         ({"type": "typed", "text": "0 1 x"}, "unknown token 'x'"),
         ({"type": "typed", "text": "0 1 5"}, "digits 0, 1, 2"),
@@ -361,7 +366,7 @@ def test_bad_input_from_the_page_is_one_line_and_changes_nothing(nm):
         err = send(w, **msg)
         assert expect in err, (msg, err)
         assert "\n" not in err and "Traceback" not in err and len(err) <= 300, err
-        assert (w.tokens, w.mask, w.accuracy, w.example, w.ablation, w.batch_size) == before, msg
+        assert (w.tokens, w.ablated, w.accuracy, w.example, w.ablation, w.batch_size) == before, msg
         assert w.corruption is None
     assert w.last_traceback is None
     assert send(w, type="example", split="test", index=1) == ""  # the next good event clears the line
@@ -372,7 +377,7 @@ def test_python_setters_raise_the_toolkits_errors(nm):
     with pytest.raises(TokenError, match="unknown token"):
         w.tokens = "0 1 x"
     with pytest.raises(HeadError):
-        w.mask = ["L0H99"]
+        w.ablated = ["L0H99"]
     with pytest.raises(TaskError):
         w.example = ("nope", 0)
     with pytest.raises(InterpError):
@@ -387,14 +392,16 @@ def test_page_events_drive_the_state(nm):
     model, task = nm.model, nm.task
     w = interp.explore(nm, batch_size=BATCH, seed=5)
     batch = task.dataset("test").select(slice(0, BATCH))
-    assert send(w, type="toggle", head="L0H3") == "" and w.mask == ["L0H3"] == w.controls["mask"]
-    assert send(w, type="toggle", head="L0H3") == "" and w.mask == []
+    assert send(w, type="toggle", head="L0H3") == "" and w.ablated == ["L0H3"] == w.controls["ablated"]
+    assert send(w, type="toggle", head="L0H3") == "" and w.ablated == []
     assert send(w, type="only", head="L0H5") == ""
-    assert w.mask == [interp.head_label(0, h) for h in range(16) if h != 5]
-    assert w.accuracy == analyses.learned_accuracy_of(model, batch, ["L0H5"])
-    assert send(w, type="mask", heads=["L0H1", "L0H7"]) == "" and w.mask == ["L0H1", "L0H7"]
+    assert w.ablated == [interp.head_label(0, h) for h in range(16) if h != 5]
+    assert w.accuracy == analyses.learned_accuracy_of(model, batch, heads=["L0H5"])
+    assert send(w, type="ablated", heads=["L0H1", "L0H7"]) == "" and w.ablated == ["L0H1", "L0H7"]
     assert send(w, type="ablation", value="mean") == "" and w.ablation == "mean"
-    assert w.accuracy == analyses.learned_accuracy_of(model, batch, kept_of(model, ["L0H1", "L0H7"]), ablation="mean")
+    assert w.accuracy == analyses.learned_accuracy_of(
+        model, batch, heads=kept_of(model, ["L0H1", "L0H7"]), ablation="mean"
+    )
     assert send(w, type="batch_size", value="32") == "" and w.batch_size == 32 and w.accuracy_view["n"] == 32
     assert send(w, type="example", split="val", index=4) == "" and w.example == ("val", 4)
     assert send(w, type="random", split="test") == ""
@@ -411,7 +418,7 @@ def test_page_events_drive_the_state(nm):
     assert send(w, type="compute", what="metrics") == "" and w.accuracy_view["metrics"]["accuracy"] == w.accuracy
     assert send(w, type="export_state") == ""
     state = json.loads(w.export_view["state"])
-    assert state["mask"] == ["L0H1", "L0H7"] and state["input"]["source"] == "typed"
+    assert state["ablated"] == ["L0H1", "L0H7"] and state["input"]["source"] == "typed"
 
 
 def test_head_panel_numbers(nm):
@@ -422,9 +429,9 @@ def test_head_panel_numbers(nm):
     batch = task.dataset("test").select(slice(0, BATCH))
     ex = task.dataset("test").select([3])
     p = w.head_panel
-    singles = analyses.learned_accuracy(model, batch, [[h] for h in all_heads(model)])
+    singles = analyses.learned_accuracy(model, batch, heads=[[h] for h in all_heads(model)])
     assert p["learned_alone"] == singles["L0H8"]
-    assert p["toggled_accuracy"] == analyses.learned_accuracy_of(model, batch, kept_of(model, ["L0H8"]))
+    assert p["toggled_accuracy"] == analyses.learned_accuracy_of(model, batch, heads=kept_of(model, ["L0H8"]))
     # direct logit contribution: the head's term of the toolkit's logit decomposition (no LayerNorm here)
     dec = analyses.logit_decomposition(model, ex)
     ap, label = int(ex.answer_pos[0]), int(ex.labels[0])
@@ -442,10 +449,10 @@ def test_head_panel_numbers(nm):
     # on request: separation accuracy and Shapley values of every head
     assert p["separation"] is None and p["shapley"] is None
     assert send(w, type="compute", what="separation") == ""
-    sep = analyses.separation_accuracy(model, task.dataset("train").select(slice(0, 2000)), batch)
+    sep = analyses.separation_accuracy(model, batch, train=task.dataset("train").select(slice(0, 2000)))
     assert w.head_panel["separation"]["accuracy"] == float(sep.accuracy[8])
     assert send(w, type="compute", what="shapley") == ""
-    shap = analyses.exact_shapley(analyses.coalition_values(model, batch, value="learned-accuracy"))
+    shap = analyses.coalition_values(model, batch, value="learned-accuracy").shapley()
     assert w.head_panel["shapley"]["value"] == shap["L0H8"] and w.head_panel["shapley"]["exact"]
     # switching the open head off: the panel and the toggled accuracy follow
     assert send(w, type="toggle", head="L0H8") == ""
@@ -483,7 +490,7 @@ def test_direct_logit_attribution_of_a_layernorm_model_is_the_frozen_scale_linea
 def test_snippet_reproduces_the_view(nm):
     w = interp.explore("noisy-majority", batch_size=BATCH, device="cpu")
     w.example = ("test", 9)
-    w.mask = ["L0H1", "L0H8"]
+    w.ablated = ["L0H1", "L0H8"]
     w.ablation = "mean"
     w.corruption = "flip"
     w.head = "L0H3"
@@ -496,7 +503,7 @@ def test_snippet_reproduces_the_view(nm):
     w.tokens = "0 0 1 2 1"
     ns = {}
     exec(w.snippet(), ns)
-    assert ns["example"].tokens.tolist() == w._clean.tokens.tolist()
+    assert ns["example"].tokens.tolist() == w.input_data.tokens.tolist()
 
 
 def test_snippet_of_a_helper_pair_and_a_model_without_checkpoint():
@@ -513,13 +520,13 @@ def test_snippet_of_a_helper_pair_and_a_model_without_checkpoint():
 
 def test_state_is_a_result_with_plain_json(nm):
     w = interp.explore(nm, batch_size=BATCH)
-    w.mask = ["L0H4"]
+    w.ablated = ["L0H4"]
     w.head = "L0H4"
     w.corruption = "resample"
     state = w.state()
     assert isinstance(state, interp.Result)
     d = json.loads(state.to_json())
-    assert d["mask"] == ["L0H4"] and d["accuracy"]["accuracy"] == w.accuracy and d["head"]["head"] == "L0H4"
+    assert d["ablated"] == ["L0H4"] and d["accuracy"]["accuracy"] == w.accuracy and d["head"]["head"] == "L0H4"
     assert d["patching"]["corruption"] == "resample" and len(d["prediction"]["rows"]) == 2
     assert "L0H4" in state._repr_html_()
     assert isinstance(w.prediction, interp.Result) and "correct" in repr(w.prediction)
@@ -529,7 +536,7 @@ def test_display_bundle_carries_a_static_snapshot(nm):
     """A saved notebook shows the text/html snapshot where no kernel runs: the input, the prediction, the mask, the
     accuracy and every head's pattern as a PNG."""
     w = interp.explore(nm, batch_size=BATCH)
-    w.mask = ["L0H3"]
+    w.ablated = ["L0H3"]
     data, _ = w._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in data and "text/plain" in data
     html = data["text/html"]
@@ -539,3 +546,109 @@ def test_display_bundle_carries_a_static_snapshot(nm):
     raw = base64.b64decode(pngs[0].split("'")[0])
     assert raw[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<script" not in html  # nothing to run: GitHub's viewer and nbconvert show it as it is
+
+
+# -- the head mask, a task of the user's own, grouped-query attention ----------------------------------------------
+
+
+def test_mask_is_one_for_kept_heads_and_ablated_lists_the_heads_off(nm):
+    """The toolkit's one meaning of a head mask: ``w.mask`` is ``[layer, head]`` with 1 = kept; the heads switched
+    off, as a list, are ``w.ablated``."""
+    model, task = nm.model, nm.task
+    w = interp.explore(nm, batch_size=BATCH)
+    w.ablated = ["L0H1", "L0H7"]
+    assert w.mask.shape == (1, 16) and w.mask.sum() == 14 and w.mask[0, 1] == 0 and w.mask[0, 7] == 0
+    keep = torch.ones(1, 16)
+    keep[0, 3] = 0
+    w.mask = keep
+    assert w.ablated == ["L0H3"] and torch.equal(w.mask, keep)
+    batch = task.dataset("test").select(slice(0, BATCH))
+    assert w.accuracy == analyses.learned_accuracy(model, batch, heads=[kept_of(model, ["L0H3"])]).accuracy[0]
+    with pytest.raises(HeadError, match="use ablated="):
+        w.mask = ["L0H1"]  # a list of heads to switch off is not a mask
+    with pytest.raises(HeadError, match=r"\[1, 16\] tensor of 1 \(kept\) and 0 \(ablated\)"):
+        w.mask = torch.ones(2, 16)
+    assert w.ablated == ["L0H3"]
+
+
+@pytest.fixture
+def own_task():
+    """The example task of docs/own-task.md registered with no suite (the generic suite serves it), small; a model
+    of its default shape, randomly initialised."""
+    import sys
+    from pathlib import Path
+
+    from interp import registry
+
+    folder = str(Path(__file__).resolve().parents[1] / "examples" / "own_task")
+    sys.path.insert(0, folder)
+    try:
+        from parens_task import BalancedParens
+    finally:
+        sys.path.remove(folder)
+    interp.register_task(BalancedParens)
+    task = interp.get_task("balanced-parens", train_size=128, val_size=32, test_size=96, max_len=8)
+    torch.manual_seed(0)
+    model = interp.build_model(interp.ModelSpec(**task.default_spec()), device="cpu")
+    yield model, task
+    registry.unregister_task("balanced-parens")
+    sys.modules.pop("parens_task", None)
+
+
+def test_a_task_without_a_suite_of_its_own(own_task):
+    """The generic suite: typed tokens read as typed with the answer the last one, the corruptions every task has,
+    head scores on repeated random tokens; and the snippet reproduces the view."""
+    model, task = own_task
+    w = interp.explore(model, task, batch_size=BATCH)
+    assert w.info["corruptions"] == ["resample", "typed"] and w.info["typed"]
+    w.tokens = "( ( ) ) = yes"  # [BOS] is put first
+    ex = w.input_data
+    assert w.tokens == ["[BOS]", "(", "(", ")", ")", "=", "yes"] and int(ex.answer_pos[0]) == 5
+    assert int(ex.labels[0]) == task.vocab.index["yes"] and ex.targets[0].tolist().count(interp.IGNORE) == 6
+    assert w.prediction.answer["target"] == "yes"
+    with pytest.raises(TokenError, match="input-only"):
+        w.tokens = "( ) [PAD]"
+    w.example = ("test", 1)
+    w.corruption = "resample"
+    clean, corrupted = task.dataset("test").select([1]), task.dataset("test").select([w.patch_view["resampled"]])
+    ref = analyses.activation_patching(model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="head")
+    assert torch.equal(w.patching.values, ref.values)
+    w.head = "L1H2"
+    assert "random output tokens" in w.head_panel["scores_on"]
+    ns = {"model": model}
+    exec(w.snippet(), ns)
+    assert float(ns["acc"].accuracy[0]) == w.accuracy and torch.equal(ns["patching"].values, w.patching.values)
+
+
+def test_grouped_query_attention_with_a_sender(small_task):
+    """A HookedTransformer with grouped-query attention (2 key/value heads for 4 query heads) paired with a task:
+    the view, the patching and the path patching from a sender equal the toolkit's own calls."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2,
+        d_model=16,
+        n_heads=4,
+        d_head=4,
+        n_key_value_heads=2,
+        n_ctx=small_task.n_ctx,
+        d_vocab=len(small_task.vocab),
+        d_vocab_out=small_task.vocab.n_out,
+        attn_only=True,
+        seed=0,
+        device="cpu",
+    )
+    model = HookedTransformer(cfg)
+    w = interp.explore(model, small_task, batch_size=BATCH)
+    w.ablated = ["L0H2"]
+    w.example = ("test", 2)
+    check_view(w, model, small_task, "test", 2, ["L0H2"], "zero", BATCH)
+    w.corruption = "flip"
+    w.sender = "L0H1"
+    assert w.status["error"] == "" and w.patch_view["error"] == ""
+    clean = small_task.dataset("test").select([2])
+    corrupted = analyses.flip_answer(clean, seed=0)
+    path = analyses.path_patching(model, clean, corrupted=corrupted, metric="logit_diff", senders=["L0H1"])
+    torch.testing.assert_close(w.path_patching.values, path.values, rtol=0, atol=0, equal_nan=True)
+    w.head = "L1H3"
+    assert w.head_panel["head"] == "L1H3" and len(w.head_view["circuits"]) >= 2

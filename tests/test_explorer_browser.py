@@ -63,9 +63,9 @@ def _expected_click():
     model, task = interp.load("noisy-majority", device="cpu")
     batch = task.dataset("test").select(slice(0, BATCH))
     heads = [(0, h) for h in range(model.cfg.n_heads)]
-    without = analyses.learned_accuracy(model, batch, [[x for x in heads if x != h] for h in heads])
+    without = analyses.learned_accuracy(model, batch, heads=[[x for x in heads if x != h] for h in heads])
     i = int(without.accuracy.argmin())
-    full = analyses.learned_accuracy_of(model, batch, heads)
+    full = analyses.learned_accuracy_of(model, batch, heads=heads)
     return interp.head_label(*heads[i]), float(without.accuracy[i]), full
 
 
@@ -193,7 +193,7 @@ def lab(tmp_path_factory):
 def _accuracy(page) -> dict:
     el = page.query_selector(".ix [data-testid=accuracy]")
     return {
-        "mask": el.get_attribute("data-mask"),
+        "ablated": el.get_attribute("data-ablated"),
         "correct": int(el.get_attribute("data-correct")),
         "n": int(el.get_attribute("data-n")),
         "text": el.query_selector(".ix-accval").inner_text(),
@@ -213,11 +213,11 @@ def test_switching_a_head_off_by_clicking_updates_the_accuracy(lab):
     page, browser, _, shots, blocked, errors = lab
     head, expected, full = _expected_click()
     before = _accuracy(page)
-    assert before["mask"] == "" and before["n"] == BATCH and before["correct"] == round(full * BATCH)
+    assert before["ablated"] == "" and before["n"] == BATCH and before["correct"] == round(full * BATCH)
     assert before["text"] == f"{full:.4f}"
     seq = page.get_attribute(".ix", "data-seq")
     page.click(f".ix .ix-toggle[data-head={head}]")
-    page.wait_for_selector(f".ix [data-testid=accuracy][data-mask={head}]", timeout=60_000)
+    page.wait_for_selector(f".ix [data-testid=accuracy][data-ablated={head}]", timeout=60_000)
     ms = _roundtrip(page, seq)
     after = _accuracy(page)
     assert after["correct"] == round(expected * BATCH) and after["n"] == BATCH
@@ -238,7 +238,7 @@ def test_switching_a_head_off_by_clicking_updates_the_accuracy(lab):
         seq = page.get_attribute(".ix", "data-seq")
         page.click(f".ix .ix-toggle[data-head={h}]")
         times.append(_roundtrip(page, seq))
-    assert _accuracy(page)["mask"] == head
+    assert _accuracy(page)["ablated"] == head
 
     # a bad typed token: one line in the widget, no traceback anywhere in the output area, nothing changed
     typed = page.query_selector_all(".ix .ix-typed")[0]
@@ -250,7 +250,7 @@ def test_switching_a_head_off_by_clicking_updates_the_accuracy(lab):
     assert "unknown token 'x'" in line and "\n" not in line.strip(), line
     outputs = page.inner_text(".jp-Notebook .jp-Cell .jp-OutputArea")
     assert "Traceback" not in outputs and not page.query_selector(".jp-OutputArea-output[data-mime-type*=stderr]")
-    assert _accuracy(page)["mask"] == head
+    assert _accuracy(page)["ablated"] == head
     typed.fill("")
 
     # the head panel, the patching

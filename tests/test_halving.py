@@ -21,7 +21,7 @@ from interp.analyses.halving import (
     shapley_scores,
     train_halving,
 )
-from interp.analyses.learned_accuracies import learned_accuracy_loop
+from interp.analyses.reference import learned_accuracy_loop
 from interp.configs import STRATEGIES
 from interp.errors import ConfigError, InterpError
 from interp.halving import Halving, keep_best, random_scores
@@ -298,7 +298,7 @@ def test_each_strategy_keeps_the_heads_its_score_ranks_highest(strategy, trained
         def v(s):
             if value == "svc":
                 return _sklearn_separation(trained, train_data, val, sorted(s))
-            return float(learned_accuracy_loop(trained, val, [sorted(s)]).accuracy[0])
+            return float(learned_accuracy_loop(trained, val, heads=[sorted(s)]).accuracy[0])
 
         memo = {}
 
@@ -326,15 +326,15 @@ def test_each_strategy_keeps_the_heads_its_score_ranks_highest(strategy, trained
 
 def test_shapley_scores_of_one_head_is_its_value_and_bad_input_is_refused(trained, splits):
     _train_data, val = splits
-    one = shapley_scores(trained, val, ["L0H2"], "learned")
-    direct = float(learned_accuracy_loop(trained, val, [[]]).accuracy[0])
+    one = shapley_scores(trained, val, heads=["L0H2"], value="learned")
+    direct = float(learned_accuracy_loop(trained, val, heads=[[]]).accuracy[0])
     assert one[0] == pytest.approx(
-        float(learned_accuracy_loop(trained, val, [[(0, 2)]]).accuracy[0]) - direct, abs=1 / len(val)
+        float(learned_accuracy_loop(trained, val, heads=[[(0, 2)]]).accuracy[0]) - direct, abs=1 / len(val)
     )
     with pytest.raises(InterpError, match="unknown head value"):
-        shapley_scores(trained, val, ["L0H2"], "loss")
+        shapley_scores(trained, val, heads=["L0H2"], value="loss")
     with pytest.raises(InterpError, match="train data"):
-        shapley_scores(trained, val, ["L0H2"], "svc")
+        shapley_scores(trained, val, heads=["L0H2"], value="svc")
 
 
 def test_bad_halving_options_are_refused(tmp_path, task, spec):

@@ -84,7 +84,7 @@ def test_a_nan_weight_is_refused_by_every_accuracy_path():
     with torch.no_grad():
         model.blocks[0].attn.W_Q[3, 0, 0] = float("nan")
     calls = [
-        lambda: learned_accuracy(model, test, [["L0H1"], []]),
+        lambda: learned_accuracy(model, test, heads=[["L0H1"], []]),
         lambda: coalition_values(model, test, heads=["L0H1", "L0H3"]),  # the fast linear path
         lambda: coalition_values(model, test, heads=["L0H1", "L0H3"], method="hooks"),
         lambda: coalition_values(model, test, heads=["L0H1", "L0H3"], value="logit-diff"),
@@ -133,16 +133,17 @@ def test_snapshots_beyond_the_run_are_refused_before_training(tmp_path, capsys):
 
 # -- C1, C6 -----------------------------------------------------------------------------------------------------------
 def test_shapley_pairs_are_read_by_sign_and_direction():
-    from interp.analyses import exact_shapley
+    from interp.analyses import CoalitionValues
 
     # v(S) of 3 heads: heads 0 and 1 are redundant (either alone is worth 1, both together 1), head 2 adds 0.5 alone
     v = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.5, 1.5, 1.5, 1.5], dtype=torch.float64)
-    res = exact_shapley(v, value="learned-accuracy")
+    heads = [(0, 0), (0, 1), (0, 2)]
+    res = CoalitionValues(heads, v, "learned-accuracy").shapley()
     text = res.text()
     assert "higher is better" in text
     assert "most synergistic pairs: none" in text  # every interaction is <= 0: no pair listed as synergy
     assert "most redundant pairs: L0H0+L0H1 I = -1.0000" in text
-    loss = exact_shapley(-v, value="answer-loss").text()  # the same game as a loss: lower is better
+    loss = CoalitionValues(heads, -v, "answer-loss").shapley().text()  # the same game as a loss: lower is better
     assert "lower is better" in loss and "most synergistic pairs: none" in loss
     assert "most redundant pairs: L0H0+L0H1 I = +1.0000" in loss
 
@@ -267,14 +268,14 @@ def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
 
 # -- C8 ---------------------------------------------------------------------------------------------------------------
 def test_clear_messages_for_small_mistakes(capsys):
-    from interp.analyses import activation_patching, sampled_shapley
+    from interp.analyses import activation_patching, shapley_values
 
     ckpt = load_checkpoint("noisy-majority", device="cpu")
     test = ckpt.task.dataset("test").select(slice(0, 8))
     with pytest.raises(HeadError, match=r"layers=\[\] names no layer"):
-        activation_patching(ckpt.model, test, test, metric="logit_diff", layers=[])
+        activation_patching(ckpt.model, test, corrupted=test, metric="logit_diff", layers=[])
     with pytest.raises(InterpError, match="at least two permutations"):
-        sampled_shapley(ckpt.model, test, samples=1)
+        shapley_values(ckpt.model, test, method="sampled", samples=1)
     with pytest.raises(SystemExit, match="at least 2 permutations"):
         main(["shapley", "noisy-majority", "--samples", "1"])
     assert main(["eval", "noisy-majority", "--quiet", "--splits", "test"]) == 0

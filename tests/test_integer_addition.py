@@ -330,7 +330,7 @@ def test_accuracy_by_case_and_length_against_loop(small_model):
         assert res.by_digit_case[name]["accuracy"] == pytest.approx(sum(vals) / len(vals), abs=1e-6)
     assert res.exact_match == pytest.approx(sum(all(r) for r in loop) / len(loop), abs=1e-6)
     assert res.exact_match == pytest.approx(evaluate(model, task, d)["accuracy"], abs=1e-6)
-    lengths = accuracy_by_length(model, task, [1, 2, 4, 6], n=40)
+    lengths = accuracy_by_length(model, task=task, lengths=[1, 2, 4, 6], n=40)
     assert lengths.exact_match[3] is None  # 6-digit sums do not fit the context of a max_digits=4 model
     t2 = get_task("integer-addition", **{**task.params(), "test_digits": [2, 2], "test_size": 40})
     loop2 = _loop_correct(model, t2.dataset("test"))

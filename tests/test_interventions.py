@@ -44,8 +44,8 @@ def test_rows_have_the_requested_ratios():
 
 def test_cached_equals_hook_on_pattern(nm_ckpt, short_data):
     """Tolerance 1e-5: the same sum over positions, in another order."""
-    cached = intervened_head_outputs(nm_ckpt.model, short_data, SETTINGS, method="fast")
-    hooked = intervened_head_outputs(nm_ckpt.model, short_data, SETTINGS, method="hooks")
+    cached = intervened_head_outputs(nm_ckpt.model, short_data, settings=SETTINGS, method="fast")
+    hooked = intervened_head_outputs(nm_ckpt.model, short_data, settings=SETTINGS, method="hooks")
     assert cached.shape == (4, 24, 16, 2)
     assert torch.allclose(cached, hooked, atol=1e-5)
 
@@ -54,11 +54,11 @@ def test_outputs_equal_closed_form(nm_ckpt, short_data):
     """With w02 = inf: z = (w01 n0 v0 + n1 v1) / (w01 n0 + n1), from the head's value vectors."""
     model = nm_ckpt.model
     data = short_data.select((short_data.fields["n0"] + short_data.fields["n1"]) > 0)
-    z = intervened_head_outputs(model, data, [(4.0, math.inf)])[0]
+    z = intervened_head_outputs(model, data, settings=[(4.0, math.inf)])[0]
     n0 = data.fields["n0"].double()[:, None]
     n1 = data.fields["n1"].double()[:, None]
     for h in (0, 7, 15):
-        v = value_vectors(model, f"L0H{h}").double()
+        v = value_vectors(model, heads=f"L0H{h}").double()
         expected = (4.0 * n0 * v[0] + n1 * v[1]) / (4.0 * n0 + n1)
         assert torch.allclose(z[:, h].double(), expected, atol=1e-5)
 
@@ -72,7 +72,7 @@ def test_sweep_with_twos_ignored_separates(nm_ckpt):
     train = train.select(train.fields["n0"] != train.fields["n1"])
     test = test.select(test.fields["n0"] != test.fields["n1"])
     sweep = attention_intervention_sweep(
-        nm_ckpt.model, train, test, w01_values=(0.5, 1.0, 2.0), w02_values=(1.0, math.inf)
+        nm_ckpt.model, test, train=train, w01_values=(0.5, 1.0, 2.0), w02_values=(1.0, math.inf)
     )
     assert sweep.w01_accuracy.shape == (3, 16) and sweep.w02_accuracy.shape == (2, 16)
     assert (sweep.w01_mean >= 0.97).all()
@@ -85,7 +85,7 @@ def test_sweep_with_twos_ignored_separates(nm_ckpt):
 
 
 def test_head_outputs_figure(nm_ckpt, short_data):
-    res = head_outputs(nm_ckpt.model, short_data, "L0H1")
+    res = head_outputs(nm_ckpt.model, short_data, heads="L0H1")
     assert res.outputs.shape == (24, 2) and res.values.shape == (3, 2)
     fig = res.figure()
     assert fig.data[-1].name == "value vectors" and sum(len(t.x) for t in fig.data[:-1]) == 24
@@ -94,10 +94,10 @@ def test_head_outputs_figure(nm_ckpt, short_data):
 def test_bad_input(nm_ckpt, short_data):
     model = nm_ckpt.model
     with pytest.raises(InterpError, match="0 < w01"):
-        intervened_head_outputs(model, short_data, [(0.0, 1.0)])
+        intervened_head_outputs(model, short_data, settings=[(0.0, 1.0)])
     with pytest.raises(InterpError, match="no intervention settings"):
-        intervened_head_outputs(model, short_data, [])
+        intervened_head_outputs(model, short_data, settings=[])
     with pytest.raises(InterpError, match="pair"):
-        intervened_head_outputs(model, short_data, [1.0])
+        intervened_head_outputs(model, short_data, settings=[1.0])
     with pytest.raises(InterpError, match="layer"):
-        intervened_head_outputs(model, short_data, SETTINGS, layer=1)
+        intervened_head_outputs(model, short_data, settings=SETTINGS, layer=1)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder -> the subpackage of the one import name it holds (pyproject.toml's package-dir)
 FOLDERS = {"interp": "interp", "tasks": "interp.tasks", "analyses": "interp.analyses", "app": "interp.app"}
 FACE = {"interp/__init__.py"}
-GENERIC = sorted(p for p in [*ROOT.glob("interp/**/*.py"), *ROOT.glob("analyses/*.py")])
+GENERIC = sorted(p for p in [*ROOT.glob("interp/**/*.py"), *ROOT.glob("analyses/*.py"), *ROOT.glob("app/**/*.py")])
 
 
 def floor_of(module: str) -> int | None:
@@ -207,10 +207,19 @@ def _code_strings(tree: ast.AST) -> list[str]:
     ]
 
 
-def test_generic_modules_name_no_task():
-    from interp.tasks import TASKS
+def shipped_task_names() -> list[str]:
+    """The names the shipped tasks register under: this distribution's entry points (pyproject.toml)."""
+    import tomllib
 
-    names = {*TASKS, *(n.replace("-", "_") for n in TASKS)}  # (old checkpoint aliases such as "induction" are
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return sorted(config["project"]["entry-points"]["interp.tasks"])
+
+
+def test_generic_modules_name_no_task():
+    """No generic module (the core, the generic analyses, the app) names a task in code or imports a task's module:
+    every door finds tasks through the registry."""
+    tasks = shipped_task_names()
+    names = {*tasks, *(n.replace("-", "_") for n in tasks)}  # (old checkpoint aliases such as "induction" are
     # also the name of a pattern score, so they are not searched for)
     for path in GENERIC:
         if path.name == "__init__.py" and path.parent.name == "analyses":
@@ -221,7 +230,8 @@ def test_generic_modules_name_no_task():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not any(
-                    node.module.startswith(f"{pkg}.") for pkg in ("tasks", *(f"interp.analyses.{n}" for n in names))
+                    node.module.startswith(f"{pkg}.")
+                    for pkg in ("tasks", "interp.tasks", *(f"interp.analyses.{n}" for n in names))
                 ), f"{_rel(path)} imports a task module ({node.module})"
 
 
@@ -233,11 +243,14 @@ def test_no_hasattr_or_getattr_default_on_tasks_and_suites():
 
 def test_suites_follow_the_protocol():
     from interp.analyses import suite_for
+    from interp.analyses.generic_suite import SUITE
+    from interp.registry import task_names
     from interp.suite import Suite
-    from interp.tasks import TASKS
 
-    for name in TASKS:
-        assert isinstance(suite_for(name), Suite), name
+    assert set(shipped_task_names()) <= set(task_names())
+    for name in shipped_task_names():
+        assert isinstance(suite_for(name), Suite) and suite_for(name) is not SUITE, name
+    assert isinstance(SUITE, Suite)
 
 
 def test_public_api():

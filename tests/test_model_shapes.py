@@ -138,8 +138,8 @@ def test_bring_your_own_plain_hooked_transformer():
     )
     model = HookedTransformer(cfg)
     train, test = task.dataset("train"), task.dataset("test")
-    la = learned_accuracy(model, test, [["L0H0"], ["L0H1"], []], task=task)
-    sep = separation_accuracy(model, train, test, task=task)
+    la = learned_accuracy(model, test, heads=[["L0H0"], ["L0H1"], []], task=task)
+    sep = separation_accuracy(model, test, train=train, task=task)
     assert la.accuracy.shape == (3,) and sep.accuracy.shape == (2,)
     assert json.loads(suite_for(task).analyze(Checkpoint(model, task)).to_json())["heads"][1]["head"] == "L0H1"
     rt = small_task("repeated-tokens")
@@ -176,10 +176,9 @@ def test_shapley_patching_and_population_on_every_shape(shape, tmp_path):
     """The analyses added after the restructuring on each shape: Shapley values (exact up to 24 heads, sampled for 64;
     efficiency holds), activation patching of every head (all heads at once restore the clean metric in one-layer
     models), path patching (two layers), and batched population training (one-layer shapes; two layers refused)."""
-    from interp.analyses.coalitions import coalition_values
     from interp.analyses.noisy_majority.corrupt import corrupted_pair
     from interp.analyses.patching import activation_patching, path_patching
-    from interp.analyses.shapley import sampled_shapley, shapley
+    from interp.analyses.shapley import shapley_values
     from interp.errors import ConfigError
     from interp.population import seed_population, train_population
     from interp.training import TrainConfig
@@ -189,19 +188,19 @@ def test_shapley_patching_and_population_on_every_shape(shape, tmp_path):
     test = task.dataset("test")
     n = model.cfg.n_layers * model.cfg.n_heads
     if n <= 24:
-        res = shapley(coalition_values(model, test, value="learned-accuracy", task=task))
+        res = shapley_values(model, test, value="learned-accuracy", method="exact", task=task)
         assert float(res.shapley.sum()) == pytest.approx(res.v_all - res.v_empty, abs=1e-9)
     else:
-        res = sampled_shapley(model, test, value="learned-accuracy", samples=4, task=task)
+        res = shapley_values(model, test, value="learned-accuracy", method="sampled", samples=4, task=task)
     assert len(res.names) == n and json.loads(res.to_json())["heads"][0]["head"] == "L0H0"
     clean, corrupted = corrupted_pair(task, 4, n_digits=20)
-    heads = activation_patching(model, clean, corrupted, "logit_diff", where="z", per="head")
+    heads = activation_patching(model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="head")
     assert tuple(heads.values.shape) == (model.cfg.n_layers, model.cfg.n_heads)
     if model.cfg.n_layers == 1:
-        every = activation_patching(model, clean, corrupted, "logit_diff", where="z", per="layer")
+        every = activation_patching(model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="layer")
         assert float(every.normalized[0]) == pytest.approx(1.0, abs=1e-4)
     else:
-        paths = path_patching(model, clean, corrupted, "logit_diff")
+        paths = path_patching(model, clean, corrupted=corrupted, metric="logit_diff")
         assert paths.values.shape[-1] == 3
     cfg = TrainConfig(epochs=1, batch_size=64, lr=1e-2, warmup_steps=5)
     specs, cfgs = seed_population(task, spec, cfg, [0, 1])

@@ -130,8 +130,8 @@ def test_embedding_norms_of_a_model_with_a_planted_embedding():
     model = build_model(small_spec(task), device="cpu")
     with torch.no_grad():
         model.W_E[:31] = synthetic_embedding(31, [4, 9], d=32).float()
-    assert key_frequencies_of(model, task, "embedding") == [4, 9]
-    res = embedding_norms(model, task, [4, 9])
+    assert key_frequencies_of(model, task=task, source="embedding") == [4, 9]
+    res = embedding_norms(model, task=task, key_frequencies=[4, 9])
     assert res.fraction_in_keys() > 0.99
     assert json.loads(res.to_json())["key_frequencies"] == [4, 9] and res.figure() is not None
 
@@ -188,16 +188,16 @@ def test_restricted_and_excluded_loss_on_a_hand_built_model():
         w * (a[None, :, None] - a[None, None, :])
     )
     torch.testing.assert_close(logits, expected.reshape(289, 17), atol=1e-5, rtol=0)  # the model is what we say
-    m = progress_measures(model, task, [3])
+    m = progress_measures(model, task=task, key_frequencies=[3])
     assert m["restricted_loss"] == pytest.approx(math.log(17), abs=1e-6)  # float32 logits: their mean is ~1e-8 off 0
     train = task.split_index("train")
     full = torch.nn.functional.cross_entropy(logits[train], task.dataset("all").labels[train]).item()
     assert m["excluded_loss"] == pytest.approx(full, abs=1e-6)
     assert m["sum_squared_weights"] == pytest.approx(sum_squared_weights(model))
-    energy = logit_frequency_energy(model, task)  # nothing of a + b in these logits
-    assert float(energy[1:].max()) < 1e-8 * float(energy[0]) + 1e-6 and key_frequencies_of(model, task) == []
+    energy = logit_frequency_energy(model, task=task)  # nothing of a + b in these logits
+    assert float(energy[1:].max()) < 1e-8 * float(energy[0]) + 1e-6 and key_frequencies_of(model, task=task) == []
     with pytest.raises(InterpError, match="source"):
-        key_frequencies_of(model, task, "nope")
+        key_frequencies_of(model, task=task, source="nope")
     assert sum_squared_weights(model) == pytest.approx(
         float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad))
     )
@@ -207,7 +207,7 @@ def test_restricted_and_excluded_loss_on_a_hand_built_model():
 def test_neuron_frequencies_match_a_plain_loop():
     task = get_task("modular-addition", p=11)
     model = build_model(small_spec(task, d_mlp=6), device="cpu")
-    res = neuron_frequencies(model, task, [1])
+    res = neuron_frequencies(model, task=task, key_frequencies=[1])
     p = 11
     with torch.inference_mode():
         _, cache = model.run_with_cache(task.dataset("all").tokens)
@@ -234,7 +234,7 @@ def test_neuron_frequencies_match_a_plain_loop():
 def test_neuron_logit_map_is_w_out_w_u_in_the_basis():
     task = get_task("modular-addition", p=11)
     model = build_model(small_spec(task), device="cpu")
-    res = neuron_logit_map(model, task, [2])
+    res = neuron_logit_map(model, task=task, key_frequencies=[2])
     basis, _ = fourier_basis(11)
     torch.testing.assert_close(res.coeffs @ basis, (model.W_out[0] @ model.W_U).double(), atol=1e-5, rtol=0)
     assert res.figure() is not None
@@ -247,7 +247,7 @@ def test_attention_split_and_ablation_match_library_paths(n_heads):
 
     task = get_task("modular-addition", p=13)
     model = build_model(small_spec(task, n_heads=n_heads, d_head=32 // n_heads), device="cpu")
-    att = attention_split(model, task)
+    att = attention_split(model, task=task)
     with torch.inference_mode():
         _, cache = model.run_with_cache(task.dataset("all").tokens)
     pat = cache["blocks.0.attn.hook_pattern"][:, :, -1]
@@ -256,13 +256,13 @@ def test_attention_split_and_ablation_match_library_paths(n_heads):
         att.to_a + att.to_b + att.to_eq, torch.ones(n_heads, dtype=torch.float64), atol=1e-6, rtol=0
     )
     alld = task.dataset("all")
-    assert ablated_accuracy(model, task) == pytest.approx(evaluate(model, task, alld)["accuracy"], abs=1e-7)
+    assert ablated_accuracy(model, task=task) == pytest.approx(evaluate(model, task, alld)["accuracy"], abs=1e-7)
     # removing head h == keeping the others (learned accuracy, zero-ablation, hooks)
-    accs = ablated_accuracies(model, task, [([(0, h)], ()) for h in range(n_heads)])
+    accs = ablated_accuracies(model, task=task, ablations=[([(0, h)], ()) for h in range(n_heads)])
     la = learned_accuracy(
         model,
         alld,
-        [[(0, o) for o in range(n_heads) if o != h] for h in range(n_heads)],
+        heads=[[(0, o) for o in range(n_heads) if o != h] for h in range(n_heads)],
         ablation="zero",
         method="hooks",
         task=task,
@@ -270,13 +270,13 @@ def test_attention_split_and_ablation_match_library_paths(n_heads):
     torch.testing.assert_close(accs, la.accuracy.cpu().float(), atol=1e-7, rtol=0)
     # neurons: zeroing W_in's columns and b_in of those neurons gives the same model
     neurons = [0, 3, 5]
-    acc = ablated_accuracy(model, task, neurons=neurons)
+    acc = ablated_accuracy(model, task=task, neurons=neurons)
     with torch.no_grad():
         model.blocks[0].mlp.W_in[:, neurons] = 0
         model.blocks[0].mlp.b_in[neurons] = 0
     assert acc == pytest.approx(evaluate(model, task, alld)["accuracy"], abs=1e-7)
     with pytest.raises(InterpError, match="neurons"):
-        ablated_accuracy(model, task, neurons=[999])
+        ablated_accuracy(model, task=task, neurons=[999])
 
 
 # -- training, snapshots, progress, suite, CLI -------------------------------------------------------------------
@@ -402,7 +402,7 @@ def test_grokks_at_a_large_fraction(tmp_path):
     from interp.tasks import load_checkpoint
 
     ck = load_checkpoint(tmp_path / "g.safetensors", device="cpu")
-    assert embedding_norms(ck.model, task).key_frequencies
+    assert embedding_norms(ck.model, task=task).key_frequencies
 
 
 def test_history_extras_and_bad_snapshot_option(tmp_path):
@@ -435,7 +435,7 @@ def test_shipped_checkpoint_is_grokked(capsys):
     ev = json.loads(capsys.readouterr().out)
     assert ev["accuracy"]["test"] >= 0.99 and ev["accuracy"]["train"] >= 0.99
     ck = load_checkpoint("modular-addition", device="cpu")
-    keys = embedding_norms(ck.model, ck.task).key_frequencies
+    keys = embedding_norms(ck.model, task=ck.task).key_frequencies
     training = ck.metadata["training"]
     assert keys and training["progress_key_frequencies"] == keys
     assert any("restricted_loss" in h for h in training["history"])

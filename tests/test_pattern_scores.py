@@ -96,7 +96,7 @@ def test_scores_equal_naive_loop_on_random_model(dup_tokens):
         device="cpu",
     )
     toks = dup_tokens[:5]
-    got = head_scores(m, toks, chunk=2)  # chunks of unequal size must weigh by their valid queries
+    got = head_scores(m, toks, batch_size=2)  # chunks of unequal size must weigh by their valid queries
     want = naive_scores(m, toks)
     for name, w in want.items():
         torch.testing.assert_close(getattr(got, name), w, atol=1e-5, rtol=1e-5)
@@ -127,7 +127,7 @@ def test_scale_relation_to_transformer_lens_detector(circuit, dup_tokens):
 
 def test_k_composition_causal_test_on_handbuilt(circuit, unique_tokens):
     res = ablation_induction_test(circuit, unique_tokens)
-    assert res.sources == [(0, 0)]
+    assert res.senders == [(0, 0)]
     assert res.base[1, 0] > 0.99
     assert res.ablated[0, 1, 0] < 0.3  # without the previous-token head the induction head attends uniformly
     rows = res.rows()
@@ -171,9 +171,9 @@ def test_batched_ablation_equals_one_run_per_head(dup_tokens):
 def test_bad_input(circuit):
     toks = repeated_random_tokens(2, 5, V, bos=V)
     with pytest.raises(HeadError, match="later layer"):
-        ablation_induction_test(circuit, toks, layer=1)
+        ablation_induction_test(circuit, toks, layers=[1])
     with pytest.raises(HeadError, match="out of range"):
-        ablation_induction_test(circuit, toks, sources=["L0H5"])
+        ablation_induction_test(circuit, toks, senders=["L0H5"])
     with pytest.raises(InterpError, match="unknown path"):
         ablation_induction_test(circuit, toks, path="keys")
     with pytest.raises(TokenError, match="n_ctx"):

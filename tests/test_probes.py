@@ -42,7 +42,7 @@ def test_equals_plain_sklearn_on_run_with_cache_features(nm_ckpt, shipped_split)
     model = nm_ckpt.model
     train, test = shipped_split
     subsets = [["L0H1"], ["L0H0"], ["L0H3", "L0H5"]]
-    res = separation_accuracy(model, train, test, subsets, center=False)  # scikit-learn's raw number
+    res = separation_accuracy(model, test, train=train, heads=subsets, center=False)  # scikit-learn's raw number
 
     def feats(data):
         out = []
@@ -76,7 +76,7 @@ def test_handbuilt_heads(small_task):
     model = attention_preference_model([{"0": 0.0, "1": 0.0}, {"0": 0.0}], task=small_task)
     train, test = tie_free(small_task.dataset("train")), tie_free(small_task.dataset("test"))
     for standardize in (False, True):
-        res = separation_accuracy(model, train, test, standardize=standardize)
+        res = separation_accuracy(model, test, train=train, standardize=standardize)
         assert res.accuracy[0].item() == 1.0 and res.roc_auc[0].item() == 1.0
         assert res.accuracy[1].item() < 0.6
         assert res.accuracy[1].item() <= res.chance + 1e-9
@@ -91,11 +91,12 @@ def test_answer_cache_paths_agree(nm_ckpt, shipped_split):
     finite = torch.isfinite(b.log_attn)
     assert torch.equal(finite, torch.isfinite(a.log_attn))
     assert torch.allclose(a.log_attn[finite], b.log_attn[finite], atol=1e-4)
-    assert head_features(a, ((0, 2), (0, 5))).shape == (40, 4)
+    assert head_features(a, heads=((0, 2), (0, 5))).shape == (40, 4)
 
 
 def test_result_object(nm_ckpt, shipped_split):
-    res = separation_accuracy(nm_ckpt.model, *shipped_split, [["L0H1"], ["L0H8", "L0H9"]])
+    train, test = shipped_split
+    res = separation_accuracy(nm_ckpt.model, test, train=train, heads=[["L0H1"], ["L0H8", "L0H9"]])
     d = res.to_dict()
     assert d["subsets"] == [["L0H1"], ["L0H8", "L0H9"]] and d["C"] == 1000.0 and d["n_train"] == 600
     fig = res.figure()
@@ -106,13 +107,13 @@ def test_bad_input(nm_ckpt, shipped_split):
     model = nm_ckpt.model
     train, test = shipped_split
     with pytest.raises(HeadError, match="empty head subset"):
-        separation_accuracy(model, train, test, [[]])
+        separation_accuracy(model, test, train=train, heads=[[]])
     with pytest.raises(HeadError, match="out of range"):
-        separation_accuracy(model, train, test, [["L1H0"]])
+        separation_accuracy(model, test, train=train, heads=[["L1H0"]])
     with pytest.raises(TaskError, match="repeated-tokens"):
-        separation_accuracy(model, dataclasses.replace(train, task="repeated-tokens"), test, task=nm_ckpt.task)
+        separation_accuracy(model, test, train=dataclasses.replace(train, task="repeated-tokens"), task=nm_ckpt.task)
     with pytest.raises(InterpError, match="C must be"):
-        separation_accuracy(model, train, test, [["L0H1"]], C=0)
+        separation_accuracy(model, test, train=train, heads=[["L0H1"]], C=0)
     x = np.zeros((4, 2))
     with pytest.raises(InterpError, match="one class"):
         fit_separator(x, np.array([5, 5, 5, 5]), x, np.array([5, 6, 5, 6]))

@@ -154,17 +154,29 @@ def test_report_builder_rejects_bad_arguments():
         r.attention(torch.zeros(1, 2, 2))
 
 
-def test_missing_suite_gives_a_note_not_an_error():
+def test_a_suite_that_cannot_be_loaded_gives_a_note_not_an_error():
     from types import SimpleNamespace
 
+    import interp
+    from interp import registry
     from interp.app.report import add_suite_sections
     from interp.report_page import Report
+    from interp.tasks.noisy_majority import NoisyMajority
 
-    r = Report()
-    add_suite_sections(SimpleNamespace(task=SimpleNamespace(name="no-such-task")), r, progress=False)
+    class Broken(NoisyMajority):
+        name = "broken-suite-task"
+
+    interp.register_task(Broken, suite="no_such_module_here:SUITE")
+    try:
+        r = Report()
+        add_suite_sections(SimpleNamespace(task=Broken(train_size=4, val_size=4, test_size=4)), r, progress=False)
+    finally:
+        registry.unregister_task("broken-suite-task")
     parsed = parse(r.html())
     assert parsed.h2 == ["Analyses"]
-    assert "no analysis suite for task 'no-such-task'" in html.unescape(r.html())
+    assert "the suite 'no_such_module_here:SUITE' of task 'broken-suite-task' cannot be loaded" in html.unescape(
+        r.html()
+    )
 
 
 def test_pick_examples_prefers_short_sequences_with_distinct_labels(nm_task):

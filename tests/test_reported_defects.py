@@ -79,9 +79,11 @@ def test_noisy_majority_analyses_refuse_the_induction_checkpoint_at_once():
     ind = load_checkpoint("repeated-tokens", device="cpu")
     nm = get_task("noisy-majority", train_size=64, val_size=8, test_size=32)
     calls = [
-        lambda: head_summary(ind.model, ind.task.dataset("train"), ind.task.dataset("test")),  # the other task's data
-        lambda: head_summary(ind.model, nm.dataset("train"), nm.dataset("test")),  # this task's data, other model
-        lambda: separation_accuracy(ind.model, nm.dataset("train"), nm.dataset("test"), task=nm),
+        lambda: head_summary(
+            ind.model, ind.task.dataset("test"), train=ind.task.dataset("train")
+        ),  # the other task's data
+        lambda: head_summary(ind.model, nm.dataset("test"), train=nm.dataset("train")),  # this task's data, other model
+        lambda: separation_accuracy(ind.model, nm.dataset("test"), train=nm.dataset("train"), task=nm),
         lambda: importlib.import_module("interp.analyses.noisy_majority.suite").analyze(Checkpoint(ind.model, nm)),
     ]
     for call in calls:
@@ -116,7 +118,7 @@ def test_an_untrained_model_is_flagged_not_graded_good(tiny_task, tiny_spec):
 
     model = build_model(tiny_spec, device="cpu")
     train_data, test_data = tiny_task.dataset("train"), tiny_task.dataset("test")
-    s = head_summary(model, train_data, test_data, pairs=False)
+    s = head_summary(model, test_data, train=train_data, pairs=False)
     acc = s.to_dict().get("model_accuracy", None)
     if s.warning is None:
         pytest.fail(f"no warning on an untrained model (accuracy {acc})")
@@ -136,8 +138,8 @@ def test_minimal_transformer_separation_is_explained():
     model = minimal_majority_transformer(task, device="cpu")
     train_data, test_data = task.dataset("train"), task.dataset("test")
     assert evaluate(model, task, test_data)["accuracy"] == 1.0
-    raw = separation_accuracy(model, train_data, test_data, center=False, task=task)
-    centered = separation_accuracy(model, train_data, test_data, task=task)
+    raw = separation_accuracy(model, test_data, train=train_data, center=False, task=task)
+    centered = separation_accuracy(model, test_data, train=train_data, task=task)
     # measured with these seeds: 0.928 raw (liblinear penalises the intercept, features of scale N), 0.968 centred
     assert float(raw.accuracy[0]) == pytest.approx(0.928, abs=0.002)
     assert float(centered.accuracy[0]) == pytest.approx(0.968, abs=0.002)
@@ -175,9 +177,9 @@ def test_empty_data_gives_one_clear_error(nm_ckpt):
     empty = task.dataset("test").select(slice(0, 0))
     some = task.dataset("train").select(slice(0, 50))
     calls = {
-        "learned accuracy": lambda: learned_accuracy(model, empty, [["L0H0"]]),
-        "separation accuracy (test)": lambda: separation_accuracy(model, some, empty),
-        "separation accuracy (train)": lambda: separation_accuracy(model, empty, some),
+        "learned accuracy": lambda: learned_accuracy(model, empty, heads=[["L0H0"]]),
+        "separation accuracy (test)": lambda: separation_accuracy(model, empty, train=some),
+        "separation accuracy (train)": lambda: separation_accuracy(model, some, train=empty),
         "attention ratios": lambda: attention_ratios(model, empty),
         "answer cache": lambda: cache_answer(model, empty),
         "evaluate": lambda: evaluate(model, task, empty),
@@ -313,7 +315,7 @@ def test_good_heads_and_learned_accuracy_lookup(nm_ckpt):
     assert parse_head("L0H3", 1, 16) == parse_head("0.3", 1, 16) == parse_head((0, 3), 1, 16) == (0, 3)
     assert parse_head(torch.tensor([0, 3]).tolist(), 1, 16) == (0, 3)
     data = nm_ckpt.task.dataset("test").select(slice(0, 64))
-    la = learned_accuracy(nm_ckpt.model, data, [[(0, 2)], ["L0H2", "L0H5"]])
+    la = learned_accuracy(nm_ckpt.model, data, heads=[[(0, 2)], ["L0H2", "L0H5"]])
     assert la[(0, 2)] == la["L0H2"] == la[["L0H2"]]
     assert la[["L0H5", (0, 2)]] == float(la.accuracy[1])
     with pytest.raises(InterpError, match="not evaluated"):
@@ -445,7 +447,7 @@ def test_positional_qk_of_a_nope_model_is_refused(nm_ckpt):
     from interp.analyses.circuits import positional_qk_circuit
 
     with pytest.raises(InterpError, match="positional"):
-        positional_qk_circuit(nm_ckpt.model, "L0H0")
+        positional_qk_circuit(nm_ckpt.model, heads="L0H0")
 
 
 # -- 18. --threads is honoured and recorded --------------------------------------------------------------------------
@@ -473,7 +475,7 @@ def test_report_figures_titles_triangles_labels_and_example_choice():
     from interp.tasks import load_checkpoint
 
     ind = load_checkpoint("repeated-tokens", device="cpu")
-    qk = positional_qk_circuit(ind.model, "L0H1", n_pos=12)
+    qk = positional_qk_circuit(ind.model, heads="L0H1", n_pos=12)
     z = torch.tensor(qk.figure().data[0].z, dtype=torch.float64)
     upper = torch.triu(torch.ones_like(z, dtype=torch.bool), diagonal=1)
     assert z[upper].isnan().all() and z[~upper].isfinite().all()  # the causal mask: keys after the query unused

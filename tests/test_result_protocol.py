@@ -1,7 +1,8 @@
 """One result protocol: every result type subclasses interp.results.Result, and each one, computed here on
-a small model, has a ``to_dict()`` that survives a strict JSON round trip, a ``figure()`` (plotly or None), and a
-rich notebook display (``_repr_html_``) that is real HTML. The list below must name every Result subclass in
-``interp.analyses``: a new result type without an entry here fails ``test_every_result_type_is_covered``."""
+a small model, has a ``to_dict()`` that survives a strict JSON round trip and that ``from_dict()`` reads back to the
+same dict, a non-empty ``text()`` (what the command line prints), a ``figure()`` (plotly or None), and a rich notebook
+display (``_repr_html_``) that is real HTML. The list below must name every Result subclass in ``interp.analyses``: a
+new result type without an entry here fails ``test_every_result_type_is_covered``."""
 
 from __future__ import annotations
 
@@ -49,9 +50,8 @@ def _nm_results(ck):
 
     m, t = ck.model, ck.task
     tr, te = t.dataset("train"), t.dataset("test")
-    summary = head_summary(m, tr, te)
+    summary = head_summary(m, te, train=tr)
     from interp.analyses.coalitions import coalition_values
-    from interp.analyses.shapley import shapley
 
     values = coalition_values(m, te, value="learned-accuracy", task=t)
     import tempfile
@@ -65,12 +65,12 @@ def _nm_results(ck):
     return {
         "HalvingHistory": halving_history(halved),
         "CoalitionValues": values,
-        "ShapleyResult": shapley(values),
-        "LearnedAccuracy": learned_accuracy(m, te, [["L0H0"], ["L0H1", "L0H2"]]),
-        "SeparationAccuracy": separation_accuracy(m, tr, te, [["L0H0"]]),
+        "ShapleyResult": values.shapley(),
+        "LearnedAccuracy": learned_accuracy(m, te, heads=[["L0H0"], ["L0H1", "L0H2"]]),
+        "SeparationAccuracy": separation_accuracy(m, te, train=tr, heads=[["L0H0"]]),
         "AttentionRatios": attention_ratios(m, te),
-        "HeadOutputs": head_outputs(m, te, "L0H1"),
-        "InterventionSweep": attention_intervention_sweep(m, tr, te, w01_values=[1.0, 4.0], w02_values=[1.0]),
+        "HeadOutputs": head_outputs(m, te, heads="L0H1"),
+        "InterventionSweep": attention_intervention_sweep(m, te, train=tr, w01_values=[1.0, 4.0], w02_values=[1.0]),
         "HeadSummary": summary,
         "PairMatrix": summary.learned_pairs,
     }
@@ -88,16 +88,20 @@ def _rt_results(ck):
     toks = probe_tokens(ck.task, n_seqs=8)
     clean, corrupted = corrupted_pair(ck.task, 4, kind="key")
     return {
-        "ActivationPatching": activation_patching(ck.model, clean, corrupted, "logit_diff", where="z", per="head"),
-        "PathPatching": path_patching(ck.model, clean, corrupted),
+        "ActivationPatching": activation_patching(
+            ck.model, clean, corrupted=corrupted, metric="logit_diff", where="z", per="head"
+        ),
+        "PathPatching": path_patching(ck.model, clean, corrupted=corrupted),
         "HeadScores": head_scores(ck.model, toks),
         "AblationTest": ablation_induction_test(ck.model, toks, path="key"),
-        "Circuit": full_qk_circuit(ck.model, "L1H0", vocab=ck.task.vocab),
+        "Circuit": full_qk_circuit(ck.model, heads="L1H0", vocab=ck.task.vocab),
         "OVCopying": ov_copying(ck.model),
         "LogitDecomposition": logit_decomposition(ck.model, ck.task.dataset("test").select(slice(0, 4))),
         "CompositionScores": composition_scores(ck.model, n_baseline=50),
         "InductionAnalysis": analyze(ck),
-        "AttentionSpectrum": attention_spectrum(ck.model, ck.task.dataset("test"), ck.task, n_inputs=4, per_head=True),
+        "AttentionSpectrum": attention_spectrum(
+            ck.model, ck.task.dataset("test"), task=ck.task, n_inputs=4, per_head=True
+        ),
     }
 
 
@@ -109,13 +113,13 @@ def _ma_results():
 
     ck = load_checkpoint("modular-addition", device="cpu")
     m, t = ck.model, ck.task
-    nf = neuron_frequencies(m, t)
+    nf = neuron_frequencies(m, task=t)
     return {
-        "FrequencyNorms": embedding_norms(m, t),
+        "FrequencyNorms": embedding_norms(m, task=t),
         "NeuronFrequencies": nf,
-        "NeuronLogitMap": neuron_logit_map(m, t),
-        "AttentionSplit": attention_split(m, t),
-        "AblationTable": ablation_table(m, t, nf),
+        "NeuronLogitMap": neuron_logit_map(m, task=t),
+        "AttentionSplit": attention_split(m, task=t),
+        "AblationTable": ablation_table(m, task=t, neuron_frequencies=nf),
         "Phases": find_phases(ck.training["history"]),
         "ModularAdditionAnalysis": analyze(ck),
     }
@@ -132,15 +136,24 @@ def _ia_results():
     test = task.dataset("test")
     return {
         "CaseAccuracy": accuracy_by_case(ck.model, test),
-        "LengthAccuracy": accuracy_by_length(ck.model, task, [1, 2, 3], n=16),
+        "LengthAccuracy": accuracy_by_length(ck.model, task=task, lengths=[1, 2, 3], n=16),
         "DigitAblation": component_ablation(ck.model, test),
         "AdditionAnalysis": analyze(ck),
     }
 
 
+def _explorer_results(ck):
+    """The explorer's two results (interp.app.explorer.results): the prediction under the mask and the view."""
+    import interp
+
+    w = interp.explore(ck.model, ck.task, batch_size=16)
+    w.ablated = ["L0H1"]
+    return {"Prediction": w.prediction, "ExplorerState": w.state()}
+
+
 def _result_classes() -> set[str]:
     names = set()
-    for info in pkgutil.walk_packages(analyses.__path__, "analyses."):
+    for info in pkgutil.walk_packages(analyses.__path__, "interp.analyses."):
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if inspect.isclass(obj) and issubclass(obj, Result) and obj is not Result and obj.__module__ == info.name:
@@ -202,11 +215,21 @@ def _population_results(ck):
 
 @pytest.fixture(scope="module")
 def results(nm, rt):
-    return {**_nm_results(nm), **_rt_results(rt), **_ma_results(), **_ia_results(), **_population_results(nm)}
+    from interp.analyses.generic_suite import analyze as generic_analyze
+
+    return {
+        **_nm_results(nm),
+        **_rt_results(rt),
+        **_ma_results(),
+        **_ia_results(),
+        **_population_results(nm),
+        **_explorer_results(nm),
+        "TaskSummary": generic_analyze(nm),  # the generic suite's, as for a task that registered no suite
+    }
 
 
 def test_every_result_type_is_covered(results):
-    assert _result_classes() <= set(results), "add the new result type to this test"
+    assert _result_classes() | {"Prediction", "ExplorerState"} <= set(results), "add the new result type to this test"
 
 
 def test_to_dict_round_trips_through_strict_json(results):
@@ -216,6 +239,21 @@ def test_to_dict_round_trips_through_strict_json(results):
         text = json.dumps(d, allow_nan=False)  # strict JSON: NaN and inf must have become null
         assert json.loads(text) == d, name
         assert json.loads(res.to_json()) == d, name
+
+
+def test_from_dict_reads_back_what_to_dict_wrote(results):
+    for name, res in results.items():
+        d = res.to_dict()
+        back = type(res).from_dict(json.loads(json.dumps(d, allow_nan=False)))  # as read from a saved JSON file
+        assert type(back) is type(res), name
+        assert back.to_dict() == d, name
+
+
+def test_text_is_what_the_command_line_prints(results):
+    for name, res in results.items():
+        for r in (res, type(res).from_dict(res.to_dict())):  # a result read back prints too
+            text = r.text()
+            assert isinstance(text, str) and text.strip(), name
 
 
 def test_rich_display_and_figures(results):

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from interp.analyses.coalitions import coalition_evaluator, coalition_values
-from interp.analyses.learned_accuracies import learned_accuracy, learned_accuracy_loop
-from interp.analyses.shapley import moebius, sampled_shapley, shapley, shapley_transform, zeta
+from interp.analyses.learned_accuracies import learned_accuracy
+from interp.analyses.reference import learned_accuracy_loop
+from interp.analyses.shapley import moebius, shapley_transform, shapley_values, zeta
 from interp.errors import InterpError
 from interp.model import ModelSpec, build_model
 
@@ -103,7 +104,7 @@ def test_transform_equals_shapiq(n):
 
 def test_bad_value_vector():
     with pytest.raises(InterpError, match="2\\*\\*n"):
-        shapley(torch.zeros(6))
+        shapley_transform(torch.zeros(6))
 
 
 # ---------------------------------------------------------------------------------- coalition values
@@ -118,9 +119,9 @@ def test_shipped_learned_accuracy_exact_and_equal_to_ablation(nm_ckpt):
     assert cv.values.shape == (1 << 16,)
     idx = torch.randint(0, 1 << 16, (300,), generator=torch.Generator().manual_seed(0))
     subsets = [[f"L0H{h}" for h in range(16) if int(m) >> h & 1] for m in idx]
-    ref = learned_accuracy(model, test, subsets).accuracy.double()
+    ref = learned_accuracy(model, test, heads=subsets).accuracy.double()
     torch.testing.assert_close(cv.values[idx], ref, atol=1e-6, rtol=0)
-    res = shapley(cv)
+    res = cv.shapley()
     assert abs(res.efficiency_gap) < 1e-12
     assert res.v_all == pytest.approx(cv[[f"L0H{h}" for h in range(16)]])
     d = res.to_dict()
@@ -147,9 +148,9 @@ def test_two_layers_equal_slow_loop(nm_task, short):
     for ablation in ("zero", "mean"):
         cv = coalition_values(model, data, ablation=ablation)
         subsets = [[h for i, h in enumerate(cv.heads) if m >> i & 1] for m in range(16)]
-        ref = learned_accuracy_loop(model, data, subsets, ablation=ablation).accuracy.double()
+        ref = learned_accuracy_loop(model, data, heads=subsets, ablation=ablation).accuracy.double()
         torch.testing.assert_close(cv.values, ref, atol=1e-6, rtol=0)
-    res = shapley(cv)
+    res = cv.shapley()
     assert abs(res.efficiency_gap) < 1e-12
 
 
@@ -161,7 +162,7 @@ def test_heads_subset_others_ablated(nm_ckpt):
     cv = coalition_values(model, data, heads=heads)
     assert cv.names == ["L0H8", "L0H1", "L0H12"]
     subsets = [[h for i, h in enumerate(cv.heads) if m >> i & 1] for m in range(8)]
-    ref = learned_accuracy(model, data, subsets).accuracy.double()
+    ref = learned_accuracy(model, data, heads=subsets).accuracy.double()
     torch.testing.assert_close(cv.values, ref, atol=1e-6, rtol=0)
     assert cv[["L0H8", "L0H1"]] == pytest.approx(float(ref[3]))
 
@@ -171,7 +172,7 @@ def test_dla_equals_shapley_of_linear_logit_difference(nm_task, short):
     over heads, so phi_h = head h's direct logit attribution, computed here from TransformerLens' cache."""
     model = tiny(nm_task, 4, seed=1)
     for method in ("fast", "hooks"):
-        res = shapley(coalition_values(model, short, value="logit-diff", ablation="zero", method=method))
+        res = coalition_values(model, short, value="logit-diff", ablation="zero", method=method).shapley()
         _, cache = model.run_with_cache(short.tokens)
         rows = torch.arange(len(short))
         z = cache["blocks.0.attn.hook_z"][rows, short.answer_pos]  # [b, h, e]
@@ -192,7 +193,7 @@ def test_dummy_head_gets_zero(nm_task, short, value):
     kw = {"train": short, "solver": "torch"} if value == "separation" else {}
     test = nm_task.dataset("test").select(slice(0, 150)) if value == "separation" else short
     cv = coalition_values(model, test, value=value, **kw)
-    res = shapley(cv)
+    res = cv.shapley()
     assert abs(res.shapley[2].item()) < 1e-9
     assert abs(res.banzhaf[2].item()) < 1e-9
     assert res.interactions[2].abs().max() < 1e-9
@@ -210,7 +211,7 @@ def test_identical_heads_get_equal_values(nm_task, short, value):
             p[3] = p[0]
     kw = {"train": short} if value == "separation" else {}
     test = nm_task.dataset("test").select(slice(0, 150)) if value == "separation" else short
-    res = shapley(coalition_values(model, test, value=value, **kw))
+    res = shapley_values(model, test, value=value, method="exact", **kw)
     assert res.shapley[3].item() == pytest.approx(res.shapley[0].item(), abs=1e-9)
     assert res.banzhaf[3].item() == pytest.approx(res.banzhaf[0].item(), abs=1e-9)
 
@@ -224,7 +225,7 @@ def test_callable_value(nm_task, short):
         seen.append(masks.shape)
         return masks.sum((1, 2))
 
-    res = shapley(coalition_values(model, short, value=size))
+    res = shapley_values(model, short, value=size, method="exact")
     assert seen[0][1:] == (2, 3) and res.value == "size"
     torch.testing.assert_close(res.shapley, torch.ones(6, dtype=torch.float64), atol=1e-12, rtol=0)
     assert res.interactions.abs().max() < 1e-12
@@ -238,10 +239,10 @@ def test_sampled_converges_to_exact(nm_ckpt):
     model, task = nm_ckpt.model, nm_ckpt.task
     data = task.dataset("test").select(slice(0, 400))
     heads = ["L0H8", "L0H11", "L0H1", "L0H3", "L0H14", "L0H12"]
-    exact = shapley(coalition_values(model, data, heads=heads))
+    exact = shapley_values(model, data, heads=heads, method="exact")
     errs = []
     for samples in (40, 1000):
-        est = sampled_shapley(model, data, heads=heads, samples=samples, seed=1)
+        est = shapley_values(model, data, heads=heads, method="sampled", samples=samples, seed=1)
         assert est.v_all == exact.v_all and est.v_empty == exact.v_empty
         assert abs(est.efficiency_gap) < 1e-12  # every permutation sums to v(all) - v(empty)
         assert (est.shapley - exact.shapley).abs().le(4 * est.stderr + 1e-12).all()
@@ -264,17 +265,17 @@ def test_errors(nm_ckpt, nm_task, short):
     big = tiny(nm_task, 25, d_model=50)
     with pytest.raises(InterpError, match="at most 24"):
         coalition_values(big, short)
-    est = sampled_shapley(big, short, samples=4)  # sampling takes any number of heads
+    est = shapley_values(big, short, method="sampled", samples=4)  # sampling takes any number of heads
     assert len(est.shapley) == 25 and abs(est.efficiency_gap) < 1e-12
     with pytest.raises(InterpError, match="samples"):
-        sampled_shapley(model, short, samples=1)
+        shapley_values(model, short, method="sampled", samples=1)
     with pytest.raises(Exception, match="L0H16"):
         coalition_values(model, short, heads=["L0H16"])
 
 
 def test_result_display(nm_ckpt):
     data = nm_ckpt.task.dataset("test").select(slice(0, 100))
-    res = shapley(coalition_values(nm_ckpt.model, data, heads=["L0H8", "L0H11", "L0H3"]))
+    res = shapley_values(nm_ckpt.model, data, heads=["L0H8", "L0H11", "L0H3"])
     fig = res.figure()
     assert len(fig.data) == 3  # Shapley bars, Banzhaf bars, interaction heatmap
     assert "L0H8" in res.text() and res._repr_html_()
@@ -432,10 +433,62 @@ def test_namespace_exports_do_not_shadow_modules():
     import importlib
 
     from interp import analyses
-    from interp.analyses.shapley import shapley as fn
+    from interp.analyses.shapley import shapley_values as fn
 
-    assert analyses.exact_shapley is fn and analyses.coalition_values is not None
+    assert analyses.shapley_values is fn and analyses.coalition_values is not None
     importlib.import_module("interp.analyses.shapley")
-    assert analyses.exact_shapley is fn
-    for name in ("shapley", "coalitions", "batched_svc"):
+    assert analyses.shapley_values is fn
+    for name in ("shapley", "shapley_result", "coalitions", "batched_svc"):
         assert name not in analyses.__all__
+
+
+# ------------------------------------------------------------------------------------- soft-capped logits
+
+
+@pytest.mark.parametrize("value", ["logit-diff", "answer-loss", "learned-accuracy"])
+def test_soft_capped_logits_fast_path_equals_hooks_and_transformer_lens(nm_task, short, value):
+    """A one-layer model whose config soft-caps its logits (``output_logits_soft_cap``: ``cap * tanh(x / cap)``,
+    applied by TransformerLens' forward): the fast path's coalition values equal the hook path's and a plain loop
+    of TransformerLens forwards written here, one per coalition (zero ablation of the heads outside it)."""
+    model = tiny(nm_task, 3, seed=5)
+    model.cfg.output_logits_soft_cap = 0.5  # small enough that the cap bends the answer logits
+    data = short.select(slice(0, 60))
+    fast = coalition_values(model, data, value=value, method="fast")
+    hooks = coalition_values(model, data, value=value, method="hooks")
+    rows = torch.arange(len(data))
+    classes = torch.unique(data.labels)
+    plain = []
+    for m in range(1 << 3):
+        keep = torch.tensor([m >> h & 1 for h in range(3)], dtype=torch.float32)
+        hook = ("blocks.0.attn.hook_z", lambda z, hook, keep=keep: z * keep[None, None, :, None])
+        with torch.no_grad():
+            logits = model.run_with_hooks(data.tokens, fwd_hooks=[hook])[rows, data.answer_pos].double()
+        right = logits[rows, data.labels]
+        if value == "logit-diff":
+            others = (logits[:, classes].sum(-1) - right) / (len(classes) - 1)
+            plain.append(float((right - others).mean()))
+        elif value == "answer-loss":
+            plain.append(float(-logits.log_softmax(-1)[rows, data.labels].mean()))
+        else:
+            plain.append(float((logits.argmax(-1) == data.labels).double().mean()))
+    plain = torch.tensor(plain, dtype=torch.float64)
+    torch.testing.assert_close(hooks.values, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.values, plain, atol=1e-5, rtol=1e-5)
+    res = shapley_values(model, data, value=value, method="exact")
+    torch.testing.assert_close(res.shapley, hooks.shapley().shapley, atol=1e-5, rtol=1e-5)
+
+
+def test_soft_capped_logits_of_the_query_forward(nm_task, short):
+    """The query-restricted forward (training and evaluate's fast path) soft-caps its logits as model(tokens) does."""
+    from interp.evaluation import evaluate
+    from interp.query_forward import logits_at
+
+    model = tiny(nm_task, 3, seed=5)
+    model.cfg.output_logits_soft_cap = 0.5
+    data = short.select(slice(0, 20))
+    pos = data.answer_pos[:, None]
+    with torch.no_grad():
+        full = model(data.tokens)[torch.arange(len(data))[:, None], pos]
+        torch.testing.assert_close(logits_at(model, data.tokens, pos), full, atol=1e-6, rtol=1e-6)
+    fast, slow = evaluate(model, nm_task, data), evaluate(model, nm_task, data, full_forward=True)
+    assert fast["loss"] == pytest.approx(slow["loss"], abs=1e-6)

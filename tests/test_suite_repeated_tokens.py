@@ -58,7 +58,7 @@ def test_previous_token_head_feeds_an_induction_head(ckpt, probe, scores):
     comp = composition_scores(ckpt.model, n_baseline=300)
     k = float(comp.K[prev + ind])
     assert k > comp.baseline_mean + 5 * comp.baseline_std and k > 1.5 * comp.baseline_mean
-    test = ablation_induction_test(ckpt.model, probe, layer=0)
+    test = ablation_induction_test(ckpt.model, probe, layers=[0])
     assert float(test.base[ind]) == pytest.approx(float(scores.induction[ind]), abs=1e-5)
     assert float(test.ablated[prev[1]][ind]) < 0.4  # ablating the previous-token head collapses induction
     assert int(test.drop[:, ind[0], ind[1]].argmax()) == prev[1]  # and it is the head whose ablation matters most
@@ -119,7 +119,7 @@ def test_path_specific_ablation_names_what_it_removed(ckpt):
     query path."""
     toks = probe_tokens(ckpt.task)  # the one default probe (seed PROBE_SEED)
     tests = {
-        p: ablation_induction_test(ckpt.model, toks, sources=["L0H1"], path=p) for p in ("all", "query", "key", "value")
+        p: ablation_induction_test(ckpt.model, toks, senders=["L0H1"], path=p) for p in ("all", "query", "key", "value")
     }
     base = tests["all"].base
     for p, t in tests.items():
@@ -140,7 +140,7 @@ def test_key_path_equals_a_hand_written_hook(ckpt):
 
     model = ckpt.model
     toks = probe_tokens(ckpt.task, n_seqs=16)
-    got = ablation_induction_test(model, toks, sources=["L0H1"], path="key")
+    got = ablation_induction_test(model, toks, senders=["L0H1"], path="key")
     store = {}
 
     def keep(z, hook):

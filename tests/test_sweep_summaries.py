@@ -279,7 +279,7 @@ def test_census_equals_each_models_head_summary_and_resumes(sweep):
         ckpt = load_checkpoint(sweep / "runs" / f"{run['name']}.safetensors", device="cpu")
         train = ckpt.task.dataset("train").select(slice(0, 200))
         test = ckpt.task.dataset("test").select(slice(0, 80))
-        want = head_summary(ckpt.model, train, test, pairs=False)
+        want = head_summary(ckpt.model, test, train=train, pairs=False)
         assert run["model_accuracy"] == pytest.approx(want.model_accuracy, abs=1e-6)
         for got, w in zip(run["heads"], want.rows):
             assert got["head"] == w["head"] and got["grade"] == w["grade"] and got["active"]

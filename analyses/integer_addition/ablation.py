@@ -1,8 +1,8 @@
 """Which component matters for which answer digit and carry case: mean-ablation of each attention head and of each
 group of MLP neurons, scored per answer digit (place value) and per carry case.
 
-A head is mean-ablated through its output ``z`` (``hook_z``, before ``W_O``; head set by
-:func:`interp.heads.head_mask`), a group of neurons through their activations (``hook_post``); the mean is taken
+A head is mean-ablated through its output ``z`` (``hook_z``, before ``W_O``: :func:`interp.ablation.ablation_hooks`),
+a group of neurons through their activations (``hook_post``); the mean is taken
 over the data at each position (Quirke's mean ablation), so the data must hold sums of one operand length. Runs
 through TransformerLens hooks, so any depth, MLPs and positional scheme work.
 """
@@ -15,13 +15,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from interp.ablation import ablation_hooks
+from interp.device import check_device
 from interp.errors import TaskError
-from interp.evaluation import predictions_and_loss
+from interp.evaluation import check_batch_size, predictions_and_loss
 from interp.heads import head_label, head_mask
-from interp.results import Result, jsonable
-from interp.task import TaskData, check_nonempty
+from interp.results import Result, floats, jsonable
+from interp.task import TaskData
 from interp.tasks.integer_addition import case_name, digit_correct
 
+from ..answer_cache import check_model_data
 from . import require_task_data
 
 if TYPE_CHECKING:
@@ -52,6 +55,19 @@ class DigitAblation(Result):
                     for c, d, k in zip(self.components, self.digit_accuracy, self.case_accuracy)
                 ],
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DigitAblation:
+        rows = d["components"]
+        return cls(
+            [r["component"] for r in rows],
+            floats([r["digit_accuracy"] for r in rows]),
+            floats([r["case_accuracy"] for r in rows]),
+            list(d["cases"]),
+            floats(d["base"]["digit_accuracy"]),
+            floats(d["base"]["case_accuracy"]),
+            d["n"],
         )
 
     def drops(self) -> Tensor:
@@ -106,8 +122,8 @@ class DigitAblation(Result):
         return "\n".join(lines)
 
 
-def _scores(model: HookedTransformer, data: TaskData, hooks, case: Tensor, codes: list[int]):
-    preds = predictions_and_loss(model, data, fwd_hooks=hooks)["preds"]
+def _scores(model: HookedTransformer, data: TaskData, hooks, case: Tensor, codes: list[int], batch_size=None):
+    preds = predictions_and_loss(model, data, fwd_hooks=hooks, batch_size=batch_size)["preds"]
     ok = digit_correct(preds, data.to(preds.device)).cpu().float()
     valid = case >= 0
     digit = torch.stack([ok[valid[:, i], i].mean() for i in range(ok.shape[1])])
@@ -115,10 +131,20 @@ def _scores(model: HookedTransformer, data: TaskData, hooks, case: Tensor, codes
     return digit, by_case
 
 
-def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: int = 4) -> DigitAblation:
-    """Mean-ablate every head, and every MLP layer's neurons in ``neuron_groups`` equal groups, one at a time."""
+def component_ablation(
+    model: HookedTransformer,
+    data: TaskData,
+    *,
+    neuron_groups: int = 4,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> DigitAblation:
+    """Mean-ablate every head (:func:`interp.ablation.ablation_hooks` with each head's mean output per position),
+    and every MLP layer's neurons in ``neuron_groups`` equal groups, one at a time."""
     require_task_data(data)
-    check_nonempty(data)
+    device = check_device(model, device)
+    check_batch_size(batch_size)
+    check_model_data(model, data)
     n = data.fields["n_digits"]
     if int(n.min()) != int(n.max()):
         raise TaskError(
@@ -127,7 +153,6 @@ def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: 
         )
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
-    device = next(model.parameters()).device
     data = data.to(device)
     names = [f"blocks.{l}.attn.hook_z" for l in range(L)] + (
         [] if cfg.attn_only else [f"blocks.{l}.mlp.hook_post" for l in range(L)]
@@ -137,15 +162,9 @@ def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: 
     means = {k: cache[k].mean(0) for k in names}  # [pos, head, d_head] / [pos, d_mlp]
     case = data.fields["digit_case"][:, : int(n.max()) + 1].cpu()
     codes = sorted(set(case[case >= 0].tolist()))
-    base_digit, base_case = _scores(model, data, [], case, codes)
-    masks = head_mask([[(l, h)] for l in range(L) for h in range(H)], L, H, device=device)  # [component, layer, head]
-
-    def z_hook(layer, mask):
-        def hook(z, hook):
-            m = mask[layer][None, None, :, None]
-            return z * (1 - m) + means[hook.name][None] * m
-
-        return hook
+    base_digit, base_case = _scores(model, data, [], case, codes, batch_size)
+    keep = 1 - head_mask([[(l, h)] for l in range(L) for h in range(H)], L, H, device=device)  # [component, L, H]
+    z_means = torch.stack([means[f"blocks.{l}.attn.hook_z"] for l in range(L)])  # [layer, pos, head, d_head]
 
     def neuron_hook(lo, hi):
         def hook(post, hook):
@@ -157,7 +176,7 @@ def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: 
 
     components, digit_rows, case_rows = [], [], []
     for i, (l, h) in enumerate((l, h) for l in range(L) for h in range(H)):
-        d, c = _scores(model, data, [(f"blocks.{l}.attn.hook_z", z_hook(l, masks[i]))], case, codes)
+        d, c = _scores(model, data, ablation_hooks(model, keep[i], z_means), case, codes, batch_size)
         components.append(head_label(l, h))
         digit_rows.append(d)
         case_rows.append(c)
@@ -166,7 +185,8 @@ def component_ablation(model: HookedTransformer, data: TaskData, neuron_groups: 
         for l in range(L):
             for g in range(neuron_groups):
                 lo, hi = bounds[g], bounds[g + 1]
-                d, c = _scores(model, data, [(f"blocks.{l}.mlp.hook_post", neuron_hook(lo, hi))], case, codes)
+                hooks = [(f"blocks.{l}.mlp.hook_post", neuron_hook(lo, hi))]
+                d, c = _scores(model, data, hooks, case, codes, batch_size)
                 components.append(f"L{l}MLP[{lo}:{hi}]")
                 digit_rows.append(d)
                 case_rows.append(c)

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from interp.device import check_device
 from interp.errors import TaskError
-from interp.evaluation import predictions_and_loss
+from interp.evaluation import check_batch_size, predictions_and_loss
 from interp.results import Result, jsonable
-from interp.task import TaskData, check_model_task, check_nonempty
+from interp.task import TaskData, check_model_task
 from interp.tasks.integer_addition import case_name, complexity_name, digit_correct, seq_len
 
+from ..answer_cache import check_model_data
 from . import require_task_data
 
 if TYPE_CHECKING:
@@ -26,11 +28,19 @@ if TYPE_CHECKING:
     from interp.task import Task
 
 
-def correct_digits(model: HookedTransformer, data: TaskData) -> Tensor:
+def correct_digits(
+    model: HookedTransformer, data: TaskData, *, batch_size: int | None = None, device: str | None = None
+) -> Tensor:
     """``[batch, max n + 1]`` bool: answer digit ``10**i`` predicted right (False beyond an example's answer)."""
     require_task_data(data)
-    check_nonempty(data)
-    preds = predictions_and_loss(model, data)["preds"]
+    check_device(model, device)
+    check_batch_size(batch_size)
+    check_model_data(model, data)
+    return _correct(model, data, batch_size)
+
+
+def _correct(model: HookedTransformer, data: TaskData, batch_size: int | None = None) -> Tensor:
+    preds = predictions_and_loss(model, data, batch_size=batch_size)["preds"]
     return digit_correct(preds, data.to(preds.device)).cpu()
 
 
@@ -60,6 +70,10 @@ class CaseAccuracy(Result):
                 "by_digit": self.by_digit,
             }
         )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CaseAccuracy:
+        return cls(d["by_digit_case"], d["by_complexity"], d["by_digit"], d["exact_match"], d["n"])
 
     def figure(self):
         from plotly.subplots import make_subplots
@@ -94,11 +108,18 @@ class CaseAccuracy(Result):
         return "\n".join(lines)
 
 
-def accuracy_by_case(model: HookedTransformer, data: TaskData, correct: Tensor | None = None) -> CaseAccuracy:
+def accuracy_by_case(
+    model: HookedTransformer,
+    data: TaskData,
+    *,
+    correct: Tensor | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> CaseAccuracy:
     """Accuracy of ``model`` on ``data`` by carry case, Quirke class and answer digit (``correct``: precomputed
     :func:`correct_digits`)."""
     require_task_data(data)
-    ok = correct_digits(model, data) if correct is None else correct.cpu()
+    ok = correct_digits(model, data, batch_size=batch_size, device=device) if correct is None else correct.cpu()
     case = data.fields["digit_case"][:, : ok.shape[1]].cpu()
     valid = case >= 0
     exact = (ok | ~valid).all(1)
@@ -135,6 +156,17 @@ class LengthAccuracy(Result):
             }
         )
 
+    @classmethod
+    def from_dict(cls, d: dict) -> LengthAccuracy:
+        rows = d["by_length"]
+        return cls(
+            [int(L) for L in rows],
+            [r["exact_match"] for r in rows.values()],
+            [r["digit_accuracy"] for r in rows.values()],
+            d["n_per_length"],
+            tuple(d["train_digits"]),
+        )
+
     def figure(self):
         import plotly.graph_objects as go
 
@@ -165,11 +197,22 @@ class LengthAccuracy(Result):
         )
 
 
-def accuracy_by_length(model: HookedTransformer, task: Task, lengths, n: int = 1000, seed: int = 0) -> LengthAccuracy:
+def accuracy_by_length(
+    model: HookedTransformer,
+    *,
+    task: Task,
+    lengths,
+    n: int = 1000,
+    seed: int = 0,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> LengthAccuracy:
     """Exact match on ``n`` uniform random sums of each operand length in ``lengths`` (the same test sets for every
     model of the same task parameters and seed); lengths whose sums do not fit the model's context give None."""
     from interp.tasks import get_task
 
+    check_device(model, device)
+    check_batch_size(batch_size)
     check_model_task(model, task)
     lengths = [int(L) for L in lengths]
     if not lengths or min(lengths) < 1:
@@ -185,7 +228,7 @@ def accuracy_by_length(model: HookedTransformer, task: Task, lengths, n: int = 1
             task.name, **{**params, "test_digits": [L, L], "test_size": n, "max_digits": max(L, params["max_digits"])}
         )
         data = t.dataset("test", seed)
-        ok = correct_digits(model, data)
+        ok = _correct(model, data, batch_size)
         exact.append(ok.all(1).float().mean().item())
         digits.append(ok.float().mean(0).tolist())
     return LengthAccuracy(lengths, exact, digits, n, tuple(task.digits))

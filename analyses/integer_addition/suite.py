@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from interp.checkpoint import Checkpoint
+from interp.device import model_device
 from interp.evaluation import evaluate
 from interp.results import Result, jsonable
 from interp.suite import FunctionSuite
 from interp.tasks.integer_addition import make_sums, seq_len
 from interp.visualize import attention_view
 
+from . import inputs
 from .ablation import DigitAblation, component_ablation
 from .accuracy import CaseAccuracy, LengthAccuracy, accuracy_by_case, accuracy_by_length
 
@@ -51,6 +53,18 @@ class AdditionAnalysis(Result):
                 "by_length": self.lengths.to_dict(),
                 "ablation": self.ablation.to_dict() if self.ablation else None,
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AdditionAnalysis:
+        return cls(
+            d["checkpoint"],
+            d["positional"],
+            d["metrics"],
+            CaseAccuracy.from_dict(d["by_case"]["test"]),
+            CaseAccuracy.from_dict(d["by_case"]["cascades"]),
+            LengthAccuracy.from_dict(d["by_length"]),
+            None if d["ablation"] is None else DigitAblation.from_dict(d["ablation"]),
         )
 
     def figure(self):
@@ -105,7 +119,7 @@ def analyze(ckpt: Checkpoint, ablation: bool = True) -> AdditionAnalysis:
         metrics=metrics,
         test_cases=accuracy_by_case(model, task.dataset("test")),
         cascade_cases=accuracy_by_case(model, task.dataset("cascades")),
-        lengths=accuracy_by_length(model, task, range(1, longest + 1), n=N_LENGTH),
+        lengths=accuracy_by_length(model, task=task, lengths=range(1, longest + 1), n=N_LENGTH),
         ablation=component_ablation(model, _ablation_data(task)) if ablation else None,
     )
 
@@ -144,7 +158,7 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
         )
         report.figure(res.ablation.figure())
         report.figure(res.ablation.case_figure())
-    ex = cascade_example(task).to(next(model.parameters()).device)
+    ex = cascade_example(task).to(model_device(model))
     view = attention_view(model, ex.tokens[0, : int(ex.lengths[0])], vocab=task.vocab, title="a full carry cascade")
     report.attention(
         view,
@@ -153,4 +167,4 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
     )
 
 
-SUITE = FunctionSuite("integer-addition", analyze, add_report_sections)
+SUITE = FunctionSuite("integer-addition", analyze, add_report_sections, typed_fn=inputs.typed_example)

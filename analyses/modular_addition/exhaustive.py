@@ -10,13 +10,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.ablation import ablation_hooks
 from interp.errors import InterpError
 from interp.heads import head_label, head_mask
-from interp.results import Result, jsonable
-from interp.task import check_model_task
+from interp.results import Result, floats, jsonable
 from interp.visualize import attention_patterns
 
-from .fourier import all_pairs
+from .fourier import all_pairs, check_model
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -49,6 +49,20 @@ class AttentionSplit(Result):
     def to_dict(self) -> dict:
         return jsonable({"heads": self.rows()})
 
+    @classmethod
+    def from_dict(cls, d: dict) -> AttentionSplit:
+        rows = d["heads"]
+        return cls(*(floats([r[k] for r in rows]) for k in ("to_a", "to_b", "to_=", "a_share_std")))
+
+    def text(self) -> str:
+        """Each head's mean attention from ``=`` to ``a``, ``b`` and ``=``."""
+        lines = ["attention from '=' (mean over all pairs): head, to a, to b, to =, std of a's share"]
+        lines += [
+            f"  {r['head']:<8}{r['to_a']:>8.3f}{r['to_b']:>8.3f}{r['to_=']:>8.3f}{r['a_share_std']:>8.3f}"
+            for r in self.rows()
+        ]
+        return "\n".join(lines)
+
     def figure(self):
         import plotly.graph_objects as go
 
@@ -67,29 +81,40 @@ class AttentionSplit(Result):
         return fig
 
 
-def attention_split(model: HookedTransformer, task: Task) -> AttentionSplit:
+def attention_split(model: HookedTransformer, *, task: Task, device: str | None = None) -> AttentionSplit:
     """Attention from ``=`` to ``a``, ``b`` and ``=`` of every layer-0 head over all pairs."""
-    check_model_task(model, task)
-    pat = attention_patterns(model, all_pairs(task, model.W_E.device))[:, 0, :, -1, :].double()  # [pair, head, key]
+    dev = check_model(model, task, device)
+    pat = attention_patterns(model, all_pairs(task, dev))[:, 0, :, -1, :].double()  # [pair, head, key]
     share = pat[..., 0] / (pat[..., 0] + pat[..., 1]).clamp_min(1e-12)
     return AttentionSplit(
         pat[..., 0].mean(0).cpu(), pat[..., 1].mean(0).cpu(), pat[..., 2].mean(0).cpu(), share.std(0).cpu()
     )
 
 
-def ablated_accuracy(model: HookedTransformer, task: Task, heads=(), neurons=(), ablation: str = "zero") -> float:
-    """Accuracy over all ``p**2`` pairs with ``heads`` (e.g. ``['L0H1']``) and MLP ``neurons`` (indices in layer 0)
-    ablated: ``"zero"`` sets their outputs to 0, ``"mean"`` to their mean over all pairs at ``=``."""
-    return float(ablated_accuracies(model, task, [(heads, neurons)], ablation)[0])
+def ablated_accuracy(
+    model: HookedTransformer,
+    *,
+    task: Task,
+    ablated=(),
+    neurons=(),
+    ablation: str = "zero",
+    device: str | None = None,
+) -> float:
+    """Accuracy over all ``p**2`` pairs with the heads ``ablated`` (e.g. ``['L0H1']``) and MLP ``neurons`` (indices
+    in layer 0) switched off: ``"zero"`` sets their outputs to 0, ``"mean"`` to their mean over all pairs at ``=``."""
+    return float(
+        ablated_accuracies(model, task=task, ablations=[(ablated, neurons)], ablation=ablation, device=device)[0]
+    )
 
 
-def ablated_accuracies(model: HookedTransformer, task: Task, ablations, ablation: str = "zero") -> Float[Tensor, " n"]:
-    """:func:`ablated_accuracy` of each ``(heads, neurons)`` in ``ablations``."""
+def ablated_accuracies(
+    model: HookedTransformer, *, task: Task, ablations, ablation: str = "zero", device: str | None = None
+) -> Float[Tensor, " n"]:
+    """:func:`ablated_accuracy` of each ``(ablated heads, neurons)`` in ``ablations``."""
     if ablation not in ("zero", "mean"):
         raise InterpError(f"unknown ablation {ablation!r}; expected 'zero' or 'mean'")
-    check_model_task(model, task)
+    device = check_model(model, task, device)
     cfg = model.cfg
-    device = model.W_E.device
     tokens = all_pairs(task, device)
     labels = task.dataset("all").labels.to(device)
     ref = {}
@@ -102,22 +127,16 @@ def ablated_accuracies(model: HookedTransformer, task: Task, ablations, ablation
         names += [] if cfg.attn_only else [f"blocks.{l}.mlp.hook_post" for l in range(cfg.n_layers)]
         with torch.inference_mode():
             model.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], return_type=None)
+    z_ref = None
+    if ablation == "mean":  # [layer, head, d_head]: each head's mean output at '='
+        z_ref = torch.stack([ref[f"blocks.{l}.attn.hook_z"] for l in range(cfg.n_layers)])
     out = []
     for heads, neurons in ablations:
-        hm = head_mask([list(heads)], cfg.n_layers, cfg.n_heads, device)[0]  # [layer, head]
+        keep_mask = 1 - head_mask([list(heads)], cfg.n_layers, cfg.n_heads, device)[0]  # [layer, head], 1 = kept
         picked = [int(n) for n in neurons]
         if picked and (cfg.attn_only or min(picked) < 0 or max(picked) >= cfg.d_mlp):
             raise InterpError(f"neurons must be indices in [0, {(cfg.d_mlp or 0) - 1}] of an MLP model, got {picked}")
-        hooks = []
-        for l in range(cfg.n_layers):
-            if hm[l].any():
-
-                def z_hook(z, hook, m=hm[l]):
-                    r = ref.get(hook.name)
-                    keep = (1 - m)[None, None, :, None]
-                    return z * keep + (0 if r is None else r[None, None] * (1 - keep))
-
-                hooks.append((f"blocks.{l}.attn.hook_z", z_hook))
+        hooks = ablation_hooks(model, keep_mask, z_ref)
         if picked:
             idx = torch.tensor(picked, device=device)
 
@@ -146,9 +165,24 @@ class AblationTable(Result):
     def to_dict(self) -> dict:
         return jsonable({"ablations": self.rows_})
 
+    @classmethod
+    def from_dict(cls, d: dict) -> AblationTable:
+        return cls([dict(r) for r in d["ablations"]])
+
+    def text(self) -> str:
+        """Accuracy over all pairs with each component ablated."""
+        lines = ["exhaustive accuracy (all pairs) with components ablated"]
+        lines += [f"  {r['ablated']:<36}{r['accuracy']:>8.4f} ({r['ablation']})" for r in self.rows_]
+        return "\n".join(lines)
+
 
 def ablation_table(
-    model: HookedTransformer, task: Task, neuron_frequencies=None, ablation: str = "mean"
+    model: HookedTransformer,
+    *,
+    task: Task,
+    neuron_frequencies=None,
+    ablation: str = "mean",
+    device: str | None = None,
 ) -> AblationTable:
     """Every head alone, all heads, and (given :class:`NeuronFrequencies`) each key frequency's neurons, ablated."""
     n_heads = model.cfg.n_heads
@@ -165,7 +199,9 @@ def ablation_table(
             )
             if idx:
                 items.append((f"neurons of frequency {k} ({len(idx)})", (), idx))
-    acc = ablated_accuracies(model, task, [(h, n) for _, h, n in items], ablation)
+    acc = ablated_accuracies(
+        model, task=task, ablations=[(h, n) for _, h, n in items], ablation=ablation, device=device
+    )
     return AblationTable(
         [{"ablated": name, "accuracy": float(a), "ablation": ablation} for (name, _, _), a in zip(items, acc)]
     )

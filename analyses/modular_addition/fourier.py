@@ -18,7 +18,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.errors import InterpError
-from interp.results import Result, jsonable
+from interp.results import Result, floats, jsonable
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -107,7 +107,21 @@ class FrequencyNorms(Result):
                 "key_frequencies": self.key_frequencies,
                 "fraction_in_key_frequencies": self.fraction_in_keys(),
                 "norm_per_frequency": self.norms,
+                "energy_per_frequency": self.energy,
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FrequencyNorms:
+        return cls(d["p"], floats(d["energy_per_frequency"]), list(d["key_frequencies"]), d["what"])
+
+    def text(self) -> str:
+        """The key frequencies, their share of the norm, and the largest norms."""
+        top = torch.argsort(self.norms[1:], descending=True)[:5].tolist()
+        return (
+            f"{self.what}: norm per Fourier frequency (p = {self.p}); key frequencies {self.key_frequencies} hold "
+            f"{self.fraction_in_keys():.3f} of the squared norm; largest: "
+            + ", ".join(f"k={k + 1} {float(self.norms[k + 1]):.3g}" for k in top)
         )
 
     def figure(self):
@@ -133,18 +147,37 @@ def number_embedding(model: HookedTransformer, p: int) -> Float[Tensor, "p d_mod
     return model.W_E.detach()[:p].double()
 
 
-def embedding_norms(model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None) -> FrequencyNorms:
-    """The embedding's norm per frequency, with the model's key frequencies (default: :func:`key_frequencies`)."""
+def check_model(model: HookedTransformer, task: Task, device) -> torch.device:
+    """The entry checks of the modular-addition analyses: ``device`` (None follows the model) and a model that fits
+    ``task``."""
+    from interp.device import check_device
+    from interp.task import check_model_task
+
+    if task is None:
+        raise InterpError("the modular-addition analyses need task=... (they run every pair of the task)")
+    dev = check_device(model, device)
+    check_model_task(model, task)
+    return dev
+
+
+def embedding_norms(
+    model: HookedTransformer, *, task: Task, key_frequencies: list[int] | None = None, device: str | None = None
+) -> FrequencyNorms:
+    """The embedding's norm per frequency, with the model's key frequencies (default: :func:`key_frequencies_of`)."""
+    check_model(model, task, device)
     p = task.p
     basis, _ = fourier_basis(p, device=model.W_E.device)
     energy = frequency_energy(basis @ number_embedding(model, p), p).cpu()
-    keys = key_frequencies_of(model, task) if key_frequencies is None else list(key_frequencies)
+    keys = key_frequencies_of(model, task=task) if key_frequencies is None else list(key_frequencies)
     return FrequencyNorms(p, energy, keys)
 
 
-def logit_frequency_energy(model: HookedTransformer, task: Task) -> Float[Tensor, " freq"]:
+def logit_frequency_energy(
+    model: HookedTransformer, *, task: Task, device: str | None = None
+) -> Float[Tensor, " freq"]:
     """Squared norm of the ``=`` logits over all pairs along ``cos(w_k (a + b))`` and ``sin(w_k (a + b))``, per
     frequency ``k`` (index 0: the constant, i.e. each logit's mean). This is what the restricted loss keeps."""
+    check_model(model, task, device)
     p = task.p
     logits = answer_logits(model, task)
     out = torch.zeros(n_frequencies(p) + 1, dtype=torch.float64)
@@ -159,18 +192,21 @@ def logit_frequency_energy(model: HookedTransformer, task: Task) -> Float[Tensor
 SOURCES = ("logits", "embedding", "w_l")
 
 
-def key_frequencies_of(model: HookedTransformer, task: Task, source: str = "logits") -> list[int]:
+def key_frequencies_of(
+    model: HookedTransformer, *, task: Task, source: str = "logits", device: str | None = None
+) -> list[int]:
     """The model's key frequencies: :func:`find_key_frequencies` on the Fourier energies of its ``=`` logits over all
     pairs as functions of ``a + b`` (``"logits"``, the default: sharpest, and what the restricted loss uses), of its
     number embedding (``"embedding"``; before cleanup ends it still holds other frequencies) or of its neuron-logit
     map ``W_out W_U`` (``"w_l"``)."""
+    check_model(model, task, device)
     if source == "logits":
-        energy = logit_frequency_energy(model, task)
+        energy = logit_frequency_energy(model, task=task)
     elif source == "embedding":
         basis, _ = fourier_basis(task.p, device=model.W_E.device)
         energy = frequency_energy(basis @ number_embedding(model, task.p), task.p)
     elif source == "w_l":
-        energy = neuron_logit_map(model, task, []).energy()
+        energy = neuron_logit_map(model, task=task, key_frequencies=[]).energy()
     else:
         raise InterpError(f"unknown key-frequency source {source!r}; expected one of {SOURCES}")
     return find_key_frequencies(energy.cpu())
@@ -248,9 +284,28 @@ class NeuronFrequencies(Result):
                     "median": float(self.fraction.median()),
                 },
                 "neurons_in_key_frequencies": int(sum(self.clusters().get(k, 0) for k in self.key_frequencies)),
+                "key_frequencies": self.key_frequencies,
                 "dominant": self.dominant,
                 "fraction": self.fraction,
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> NeuronFrequencies:
+        return cls(
+            d["p"],
+            torch.tensor(d["dominant"], dtype=torch.long),
+            floats(d["fraction"]),
+            list(d["key_frequencies"]),
+            d["threshold"],
+        )
+
+    def text(self) -> str:
+        """Neurons per dominant frequency (those it explains at least ``threshold`` of)."""
+        clusters = ", ".join(f"k={k}: {n}" for k, n in sorted(self.clusters().items(), key=lambda kv: -kv[1]))
+        return (
+            f"MLP neurons by dominant frequency (explained fraction >= {self.threshold:g}; key frequencies "
+            f"{self.key_frequencies}): {clusters or 'none'}; mean explained fraction {float(self.fraction.mean()):.3f}"
         )
 
     def figure(self):
@@ -278,9 +333,15 @@ class NeuronFrequencies(Result):
 
 
 def neuron_frequencies(
-    model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None, threshold: float = 0.5
+    model: HookedTransformer,
+    *,
+    task: Task,
+    key_frequencies: list[int] | None = None,
+    threshold: float = 0.5,
+    device: str | None = None,
 ) -> NeuronFrequencies:
     """Dominant frequency and explained variance fraction of every MLP neuron (over all ``p**2`` pairs)."""
+    check_model(model, task, device)
     p = task.p
     acts = mlp_activations(model, task)
     basis, _ = fourier_basis(p, device=acts.device)
@@ -299,7 +360,7 @@ def neuron_frequencies(
     frac = per[1:] / total
     best = frac.max(0)
     if key_frequencies is None:
-        key_frequencies = key_frequencies_of(model, task)
+        key_frequencies = key_frequencies_of(model, task=task)
     return NeuronFrequencies(p, (best.indices + 1).cpu(), best.values.cpu(), list(key_frequencies), threshold)
 
 
@@ -309,26 +370,49 @@ class NeuronLogitMap(Result):
     per output frequency (summed over neurons)."""
 
     p: int
-    coeffs: Tensor  # [d_mlp, component]
+    coeffs: Tensor | None  # [d_mlp, component]; None in a result read back by from_dict
     names: list[str]
     key_frequencies: list[int]
+    energy_: Tensor | None = None  # [freq]: the energy of a result read back (no coefficients)
 
     def energy(self) -> Tensor:
-        return frequency_energy(self.coeffs.T, self.p)
+        return self.energy_ if self.coeffs is None else frequency_energy(self.coeffs.T, self.p)
+
+    def fraction_in_keys(self) -> float:
+        e = self.energy()
+        total = float(e.sum())
+        return float(e[self.key_frequencies].sum()) / total if total else 0.0
 
     def to_dict(self) -> dict:
         e = self.energy()
-        total = float(e.sum())
         return jsonable(
             {
                 "p": self.p,
                 "norm_per_frequency": e.sqrt(),
-                "fraction_in_key_frequencies": float(e[self.key_frequencies].sum()) / total if total else 0.0,
+                "fraction_in_key_frequencies": self.fraction_in_keys(),
+                "key_frequencies": self.key_frequencies,
+                "energy_per_frequency": e,
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> NeuronLogitMap:
+        """The per-frequency energy and key frequencies ``to_dict`` wrote (not the per-neuron coefficients)."""
+        return cls(d["p"], None, [], list(d["key_frequencies"]), floats(d["energy_per_frequency"]))
+
+    def text(self) -> str:
+        return (
+            f"neuron-logit map W_out W_U (p = {self.p}): {self.fraction_in_keys():.3f} of its squared norm in the key "
+            f"frequencies {self.key_frequencies}"
         )
 
     def figure(self):
         import plotly.graph_objects as go
+
+        if self.coeffs is None:
+            fig = go.Figure(go.Bar(x=list(range(len(self.energy()))), y=self.energy().sqrt().tolist()))
+            fig.update_layout(title="|W_L| per output frequency", xaxis_title="frequency", template="plotly_white")
+            return fig
 
         order = torch.argsort(self.coeffs.abs().argmax(1))  # group neurons by their strongest component
         fig = go.Figure(go.Heatmap(z=self.coeffs[order].abs().tolist(), x=self.names, colorscale="Blues"))
@@ -343,10 +427,14 @@ class NeuronLogitMap(Result):
         return fig
 
 
-def neuron_logit_map(model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None) -> NeuronLogitMap:
+def neuron_logit_map(
+    model: HookedTransformer, *, task: Task, key_frequencies: list[int] | None = None, device: str | None = None
+) -> NeuronLogitMap:
+    """The neuron-logit map ``W_out W_U`` in the Fourier basis of the answer (rows: neurons)."""
+    check_model(model, task, device)
     p = task.p
     basis, names = fourier_basis(p, device=model.W_E.device)
     w_l = model.W_out[0].detach().double() @ model.W_U.detach().double()  # [d_mlp, p]
     if key_frequencies is None:
-        key_frequencies = key_frequencies_of(model, task)
+        key_frequencies = key_frequencies_of(model, task=task)
     return NeuronLogitMap(p, (w_l @ basis.T).cpu(), names, list(key_frequencies))

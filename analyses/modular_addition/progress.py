@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.device import check_device
 from interp.errors import InterpError
 from interp.results import Result, jsonable
 
@@ -59,18 +60,19 @@ def _accuracy(logits, labels) -> float:
     return (logits.argmax(-1) == labels.to(logits.device)).double().mean().item()
 
 
-def sum_squared_weights(model: HookedTransformer) -> float:
+def sum_squared_weights(model: HookedTransformer, *, device: str | None = None) -> float:
     """Sum of squared trained parameters (frozen ones, such as zeroed biases, left out)."""
+    check_device(model, device)
     return float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad))
 
 
 def progress_measures(
-    model: HookedTransformer, task: Task, key_frequencies: list[int] | None = None
+    model: HookedTransformer, *, task: Task, key_frequencies: list[int] | None = None, device: str | None = None
 ) -> dict[str, float]:
     """Train / test loss and accuracy, restricted and excluded loss, sum of squared weights and the share of the
     embedding's norm in the key frequencies (default: the model's own, from :func:`embedding_norms`)."""
     p = task.p
-    norms = embedding_norms(model, task, key_frequencies)
+    norms = embedding_norms(model, task=task, key_frequencies=key_frequencies, device=device)
     keys = norms.key_frequencies
     logits = answer_logits(model, task)
     labels = task.dataset("all").labels
@@ -92,7 +94,7 @@ def progress_measures(
 
 
 def progress_from_snapshots(
-    snapshot_dir, task: Task, key_frequencies: list[int], device: str | None = None
+    snapshot_dir, *, task: Task, key_frequencies: list[int], device: str | None = None
 ) -> list[dict]:
     """:func:`progress_measures` of every snapshot ``epoch-*.safetensors`` in ``snapshot_dir`` (sorted by epoch), with
     fixed ``key_frequencies`` (the final model's): one record per snapshot with its ``epoch``."""
@@ -104,7 +106,12 @@ def progress_from_snapshots(
     rows = []
     for f in files:
         ck = load_checkpoint(f, device=device)
-        rows.append({"epoch": int(f.stem.split("-")[1]), **progress_measures(ck.model, task, key_frequencies)})
+        rows.append(
+            {
+                "epoch": int(f.stem.split("-")[1]),
+                **progress_measures(ck.model, task=task, key_frequencies=key_frequencies),
+            }
+        )
     return rows
 
 
@@ -133,8 +140,8 @@ def write_progress(checkpoint_path, snapshot_dir, device: str | None = None) -> 
     from interp.tasks import load_checkpoint
 
     ck = load_checkpoint(checkpoint_path, device=device)
-    keys = key_frequencies_of(ck.model, ck.task)
-    rows = progress_from_snapshots(snapshot_dir, ck.task, keys, device=device)
+    keys = key_frequencies_of(ck.model, task=ck.task)
+    rows = progress_from_snapshots(snapshot_dir, task=ck.task, key_frequencies=keys, device=device)
     training = dict(ck.metadata.get("training", {}))
     training["history"] = merge_progress(training.get("history", []), rows)
     training["progress_key_frequencies"] = keys
@@ -173,7 +180,29 @@ class Phases(Result):
                 "memorised_epoch": self.memorised,
                 "key_frequencies": self.key_frequencies,
                 "n_records": len(self.epochs),
+                "epochs": self.epochs,
+                "curves": self.curves,
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Phases:
+        return cls(
+            list(d["epochs"]),
+            {k: list(v) for k, v in d["curves"].items()},
+            d["circuit_formation"][0],
+            d["cleanup"][0],
+            d["grokked_epoch"],
+            list(d["key_frequencies"]),
+            d["memorised_epoch"],
+        )
+
+    def text(self) -> str:
+        """The phase boundaries, in epochs."""
+        return (
+            f"grokking phases over {len(self.epochs)} records: memorisation 0-{self.circuit_formation}, circuit "
+            f"formation {self.circuit_formation}-{self.cleanup}, cleanup {self.cleanup}-{self.grokked} (test accuracy "
+            f">= 0.99 at epoch {self.grokked}; train accuracy >= 0.99 at epoch {self.memorised})"
         )
 
     def figure(self):

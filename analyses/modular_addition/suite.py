@@ -11,6 +11,7 @@ from interp.results import Result, jsonable
 from interp.suite import FunctionSuite
 from interp.task import check_model_task
 
+from . import inputs
 from .exhaustive import AblationTable, AttentionSplit, ablation_table, attention_split
 from .fourier import FrequencyNorms, NeuronFrequencies, embedding_norms, neuron_frequencies, neuron_logit_map
 from .progress import Phases, find_phases, progress_measures, write_progress
@@ -33,8 +34,6 @@ class ModularAdditionAnalysis(Result):
     metrics: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        emb = self.embedding.to_dict()
-        neu = self.neurons.to_dict()
         return jsonable(
             {
                 "task": "modular-addition",
@@ -42,20 +41,30 @@ class ModularAdditionAnalysis(Result):
                 "p": self.p,
                 "metrics": self.metrics,
                 "key_frequencies": self.key_frequencies,
-                "embedding": {
-                    "fraction_in_key_frequencies": emb["fraction_in_key_frequencies"],
-                    "norm_per_frequency": emb["norm_per_frequency"],
-                },
-                "neurons": {
-                    k: neu[k]
-                    for k in ("threshold", "clusters", "fraction_explained_by_dominant", "neurons_in_key_frequencies")
-                },
+                "embedding": self.embedding.to_dict(),
+                "neurons": self.neurons.to_dict(),
                 "w_l_fraction_in_key_frequencies": self.w_l_key_fraction,
                 "attention": self.attention.to_dict()["heads"],
                 "progress_measures": self.measures,
                 "ablations": self.ablations.rows(),
                 "phases": self.phases.to_dict() if self.phases else None,
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModularAdditionAnalysis:
+        return cls(
+            d["checkpoint"],
+            d["p"],
+            list(d["key_frequencies"]),
+            FrequencyNorms.from_dict(d["embedding"]),
+            NeuronFrequencies.from_dict(d["neurons"]),
+            AttentionSplit.from_dict({"heads": d["attention"]}),
+            d["progress_measures"],
+            AblationTable.from_dict({"ablations": d["ablations"]}),
+            None if d["phases"] is None else Phases.from_dict(d["phases"]),
+            d["w_l_fraction_in_key_frequencies"],
+            d["metrics"],
         )
 
     def figure(self):
@@ -109,10 +118,10 @@ def analyze(ckpt: Checkpoint) -> ModularAdditionAnalysis:
 
     model, task = ckpt.model, ckpt.task
     check_model_task(model, task)
-    emb = embedding_norms(model, task)
+    emb = embedding_norms(model, task=task)
     keys = emb.key_frequencies
-    neurons = neuron_frequencies(model, task, keys)
-    w_l = neuron_logit_map(model, task, keys).to_dict()["fraction_in_key_frequencies"]
+    neurons = neuron_frequencies(model, task=task, key_frequencies=keys)
+    w_l = neuron_logit_map(model, task=task, key_frequencies=keys).to_dict()["fraction_in_key_frequencies"]
     metrics = {s: evaluate(model, task, task.dataset(s)) for s in task.splits + ("all",)}
     return ModularAdditionAnalysis(
         checkpoint=ckpt.name,
@@ -120,9 +129,9 @@ def analyze(ckpt: Checkpoint) -> ModularAdditionAnalysis:
         key_frequencies=keys,
         embedding=emb,
         neurons=neurons,
-        attention=attention_split(model, task),
-        measures=progress_measures(model, task, keys),
-        ablations=ablation_table(model, task, neurons),
+        attention=attention_split(model, task=task),
+        measures=progress_measures(model, task=task, key_frequencies=keys),
+        ablations=ablation_table(model, task=task, neuron_frequencies=neurons),
         phases=_phases(ckpt),
         w_l_key_fraction=w_l,
         metrics=metrics,
@@ -149,7 +158,7 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
             [phases.to_dict()],
             columns=["memorisation", "circuit_formation", "cleanup", "grokked_epoch", "memorised_epoch"],
         )
-    emb = embedding_norms(model, task)
+    emb = embedding_norms(model, task=task)
     keys = emb.key_frequencies
     report.section(
         "Key frequencies",
@@ -158,7 +167,7 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
         "between consecutive sorted Fourier energies of the '=' logits as functions of a + b.",
     )
     report.figure(emb.figure(), caption=f"Key frequencies {keys}: {emb.fraction_in_keys():.1%} of the squared norm.")
-    neurons = neuron_frequencies(model, task, keys)
+    neurons = neuron_frequencies(model, task=task, key_frequencies=keys)
     report.section(
         "MLP neurons",
         "For each neuron, its activation at '=' over all pairs in the 2D Fourier basis of "
@@ -169,7 +178,7 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
         [{"frequency": k, "neurons": n, "key": k in keys} for k, n in sorted(neurons.clusters().items())],
         caption=f"Neurons whose dominant frequency explains >= {neurons.threshold} of their variance.",
     )
-    wl = neuron_logit_map(model, task, keys)
+    wl = neuron_logit_map(model, task=task, key_frequencies=keys)
     report.section(
         "Neuron-logit map W_L",
         "W_L = W_out W_U in the Fourier basis of the output c: the neurons write "
@@ -179,10 +188,10 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
         wl.figure(),
         caption=f"{wl.to_dict()['fraction_in_key_frequencies']:.1%} of W_L's squared norm lies in the key frequencies.",
     )
-    att = attention_split(model, task)
+    att = attention_split(model, task=task)
     report.section("Attention to a vs b", "Mean attention from '=' to each input over all pairs.")
     report.table(att.rows(), formats=dict.fromkeys(("to_a", "to_b", "to_=", "a_share_std"), ".3f"))
-    abl = ablation_table(model, task, neurons)
+    abl = ablation_table(model, task=task, neuron_frequencies=neurons)
     report.section(
         "Exhaustive accuracy under ablation",
         "Accuracy over all p^2 pairs (the whole domain, not a sample) "
@@ -196,4 +205,6 @@ def finish_run(out, snapshot_dir, device=None) -> dict:
     return write_progress(out, snapshot_dir, device=device)
 
 
-SUITE = FunctionSuite("modular-addition", analyze, add_report_sections, finish_fn=finish_run)
+SUITE = FunctionSuite(
+    "modular-addition", analyze, add_report_sections, finish_fn=finish_run, typed_fn=inputs.typed_example
+)

@@ -28,13 +28,15 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.attention import ADDITIVE, layer_attention, pair_scores
+from interp.device import check_device
 from interp.errors import ConfigError, TaskError
 from interp.heads import all_heads, head_label
 from interp.query_forward import token_inputs
-from interp.results import Result, jsonable
+from interp.results import Result, floats, head_of, jsonable
+from interp.task import TaskData
 from interp.tasks.noisy_majority import VOCAB
 
-from ..answer_cache import AnswerCache, as_cache
+from ..answer_cache import AnswerCache, as_cache, check_inputs
 from . import require_task_data
 
 if TYPE_CHECKING:
@@ -86,6 +88,32 @@ class AttentionRatios(Result):
                 max_relative_difference=self.max_relative_difference(),
             )
         return jsonable(d)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AttentionRatios:
+        """The ratios ``to_dict`` wrote (not the per-sequence logs: ``log_w01``/``log_w02`` are empty)."""
+        heads = [head_of(h) for h in d["heads"]]
+        shape = (max(l for l, _ in heads) + 1, max(h for _, h in heads) + 1)
+        res = cls(
+            floats(d["w01"]).view(shape),
+            floats(d["w02"]).view(shape),
+            torch.zeros(0, *shape),
+            torch.zeros(0, *shape),
+        )
+        if d["exact"]:
+            res.exact_w01, res.exact_w02 = floats(d["exact_w01"]).view(shape), floats(d["exact_w02"]).view(shape)
+        return res
+
+    def text(self) -> str:
+        """``w01`` and ``w02`` per head (and the exact values where they exist)."""
+        lines = ["attention ratios of the '=' query, per head: w01 = A(0)/A(1), w02 = A(0)/A(2) (measured"]
+        lines[0] += "; exact from the QK circuit)" if self.exact_w01 is not None else ")"
+        for i, name in enumerate(self.heads):
+            line = f"  {name:<8}{float(self.w01.flatten()[i]):>12.4g}{float(self.w02.flatten()[i]):>12.4g}"
+            if self.exact_w01 is not None:
+                line += f"{float(self.exact_w01.flatten()[i]):>12.4g}{float(self.exact_w02.flatten()[i]):>12.4g}"
+            lines.append(line)
+        return "\n".join(lines)
 
     def max_relative_difference(self) -> float | None:
         """Largest ``|measured / exact - 1|`` over heads and both ratios (None without exact values)."""
@@ -187,10 +215,21 @@ def class_log_attention(cache: AnswerCache, token_ids: list[int]) -> tuple[Tenso
     return torch.stack(out, -1), torch.stack(counts, -1)
 
 
-def measured_attention_ratios(model: HookedTransformer, data) -> AttentionRatios:
+def measured_attention_ratios(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    *,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> AttentionRatios:
     """``w01``, ``w02`` per head measured from the answer query's attention on ``data`` (see module doc)."""
     require_task_data(data)
-    cache = as_cache(model, data, attention=True)
+    check_inputs(model, data, device=device, batch_size=batch_size)
+    return _measured(model, data, batch_size)
+
+
+def _measured(model: HookedTransformer, data, batch_size: int | None = None) -> AttentionRatios:
+    cache = as_cache(model, data, attention=True, batch_size=batch_size)
     ids = task_token_ids(cache.vocab or VOCAB)
     la, n = class_log_attention(cache, ids[:3])
     nan = torch.tensor(float("nan"), device=la.device, dtype=la.dtype)
@@ -203,7 +242,7 @@ def measured_attention_ratios(model: HookedTransformer, data) -> AttentionRatios
     return AttentionRatios(w01=log_w01.nanmean(0).exp(), w02=log_w02.nanmean(0).exp(), log_w01=log_w01, log_w02=log_w02)
 
 
-def query_key_scores(model: HookedTransformer, vocab=None) -> Float[Tensor, "head vocab"]:
+def query_key_scores(model: HookedTransformer, *, vocab=None) -> Float[Tensor, "head vocab"]:
     """Exact attention scores of the ``=`` query to every token, for a one-layer model without positional
     embedding and without a sparse mask (refused otherwise): ``(x_= W_Q + b_Q) . (x_t W_K + b_K) / attn_scale``,
     ``x = ln1(W_E)``; under another pooling its scores of the same ``q`` and ``k`` (:func:`interp.attention.
@@ -241,18 +280,27 @@ def query_key_scores(model: HookedTransformer, vocab=None) -> Float[Tensor, "hea
 
 
 def exact_attention_ratios(
-    model: HookedTransformer, vocab=None
+    model: HookedTransformer, *, vocab=None, device: str | None = None
 ) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
     """``(w01, w02)`` per head from the QK circuit of a one-layer model without positional embedding."""
+    check_device(model, device)
     vocab = vocab or VOCAB
     z, o, t = task_token_ids(vocab)[:3]
-    s = query_key_scores(model, vocab).double()
+    s = query_key_scores(model, vocab=vocab).double()
     return (s[:, z] - s[:, o]).exp()[None], (s[:, z] - s[:, t]).exp()[None]
 
 
-def attention_ratios(model: HookedTransformer, data) -> AttentionRatios:
+def attention_ratios(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    *,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> AttentionRatios:
     """Measured ratios, plus the exact ones when the model is one-layer without positional embedding."""
-    res = measured_attention_ratios(model, data)
+    require_task_data(data)
+    check_inputs(model, data, device=device, batch_size=batch_size)
+    res = _measured(model, data, batch_size)
     with contextlib.suppress(ConfigError):
         res.exact_w01, res.exact_w02 = exact_attention_ratios(model)
     return res

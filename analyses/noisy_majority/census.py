@@ -216,5 +216,16 @@ class Census(Result):
             }
         )
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Census:
+        """The census ``to_dict`` wrote (undefined or infinite head numbers, written as null, read back as NaN)."""
+        from .head_summary import NUMERIC
+
+        def head(h: dict) -> dict:
+            return {k: float("nan") if k in NUMERIC and v is None else v for k, v in h.items()}
+
+        runs = [{**r, "heads": [head(h) for h in r["heads"]]} for r in d["runs"]]
+        return cls(runs, d["train_size"], d["test_size"], list(d["skipped"]))
+
 
 __all__ = ["Census", "census", "read_census", "run_heads"]

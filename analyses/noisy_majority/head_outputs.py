@@ -15,13 +15,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.device import check_device
 from interp.errors import ConfigError, InterpError
-from interp.heads import head_label, parse_head
+from interp.heads import head_label, one_head
 from interp.query_forward import token_inputs
-from interp.results import Result, jsonable
+from interp.results import Result, floats, jsonable
+from interp.task import TaskData
 from interp.tasks.noisy_majority import VOCAB
 
-from ..answer_cache import as_cache
+from ..answer_cache import AnswerCache, as_cache, check_inputs
 from . import require_task_data
 from .attention_ratios import DIGITS, task_token_ids
 
@@ -29,11 +31,15 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
-def value_vectors(model: HookedTransformer, head, tokens=DIGITS, vocab=None) -> Float[Tensor, "token d_head"]:
-    """``v_t = ln1(W_E[t]) W_V + b_V`` of layer-0 ``head`` for each token (exact for one-layer models without
-    positional embedding, where a token's value does not depend on its position; refused otherwise)."""
+def value_vectors(
+    model: HookedTransformer, *, heads: object, tokens=DIGITS, vocab=None, device: str | None = None
+) -> Float[Tensor, "token d_head"]:
+    """``v_t = ln1(W_E[t]) W_V + b_V`` of one layer-0 head (``heads="L0H3"``) for each token (exact for one-layer
+    models without positional embedding, where a token's value does not depend on its position; refused
+    otherwise)."""
+    check_device(model, device)
     cfg = model.cfg
-    layer, h = parse_head(head, cfg.n_layers, cfg.n_heads)
+    layer, h = one_head(heads, cfg.n_layers, cfg.n_heads, "value_vectors")
     if layer != 0:
         raise ConfigError(f"value vectors per token exist only for layer-0 heads; got {head_label(layer, h)}")
     ids = task_token_ids(vocab or VOCAB, tuple(tokens))
@@ -110,16 +116,47 @@ class HeadOutputs(Result):
             }
         )
 
+    @classmethod
+    def from_dict(cls, d: dict) -> HeadOutputs:
+        return cls(
+            d["head"],
+            floats(d["outputs"]),
+            torch.tensor(d["labels"], dtype=torch.long),
+            None if d["values"] is None else floats(d["values"]),
+            tuple(d["value_tokens"]),
+            {int(k): v for k, v in d["label_names"].items()},
+        )
 
-def head_outputs(model: HookedTransformer, data, head) -> HeadOutputs:
-    """The outputs ``z`` of ``head`` (``'L0H3'`` or ``(0, 3)``) at the answer position of every example."""
+    def text(self) -> str:
+        """The mean output per right answer, and the value vectors."""
+        lines = [f"head {self.head}: outputs at the answer position of {len(self.labels)} examples"]
+        for cls in sorted(set(self.labels.tolist())):
+            mean = self.outputs[self.labels == cls].float().mean(0)
+            name = self.label_names.get(cls, cls)
+            lines.append(f"  answer {name}: mean output {[round(x, 4) for x in mean.tolist()]}")
+        if self.values is not None:
+            for t, v in zip(self.value_tokens, self.values.float().tolist()):
+                lines.append(f"  value vector v_{t}: {[round(x, 4) for x in v]}")
+        return "\n".join(lines)
+
+
+def head_outputs(
+    model: HookedTransformer,
+    data: TaskData | AnswerCache,
+    *,
+    heads: object,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> HeadOutputs:
+    """The outputs ``z`` of one head (``heads="L0H3"`` or ``(0, 3)``) at the answer position of every example."""
     cfg = model.cfg
-    layer, h = parse_head(head, cfg.n_layers, cfg.n_heads)
+    layer, h = one_head(heads, cfg.n_layers, cfg.n_heads, "head_outputs")
     require_task_data(data)
-    cache = as_cache(model, data, attention=False)
+    check_inputs(model, data, device=device, batch_size=batch_size)
+    cache = as_cache(model, data, attention=False, batch_size=batch_size)
     vocab = cache.vocab or VOCAB
     try:
-        values = value_vectors(model, (layer, h), vocab=vocab)
+        values = value_vectors(model, heads=(layer, h), vocab=vocab)
     except ConfigError:
         values = None
     names = dict(enumerate(vocab.tokens))

@@ -27,26 +27,28 @@ from torch import Tensor
 from interp.errors import TaskError
 from interp.heads import all_heads, head_label
 from interp.query_forward import supports_query_forward
-from interp.results import Result, jsonable
+from interp.results import Result, floats, jsonable
 from interp.task import TaskData
 
-from ..answer_cache import cache_answer
-
-if TYPE_CHECKING:
-    from transformer_lens import HookedTransformer
-
-    from interp.checkpoint import Checkpoint
-
-from ..answer_cache import as_cache
+from ..answer_cache import AnswerCache, as_cache, cache_answer, check_inputs
 from ..learned_accuracies import head_subsets, learned_accuracy
 from ..separation_accuracies import separation_accuracy
 from . import require_task_data
 from .attention_ratios import attention_ratios
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from interp.checkpoint import Checkpoint
+    from interp.task import Task
+
 GOOD, PARTIAL = 0.95, 0.70
 BAND = 2.0  # ratios within a factor BAND of 1 read as "alike"
 W02_IGNORED = 10.0
 AT_CHANCE = 0.02  # a model within this of chance accuracy is "at chance"
+LEARNED_PAIRS = "Learned accuracy of head pairs (Figure 5)"
+SEPARATION_PAIRS = "Separation accuracy of head pairs (Figure 4)"
+NUMERIC = ("learned_accuracy", "separation_accuracy", "roc_auc", "w01", "w02", "exact_w01", "exact_w02")
 
 
 def grade(separation: float) -> str:
@@ -116,6 +118,26 @@ class PairMatrix(Result):
 
     def to_dict(self) -> dict:
         return jsonable({"title": self.title, "heads": self.heads, "values": self.values})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PairMatrix:
+        return cls(floats(d["values"]), list(d["heads"]), d["title"])
+
+    def text(self, k: int = 5) -> str:
+        """The best ``k`` pairs and the best single heads."""
+        n = len(self.heads)
+        pairs = sorted(
+            ((float(self.values[i, j]), self.heads[i], self.heads[j]) for i in range(n) for j in range(i + 1, n)),
+            key=lambda t: -t[0] if not math.isnan(t[0]) else math.inf,
+        )[:k]
+        singles = [(float(self.values[i, i]), self.heads[i]) for i in self.sorted_order()[:k]]
+        return "\n".join(
+            [
+                f"{self.title}: {n} heads",
+                "  best pairs: " + ", ".join(f"{a}+{b} {v:.3f}" for v, a, b in pairs),
+                "  best single heads: " + ", ".join(f"{h} {v:.3f}" for v, h in singles),
+            ]
+        )
 
 
 def pair_matrix(result, n_layers: int, n_heads: int, title: str, values: Tensor | None = None) -> PairMatrix:
@@ -245,6 +267,7 @@ class HeadSummary(Result):
             "warning": self.warning,
             "thresholds": self.thresholds,
             "exact_ratios": self.exact_ratios,
+            "ratio_difference": self.ratio_difference,
             "heads": self.rows,
             "pairs": None,
         }
@@ -255,6 +278,32 @@ class HeadSummary(Result):
                 "separation_accuracy": self.separation_pairs.values,
             }
         return jsonable(d)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HeadSummary:
+        def number(v):
+            return float("nan") if v is None else v
+
+        rows = [{k: number(v) if k in NUMERIC else v for k, v in r.items()} for r in d["heads"]]
+        pairs = d["pairs"]
+        res = cls(
+            rows,
+            d["accuracy"],
+            d["direct_path_accuracy"],
+            d["chance"],
+            d["n_train"],
+            d["n_test"],
+            exact_ratios=d["exact_ratios"],
+            ratio_difference=d.get("ratio_difference"),
+            checkpoint=d["checkpoint"],
+            thresholds=dict(d["thresholds"]),
+        )
+        if pairs is not None:
+            res.learned_pairs = PairMatrix(floats(pairs["learned_accuracy"]), list(pairs["heads"]), LEARNED_PAIRS)
+            res.separation_pairs = PairMatrix(
+                floats(pairs["separation_accuracy"]), list(pairs["heads"]), SEPARATION_PAIRS
+            )
+        return res
 
     def figure(self):
         """Figure 7 of this model: w01 against w02, coloured by separation accuracy."""
@@ -281,39 +330,49 @@ class HeadSummary(Result):
 
 def head_summary(
     model: HookedTransformer,
-    train,
-    test,
+    data: TaskData | AnswerCache,
     *,
+    train: TaskData | AnswerCache | None = None,
     pairs: bool = True,
     C: float = 1000.0,
     standardize: bool = False,
     center: bool = True,
-    test_data: TaskData | None = None,
+    task: Task | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> HeadSummary:
-    """Everything in the head table, from one pass over ``train`` and one over ``test`` (noisy-majority task data
-    or :class:`AnswerCache`; the test cache needs attention rows for ``w01``/``w02``). Models deeper than one layer
-    need the test data itself for learned accuracy (hook path): pass it as ``test`` or ``test_data``. Works for any
-    number of heads and layers (pairs need at least two heads)."""
+    """Everything in the head table, from one pass over ``train`` (the separators' fit; default
+    ``task.dataset("train")``) and one over ``data`` (the scored test split): noisy-majority task data or
+    :class:`AnswerCache` objects (a cache of ``data`` needs attention rows for ``w01``/``w02``; models deeper than
+    one layer compute learned accuracy with hooks on the data the cache was built from). Works for any number of
+    heads and layers (pairs need at least two heads)."""
+    if train is None:
+        if task is None:
+            raise TaskError("head_summary fits its separators on a train split: pass train=... or task=...")
+        train = task.dataset("train")
     require_task_data(train)
-    require_task_data(test)
+    require_task_data(data)
+    check_inputs(model, train, task=task, device=device, batch_size=batch_size, what="train")
+    check_inputs(model, data, task=task, what="data")
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    tr = as_cache(model, train, attention=False)
-    te = as_cache(model, test, attention=True)
-    test_data = test if isinstance(test, TaskData) else test_data
+    tr = as_cache(model, train, attention=False, batch_size=batch_size)
+    te = as_cache(model, data, attention=True, batch_size=batch_size)
     singles = head_subsets(L, H, 1)
     pair_list = head_subsets(L, H, 2) if pairs and L * H >= 2 else []
     everything = [tuple(all_heads(L, H))]
     subsets = singles + pair_list + everything + [()]
     if supports_query_forward(model):
-        la = learned_accuracy(model, te, subsets)
-    elif test_data is not None:
-        la = learned_accuracy(model, test_data, subsets, method="hooks")
+        la = learned_accuracy(model, te, heads=subsets, batch_size=batch_size)
+    elif te.data is not None:
+        la = learned_accuracy(model, te.data, heads=subsets, method="hooks", batch_size=batch_size)
     else:
         raise TaskError(
-            "a model deeper than one layer needs the test data itself for learned accuracy (the hook "
-            "path): pass it as test or test_data"
+            "a model deeper than one layer needs the test data itself for learned accuracy (the hook path): pass "
+            "it as data (or a cache built by cache_answer, which keeps it)"
         )
-    sep = separation_accuracy(model, tr, te, singles + pair_list, C=C, standardize=standardize, center=center)
+    sep = separation_accuracy(
+        model, te, train=tr, heads=singles + pair_list, C=C, standardize=standardize, center=center
+    )
     ratios = attention_ratios(model, te)
     rows = []
     for i, ((l, h),) in enumerate(singles):
@@ -344,8 +403,8 @@ def head_summary(
         ratio_difference=ratios.max_relative_difference(),
     )
     if pairs:
-        summary.learned_pairs = pair_matrix(_take(la, n), L, H, "Learned accuracy of head pairs (Figure 5)")
-        summary.separation_pairs = pair_matrix(sep, L, H, "Separation accuracy of head pairs (Figure 4)")
+        summary.learned_pairs = pair_matrix(_take(la, n), L, H, LEARNED_PAIRS)
+        summary.separation_pairs = pair_matrix(sep, L, H, SEPARATION_PAIRS)
     return summary
 
 
@@ -371,6 +430,6 @@ def checkpoint_summary(
         test = test.select(slice(0, test_size))
     tr = cache_answer(model, train, attention=False, task=task)
     te = cache_answer(model, test, attention=True, task=task)
-    summary = head_summary(model, tr, te, pairs=pairs, test_data=test)
+    summary = head_summary(model, te, train=tr, pairs=pairs)
     summary.checkpoint = ckpt.name
     return summary, train, test, tr, te

@@ -24,11 +24,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.device import check_device
 from interp.errors import InterpError
-from interp.evaluation import map_chunks
+from interp.evaluation import check_batch_size, map_chunks
 from interp.heads import head_label
 from interp.query_forward import layer0_inputs, supports_query_forward
-from interp.results import Result, jsonable
+from interp.results import Result, floats, jsonable
 from interp.task import TaskData
 from interp.tasks.noisy_majority import VOCAB
 
@@ -87,15 +88,24 @@ def intervention_rows(
 def intervened_head_outputs(
     model: HookedTransformer,
     data: TaskData,
-    settings,
     *,
+    settings,
     layer: int = 0,
     method: str = "auto",
     task: Task | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> Float[Tensor, "setting batch head d_head"]:
-    """Every head's output ``z`` at the answer position of layer ``layer`` under each intervention setting."""
+    """Every head's output ``z`` at the answer position of layer ``layer`` under each intervention setting
+    (``(w01, w02)`` pairs); ``batch_size``: examples per forward (the hook method repeats each once per setting)."""
     require_task_data(data)
+    check_device(model, device)
+    check_batch_size(batch_size)
     check_model_data(model, data, task)
+    return _intervened(model, data, settings, layer, method, batch_size)
+
+
+def _intervened(model: HookedTransformer, data: TaskData, settings, layer: int, method: str, batch_size) -> Tensor:
     settings = _check_settings(settings)
     if not (isinstance(layer, int) and 0 <= layer < model.cfg.n_layers):
         raise InterpError(f"layer must be in [0, {model.cfg.n_layers - 1}], got {layer!r}")
@@ -109,7 +119,9 @@ def intervened_head_outputs(
         with torch.inference_mode():
             return {"z": fn(model, chunk, rows, layer).transpose(0, 1)}  # [b, K, h, e]
 
-    return map_chunks(model, data, one)["z"].transpose(0, 1)
+    if batch_size is not None and method == "hooks":  # the hook path runs each example once per setting
+        batch_size = max(1, batch_size // len(settings))
+    return map_chunks(model, data, one, batch_size=batch_size)["z"].transpose(0, 1)
 
 
 def _fast_chunk(model: HookedTransformer, chunk: TaskData, rows, layer: int):
@@ -184,8 +196,31 @@ class InterventionSweep(Result):
                     "mean_accuracy": self.w02_mean.tolist(),
                     "accuracy": self.w02_accuracy.tolist(),
                 },
+                "layer": self.layer,
             }
         )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> InterventionSweep:
+        return cls(
+            list(d["w02_inf"]["w01"]),
+            [math.inf if w is None else w for w in d["w01_one"]["w02"]],
+            floats(d["w02_inf"]["accuracy"], torch.float32),  # float32, as computed: the means are recomputed
+            floats(d["w01_one"]["accuracy"], torch.float32),
+            d["n_train"],
+            d["n_test"],
+            d.get("layer", 0),
+        )
+
+    def text(self) -> str:
+        """The mean separation accuracy over the heads under each setting."""
+        lines = [
+            f"attention interventions on layer {self.layer} ({self.n_train} train / {self.n_test} test): mean "
+            "separation accuracy over its heads"
+        ]
+        lines += [f"  w02 = inf, w01 = {w:g}: {float(a):.4f}" for w, a in zip(self.w01_values, self.w01_mean)]
+        lines += [f"  w01 = 1, w02 = {w:g}: {float(a):.4f}" for w, a in zip(self.w02_values, self.w02_mean)]
+        return "\n".join(lines)
 
     def figure(self):
         """The thesis's Figure 8: mean separation accuracy over heads against w01 (w02 = inf) and against w02 (w01 =
@@ -228,9 +263,9 @@ class InterventionSweep(Result):
 
 def attention_intervention_sweep(
     model: HookedTransformer,
-    train: TaskData,
-    test: TaskData,
+    data: TaskData,
     *,
+    train: TaskData | None = None,
     w01_values=W01_VALUES,
     w02_values=W02_VALUES,
     layer: int = 0,
@@ -238,12 +273,25 @@ def attention_intervention_sweep(
     standardize: bool = False,
     center: bool = True,
     task: Task | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
 ) -> InterventionSweep:
-    """Figure 8: the separation accuracy of each head of ``layer`` under each hand-set attention."""
+    """Figure 8: the separation accuracy of each head of ``layer`` under each hand-set attention, separators fitted
+    on ``train`` (default ``task.dataset("train")``) and scored on ``data``."""
+    if train is None:
+        if task is None:
+            raise InterpError("the sweep fits its separators on a train split: pass train=... or task=...")
+        train = task.dataset("train")
+    for split in (train, data):
+        require_task_data(split)
+        check_model_data(model, split, task)
+    check_device(model, device)
+    check_batch_size(batch_size)
+    test = data
     w01_values, w02_values = [float(w) for w in w01_values], [float(w) for w in w02_values]
     settings = [(w, math.inf) for w in w01_values] + [(1.0, w) for w in w02_values]
-    z_tr = intervened_head_outputs(model, train, settings, layer=layer, task=task).float().cpu()  # sklearn boundary
-    z_te = intervened_head_outputs(model, test, settings, layer=layer, task=task).float().cpu()
+    z_tr = _intervened(model, train, settings, layer, "auto", batch_size).float().cpu()  # sklearn boundary
+    z_te = _intervened(model, test, settings, layer, "auto", batch_size).float().cpu()
     y_tr, y_te = train.labels.cpu().numpy(), test.labels.cpu().numpy()
     H = z_tr.shape[2]
     acc = torch.tensor(

@@ -10,8 +10,10 @@ import math
 import time
 
 from interp.checkpoint import Checkpoint
+from interp.device import model_device
 from interp.suite import FunctionSuite
 
+from . import inputs
 from .head_outputs import head_outputs
 from .head_summary import HeadSummary, checkpoint_summary
 from .interventions import attention_intervention_sweep
@@ -98,7 +100,7 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
     )
     if model.cfg.d_head == 2:
         for name in shown:
-            out = head_outputs(model, te, name)
+            out = head_outputs(model, te, heads=name)
             note = "" if out.values is not None else " No value vectors: they depend on position or layer here."
             report.figure(out.figure(max_points=600), caption=f"Head {name}: 600 test sequences.{note}")
     else:
@@ -112,7 +114,7 @@ def add_report_sections(ckpt: Checkpoint, report, progress: bool = False) -> Non
         "each head's output, averaged over heads. Left: 2s ignored (w02 = inf), w01 varied. Right: w01 = 1, "
         f"w02 varied. Subsampled to keep the report fast: the first {n_tr} train and {n_te} test sequences.",
     )
-    sweep = attention_intervention_sweep(model, train.select(slice(0, n_tr)), test.select(slice(0, n_te)))
+    sweep = attention_intervention_sweep(model, test.select(slice(0, n_te)), train=train.select(slice(0, n_tr)))
     report.figure(
         sweep.figure(), caption=f"Mean separation accuracy over the {H} heads of layer 0 under hand-set attention."
     )
@@ -140,10 +142,10 @@ def add_patching_section(ckpt: Checkpoint, report) -> None:
 
     model, task = ckpt.model, ckpt.task
     n_digits = min(PATCH_DIGITS, task.n_ctx - 4)  # a task of shorter sentences: as long as they get
-    clean, corr = corrupted_pair(task, PATCH_SEQS, n_digits=n_digits, device=next(model.parameters()).device)
+    clean, corr = corrupted_pair(task, PATCH_SEQS, n_digits=n_digits, device=model_device(model))
 
     def run(**kw):
-        return activation_patching(model, clean, corr, "logit_diff", **kw)
+        return activation_patching(model, clean, corrupted=corr, metric="logit_diff", **kw)
 
     heads, noised = run(where="z", per="head"), run(where="z", per="head", direction="noising")
     every, pattern, resid = run(where="z", per="layer"), run(where="pattern", per="head"), run(where="resid_pre")
@@ -172,8 +174,7 @@ def add_patching_section(ckpt: Checkpoint, report) -> None:
     )
 
 
-SHAPLEY_EXACT_MAX = 16  # heads: exact Shapley of learned accuracy (2**16 coalitions: about a second)
-SHAPLEY_SAMPLES = 200  # permutations beyond that
+SHAPLEY_SAMPLES = 200  # permutations beyond 16 heads (shapley_values' method="auto": exact up to 16)
 
 
 def _shapley_section(ckpt: Checkpoint, report, s: HeadSummary, test, te) -> None:
@@ -181,18 +182,16 @@ def _shapley_section(ckpt: Checkpoint, report, s: HeadSummary, test, te) -> None
     numbers of the head table: exact up to 16 heads, else sampled."""
     from interp.query_forward import supports_query_forward
 
-    from ..coalitions import coalition_values
-    from ..shapley import sampled_shapley, shapley
+    from ..shapley import shapley_values
 
     model = ckpt.model
     n = model.cfg.n_layers * model.cfg.n_heads
     data = te if supports_query_forward(model) else test  # the cached outputs serve the fast method
     t0 = time.perf_counter()
-    if n <= SHAPLEY_EXACT_MAX:
-        res = shapley(coalition_values(model, data, value="learned-accuracy", task=ckpt.task))
+    res = shapley_values(model, data, value="learned-accuracy", samples=SHAPLEY_SAMPLES, task=ckpt.task)
+    if res.exact:
         how = f"exact, from all {2**n:,} coalitions"
     else:
-        res = sampled_shapley(model, data, value="learned-accuracy", samples=SHAPLEY_SAMPLES, task=ckpt.task)
         how = f"estimated from {SHAPLEY_SAMPLES} random permutations (error bars: one standard error)"
     secs = time.perf_counter() - t0
     report.section(
@@ -317,4 +316,11 @@ def add_training_census_section(directory, report, progress: bool = False) -> No
     )
 
 
-SUITE = FunctionSuite("noisy-majority", analyze, add_report_sections, add_sweep_sections)
+SUITE = FunctionSuite(
+    "noisy-majority",
+    analyze,
+    add_report_sections,
+    add_sweep_sections,
+    typed_fn=inputs.typed_example,
+    corruptions_fn=inputs.corruptions,
+)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from interp.checkpoint import Checkpoint
+from interp.device import model_device
 from interp.errors import ConfigError
 from interp.evaluation import evaluate
 from interp.heads import head_label
@@ -20,7 +21,8 @@ from interp.visualize import attention_view
 from ..circuits import OVCopying, full_ov_circuit, k_composition_circuit, ov_copying, positional_qk_circuit
 from ..composition import MODES, CompositionScores, composition_scores
 from ..patching import activation_patching, path_patching
-from ..pattern_scores import PATHS, HeadScores, ablation_induction_test, head_scores
+from ..pattern_scores import PATHS, AblationTest, HeadScores, ablation_induction_test, head_scores
+from . import inputs
 from .corrupt import corrupted_pair
 from .probe import probe_tokens
 
@@ -59,15 +61,30 @@ class InductionAnalysis(Result):
                 "n_layers": self.n_layers,
                 "n_heads": self.n_heads,
                 "probe": {
-                    "n_seqs": self.scores.tokens.shape[0],
-                    "seq_len": self.scores.tokens.shape[1],
-                    "repeat_len": self.scores.tokens.shape[1] // 2,
+                    "n_seqs": self.scores.n_seqs,
+                    "seq_len": self.scores.seq_len,
+                    "repeat_len": self.scores.seq_len // 2,
                 },
                 "heads": heads,
+                "copying": self.copying.to_dict(),
                 "composition": self.composition.to_dict(),
                 "ablation": {path: t.to_dict() for path, t in self.causal.items()} or None,
                 "metrics": self.metrics,
             }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> InductionAnalysis:
+        probe = d["probe"]
+        return cls(
+            d["checkpoint"],
+            d["n_layers"],
+            d["n_heads"],
+            HeadScores.from_dict({"n_seqs": probe["n_seqs"], "seq_len": probe["seq_len"], "heads": d["heads"]}),
+            OVCopying.from_dict(d["copying"]),
+            CompositionScores.from_dict(d["composition"]),
+            {path: AblationTest.from_dict(t) for path, t in (d["ablation"] or {}).items()},
+            d["metrics"],
         )
 
     def figure(self):
@@ -85,9 +102,8 @@ class InductionAnalysis(Result):
             f"test: repeat accuracy {m['accuracy']:.3f} (loss {m['loss']:.3f}); first-occurrence accuracy "
             f"{m['first_accuracy']:.3f} (loss {m['first_loss']:.3f})",
         ]
-        toks = self.scores.tokens
         lines.append(
-            f"\nhead scores on {toks.shape[0]} sequences [BOS] R R, len(R) = {toks.shape[1] // 2} "
+            f"\nhead scores on {self.scores.n_seqs} sequences [BOS] R R, len(R) = {self.scores.seq_len // 2} "
             "(induction with its 95% bootstrap interval):"
         )
         cols = [
@@ -121,7 +137,7 @@ class InductionAnalysis(Result):
             lines.append("\nno head composition (one layer)")
         for test in self.causal.values():
             rows = sorted(test.rows(), key=lambda r: -r["drop"])[:4]
-            lines.append(f"\ncausal test, source head {test.removed}; induction score of a later head:")
+            lines.append(f"\ncausal test, sender head {test.removed}; induction score of a later head:")
             for r in rows:
                 lines.append(f"  {r['ablated']}: {r['head']} {r['induction_score']:.3f} -> {r['ablated_score']:.3f}")
         return "\n".join(lines)
@@ -130,10 +146,10 @@ class InductionAnalysis(Result):
 def analyze(ckpt: Checkpoint) -> InductionAnalysis:
     """Head scores, OV copying, composition, the causal tests on every path, and the test-split metrics."""
     model, task = ckpt.model, ckpt.task
-    toks = probe_tokens(task, N_SEQS, device=next(model.parameters()).device)
+    toks = probe_tokens(task, N_SEQS, device=model_device(model))
     causal = {}
     if model.cfg.n_layers > 1:
-        causal = {path: ablation_induction_test(model, toks, layer=0, path=path) for path in PATHS}
+        causal = {path: ablation_induction_test(model, toks, layers=[0], path=path) for path in PATHS}
     return InductionAnalysis(
         checkpoint=ckpt.name,
         n_layers=model.cfg.n_layers,
@@ -150,7 +166,7 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
     """Head scores, composition, causal test, OV copying, circuits of the key heads and one attention view."""
     model, task = ckpt.model, ckpt.task
     L = model.cfg.n_layers
-    toks = probe_tokens(task, N_SEQS, device=next(model.parameters()).device)
+    toks = probe_tokens(task, N_SEQS, device=model_device(model))
     scores = head_scores(model, toks)
     report.section(
         "Induction and previous-token heads",
@@ -205,12 +221,12 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
         "that head's score when removed from the key input.",
     )
     for path in PATHS:
-        test = ablation_induction_test(model, toks, layer=0, path=path)
+        test = ablation_induction_test(model, toks, layers=[0], path=path)
         report.figure(test.figure())
         report.table(
             sorted(test.rows(), key=lambda r: -r["drop"])[:4],
             formats={"induction_score": ".3f", "ablated_score": ".3f", "drop": ".3f"},
-            caption=f"Source head {test.removed}: the largest drops.",
+            caption=f"Sender head {test.removed}: the largest drops.",
         )
 
     prev = scores.best("prev_token", layer=0)
@@ -226,14 +242,14 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
     )
     try:
         report.figure(
-            positional_qk_circuit(model, prev).figure(),
+            positional_qk_circuit(model, heads=prev).figure(),
             caption="Entries above the diagonal (key after query) are never used (causal mask) and are left blank.",
         )
     except ConfigError as e:  # no learned positions, or a pooling whose scores are not q·k
         report.text(f"No positional QK circuit: {e}.")
-    report.figure(full_ov_circuit(model, ind, vocab=task.vocab).figure())
+    report.figure(full_ov_circuit(model, heads=ind, vocab=task.vocab).figure())
     try:
-        report.figure(k_composition_circuit(model, prev, ind, vocab=task.vocab).figure())
+        report.figure(k_composition_circuit(model, senders=prev, receivers=ind, vocab=task.vocab).figure())
     except ConfigError as e:
         report.text(f"No K-composition circuit: {e}.")
     view = attention_view(
@@ -258,11 +274,11 @@ def add_patching_sections(model: HookedTransformer, task: Task, report, prev=Non
     """Activation patching (every head x position of ``hook_z``, every position of ``resid_pre``) and, for models
     with a later layer, path patching from the layer-0 heads into each later head's query, key and value
     (``prev``: the previous-token head, named in the caption)."""
-    clean, corr = corrupted_pair(task, N_PATCH, kind="key", device=next(model.parameters()).device)
+    clean, corr = corrupted_pair(task, N_PATCH, kind="key", device=model_device(model))
     n = task.seq_len // 2
     q = int(clean.answer_pos[0])
-    z = activation_patching(model, clean, corr, "logit_diff", where="z")
-    resid = activation_patching(model, clean, corr, "logit_diff", where="resid_pre")
+    z = activation_patching(model, clean, corrupted=corr, metric="logit_diff", where="z")
+    resid = activation_patching(model, clean, corrupted=corr, metric="logit_diff", where="resid_pre")
     report.section(
         "Activation patching",
         f"{N_PATCH} pairs of sequences [BOS] R R (len(R) = {n}, no repeats inside R). In the corrupted one the "
@@ -295,7 +311,7 @@ def add_patching_sections(model: HookedTransformer, task: Task, report, prev=Non
     )
     if model.cfg.n_layers < 2:
         return
-    paths = path_patching(model, clean, corr, "logit_diff")
+    paths = path_patching(model, clean, corrupted=corr, metric="logit_diff")
     ranked = sorted(paths.rows(), key=lambda r: -abs(r["normalized"]))
     best = [r for r in ranked if abs(r["normalized"]) >= 0.1] or ranked[:1]
     other = {r["input"]: r for r in reversed(ranked)}  # the largest of each input
@@ -312,4 +328,11 @@ def add_patching_sections(model: HookedTransformer, task: Task, report, prev=Non
     report.result(paths)
 
 
-SUITE = FunctionSuite("repeated-tokens", analyze, add_report_sections)
+SUITE = FunctionSuite(
+    "repeated-tokens",
+    analyze,
+    add_report_sections,
+    typed_fn=inputs.typed_example,
+    corruptions_fn=inputs.corruptions,
+    probes_fn=inputs.probes,
+)

@@ -18,22 +18,28 @@ sends events; the kernel computes:
   :func:`analyses.full_ov_circuit`, and :func:`analyses.positional_qk_circuit` where positions are learned), its
   learned accuracy alone, its induction / previous-token scores (:func:`analyses.head_scores`, Olsson et al.,
   "In-context Learning and Induction Heads"), its separation accuracy (:func:`analyses.separation_accuracy`) and
-  Shapley value (:func:`analyses.exact_shapley`) when asked for, and its direct logit contribution;
+  Shapley value (:func:`analyses.shapley_values`) when asked for, and its direct logit contribution;
 - activation patching of every head's output between the input and a corrupted one
   (:func:`analyses.activation_patching`), and path patching from a chosen sender head
   (:func:`analyses.path_patching`; Wang et al., "Interpretability in the Wild").
 
 The state is readable and settable from Python (``w.example = ("test", 3)``, ``w.tokens = "0 1 1"``,
-``w.mask = ["L0H1"]``, ``w.ablation = "mean"``, ``w.batch_size = 512``, ``w.head = "L0H3"``,
-``w.corruption = "flip"``), and so are the numbers shown (``w.prediction``, ``w.accuracy``, ``w.patterns``,
-``w.patching``, ``w.head_panel``). ``w.snippet()`` is the Python that reproduces the view, ``w.state()`` the view
-as a :class:`interp.Result`. A notebook saved with the widget's output shows a static snapshot (HTML with the
-patterns as images) where no kernel runs: nbconvert, GitHub's viewer.
+``w.ablated = ["L0H1"]``: the heads switched off, ``w.mask``: the same as a ``[layer, head]`` mask, 1 = kept,
+``w.ablation = "mean"``, ``w.batch_size = 512``, ``w.head = "L0H3"``, ``w.corruption = "flip"``), and so are
+the numbers shown (``w.prediction``, ``w.accuracy``, ``w.patterns``, ``w.patching``, ``w.head_panel``).
+``w.snippet()`` is the Python that reproduces the view, ``w.state()`` the view as a :class:`interp.Result`. A
+notebook saved with the widget's output shows a static snapshot (HTML with the patterns as images) where no kernel
+runs: nbconvert, GitHub's viewer.
 
-The modules: :mod:`.inputs` (typed inputs, built by each task's own builders, and the corrupted inputs),
-:mod:`.compute` (the masked forward pass, direct logit attribution, the patterns as the page gets them, the head
-panel's numbers), :mod:`.results` (the prediction and the view as results), :mod:`.snapshot` (the static HTML and
-PNG snapshot) and :mod:`.widget` (the widget, its state and :func:`explore`).
+What is task-specific comes from the task's suite (``interp.analyses.suite_for(task)``; the generic suite for a task
+that registered none): how typed tokens become an example, the task's own corrupted inputs, and the probe sequences
+of the head scores (:class:`interp.suite.Suite`'s explorer hooks). Nothing here names a task.
+
+The modules: :mod:`.state` (the session state and its validation), :mod:`.views` (what is computed for the page),
+:mod:`.snippet` (the Python that reproduces the view), :mod:`.widget` (the anywidget wiring and :func:`explore`),
+:mod:`.inputs` (typed inputs and the corrupted inputs every task has), :mod:`.compute` (the masked forward pass,
+direct logit attribution, the patterns as the page gets them, the head panel's numbers), :mod:`.results` (the
+prediction and the view as results) and :mod:`.snapshot` (the static HTML and PNG snapshot).
 """
 
 from __future__ import annotations

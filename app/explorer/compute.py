@@ -13,12 +13,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.ablation import ablation_hooks
 from interp.analyses.circuits import Circuit, full_ov_circuit, full_qk_circuit, positional_qk_circuit
-from interp.analyses.coalitions import coalition_values
-from interp.analyses.pattern_scores import HeadScores, repeated_random_tokens
-from interp.analyses.repeated_tokens.probe import probe_tokens
+from interp.analyses.generic_suite import random_repeat_probes
+from interp.analyses.pattern_scores import HeadScores
 from interp.analyses.separation_accuracies import SeparationAccuracy
-from interp.analyses.shapley import ShapleyResult, exact_shapley, sampled_shapley
+from interp.analyses.shapley import EXACT_UP_TO, ShapleyResult
+from interp.analyses.shapley import shapley_values as shapley_values_of
+from interp.device import model_device
 from interp.heads import Head, head_label, parse_head
 
 from .results import Prediction
@@ -27,15 +29,15 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
     from interp.analyses.answer_cache import AnswerCache
+    from interp.suite import Suite
     from interp.task import Task, TaskData, Vocab
 
 MAX_POSITIONS = 256  # attention patterns drawn: at most this many positions (the last ones) per head
 CELL_BUDGET = 1 << 21  # attention entries sent to the page at most (all heads): 4 MiB as uint16
 TOP_K = 3  # tokens shown per answer position
 CIRCUIT_MAX = 128  # circuit rows/columns drawn at most
-SCORE_SEQS = 32  # repeated-random-token sequences of the induction / previous-token scores
 SCORE_NAMES = ("induction", "prev_token", "duplicate", "bos")  # the pattern scores the head panel shows
-SHAPLEY_EXACT_MAX = 16  # heads: exact Shapley values (2**16 coalitions); more heads are sampled
+SHAPLEY_EXACT_MAX = EXACT_UP_TO  # heads: exact Shapley values (2**16 coalitions); more heads are sampled
 SHAPLEY_SAMPLES = 200  # permutations of sampled Shapley values
 
 Hook = tuple[str, Callable[..., Tensor]]
@@ -53,7 +55,7 @@ def finite_or_none(x: object) -> float | None:
 def keep_mask(model: HookedTransformer, off: Iterable[object]) -> Float[Tensor, "layer head"]:
     """``[layer, head]`` with 0 for the heads in ``off`` (names like ``'L0H3'`` or pairs) and 1 elsewhere."""
     cfg = model.cfg
-    keep = torch.ones(cfg.n_layers, cfg.n_heads, device=next(model.parameters()).device)
+    keep = torch.ones(cfg.n_layers, cfg.n_heads, device=model_device(model))
     for spec in off:
         layer, head = parse_head(spec, cfg.n_layers, cfg.n_heads)
         keep[layer, head] = 0.0
@@ -66,15 +68,9 @@ def mask_hooks(
     z_ref: Float[Tensor, "layer head d_head"] | None = None,
 ) -> list[Hook]:
     """``hook_z`` hooks that ablate the heads where ``keep`` is 0: their output ``z`` becomes 0 (``z_ref`` None) or
-    ``z_ref`` (mean ablation), exactly as :func:`analyses.learned_accuracy`'s hook path does."""
-
-    def hook(z, hook):
-        m = keep[hook.layer()][None, None, :, None].to(z.dtype)
-        if z_ref is None:
-            return z * m
-        return z * m + z_ref[hook.layer()][None, None].to(z.dtype) * (1 - m)
-
-    return [(f"blocks.{layer}.attn.hook_z", hook) for layer in range(model.cfg.n_layers)]
+    ``z_ref`` (mean ablation): :func:`interp.ablation.ablation_hooks`, as :func:`analyses.learned_accuracy`'s hook path
+    uses it."""
+    return ablation_hooks(model, keep, z_ref)
 
 
 def masked_forward(
@@ -185,27 +181,23 @@ def quantised_patterns(p: Float[Tensor, "layer head query key"], window: int) ->
 # -- the head panel ------------------------------------------------------------------------------------------------
 
 
-def score_probes(task: Task, n_ctx: int) -> tuple[Int[Tensor, "batch pos"] | None, str]:
+def score_probes(suite: Suite, task: Task, n_ctx: int) -> tuple[Int[Tensor, "batch pos"] | None, str]:
     """The sequences the induction / previous-token scores are measured on (Olsson et al.), and what they are in
-    words: the task's own ``[BOS] R R`` probes for repeated tokens, else repeated random output tokens (outside the
-    task's distribution); no sequences where a context of ``n_ctx`` tokens holds no repeat."""
-    if task.name == "repeated-tokens":
-        return probe_tokens(task, n_seqs=SCORE_SEQS), f"{SCORE_SEQS} of the task's [BOS] R R probe sequences"
-    if n_ctx < 9:
-        return None, f"not defined: a context of {n_ctx} tokens holds no repeat"
-    rep = min((n_ctx - 1) // 2, 32)
-    tokens = repeated_random_tokens(SCORE_SEQS, rep, task.vocab.n_out, bos=task.vocab.bos, seed=0)
-    return tokens, (
-        f"{SCORE_SEQS} sequences [BOS] R R of random output tokens, len(R) = {rep} (outside the task's distribution)"
-    )
+    words: the task's own probe sequences where its suite has them (:meth:`interp.suite.Suite.probe_tokens`), else
+    repeated random output tokens (outside the task's distribution; :func:`analyses.random_repeat_probes`); no
+    sequences where a context of ``n_ctx`` tokens holds no repeat."""
+    own = suite.probe_tokens(task)
+    if own is not None:
+        return own, f"{own.shape[0]} of the task's own probe sequences ({own.shape[1]} tokens)"
+    return random_repeat_probes(task.vocab, n_ctx)
 
 
 def head_circuits(model: HookedTransformer, head: Head, vocab: Vocab) -> list[Circuit]:
     """The head's full QK and OV circuits, and its positional QK circuit where the model has learned positions."""
-    circuits = [full_qk_circuit(model, head, vocab), full_ov_circuit(model, head, vocab)]
+    circuits = [full_qk_circuit(model, heads=head, vocab=vocab), full_ov_circuit(model, heads=head, vocab=vocab)]
     learned = model.cfg.positional_embedding_type in ("standard", "shortformer")
     if learned and bool(model.W_pos.detach().abs().max() > 0):
-        circuits.append(positional_qk_circuit(model, head))
+        circuits.append(positional_qk_circuit(model, heads=head))
     return circuits
 
 
@@ -271,9 +263,9 @@ def shapley_values(
     the batch's mean head outputs as the reference of mean ablation."""
     data = cache if fast else batch
     ref = {"reference": cache} if ablation == "mean" else {}
-    if model.cfg.n_layers * model.cfg.n_heads <= SHAPLEY_EXACT_MAX:
-        return exact_shapley(coalition_values(model, data, value="learned-accuracy", ablation=ablation, **ref))
-    return sampled_shapley(model, data, value="learned-accuracy", ablation=ablation, samples=SHAPLEY_SAMPLES, **ref)
+    return shapley_values_of(
+        model, data, value="learned-accuracy", ablation=ablation, method="auto", samples=SHAPLEY_SAMPLES, **ref
+    )
 
 
 def shapley_cost(n_heads: int, fast: bool) -> str:

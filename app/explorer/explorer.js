@@ -142,7 +142,7 @@ function render({ model, el }) {
       h("div", { class: "ix-row" }, ablSel, "batch", batchIn, allOnBtn), maskEl, accEl, h("div", { class: "ix-row" }, metricsBtn), metricsEl)));
   ablSel.addEventListener("change", () => send({ type: "ablation", value: ablSel.value }));
   batchIn.addEventListener("change", () => send({ type: "batch_size", value: batchIn.value }));
-  allOnBtn.addEventListener("click", () => send({ type: "mask", heads: [] }));
+  allOnBtn.addEventListener("click", () => send({ type: "ablated", heads: [] }));
   metricsBtn.addEventListener("click", () => send({ type: "compute", what: "metrics" }));
 
   // attention
@@ -221,7 +221,7 @@ function render({ model, el }) {
     corrIn.style.display = c.corruption === "typed" ? "" : "none";
     if (c.corruption === "typed" && document.activeElement !== corrIn) corrIn.value = c.corrupt_text;
     senderSel.value = c.sender || "";
-    const off = new Set(c.mask || []);
+    const off = new Set(c.ablated || []);
     for (const t of gridEl.querySelectorAll(".ix-thumb")) {
       const isOff = off.has(t.dataset.head);
       t.classList.toggle("ix-off", isOff);
@@ -263,7 +263,7 @@ function render({ model, el }) {
   function drawAccuracy() {
     const v = get("accuracy_view");
     if (!v.n) return;
-    accEl.dataset.mask = (v.mask || []).join(",");
+    accEl.dataset.ablated = (v.ablated || []).join(",");
     accEl.dataset.correct = v.correct;
     accEl.dataset.n = v.n;
     accEl.dataset.ablation = v.ablation;
@@ -271,8 +271,8 @@ function render({ model, el }) {
       h("div", { class: "ix-accnum" }, h("span", { class: "ix-accval", "data-testid": "accuracy-value" }, fmt(v.accuracy)),
         h("span", { class: "ix-muted" }, ` (${v.correct}/${v.n})`)),
       h("div", { class: "ix-muted" }, `learned accuracy on the first ${v.n} ${v.split} examples, ${v.ablation} ablation; all heads on: ${fmt(v.full)} (${v.full_correct}/${v.n})`));
-    put(maskEl, ...(v.mask && v.mask.length ? [h("span", { class: "ix-muted" }, "off: "),
-      ...v.mask.map((m) => h("button", { class: "ix-chip", title: "switch it back on", onclick: () => send({ type: "toggle", head: m }) }, m, " ×"))]
+    put(maskEl, ...(v.ablated && v.ablated.length ? [h("span", { class: "ix-muted" }, "off: "),
+      ...v.ablated.map((m) => h("button", { class: "ix-chip", title: "switch it back on", onclick: () => send({ type: "toggle", head: m }) }, m, " ×"))]
       : [h("span", { class: "ix-muted" }, "every head on")]));
     put(metricsEl, ...(v.metrics ? Object.entries(v.metrics).map(([k, x]) => h("span", { class: "ix-metric" }, `${k} ${fmt(x)}`)) : []));
   }

@@ -56,6 +56,37 @@ class Prediction(Result):
     def to_dict(self) -> dict:
         return {"answer_pos": self.answer_pos, "rows": self.rows()}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Prediction:
+        """The prediction ``to_dict`` wrote: its rows (tokens by name, numbered in order of appearance; no logits)."""
+        import torch
+
+        rows = d["rows"]
+        names = list(
+            dict.fromkeys(
+                [r["target"] for r in rows if r["target"] is not None] + [t for r in rows for t, _ in r["top"]]
+            )
+        )
+        ids = {n: i for i, n in enumerate(names)}
+        return cls(
+            positions=[r["pos"] for r in rows],
+            targets=[None if r["target"] is None else ids[r["target"]] for r in rows],
+            top_ids=torch.tensor([[ids[t] for t, _ in r["top"]] for r in rows], dtype=torch.long),
+            top_probs=torch.tensor([[p for _, p in r["top"]] for r in rows], dtype=torch.float32),
+            logits=torch.zeros(len(rows), 0),
+            answer_pos=d["answer_pos"],
+            token_names=names,
+        )
+
+    def text(self) -> str:
+        """One line per answer position: target, top tokens and whether the top one is right."""
+        lines = []
+        for r in self.rows():
+            top = ", ".join(f"{t} {p:.3f}" for t, p in r["top"])
+            mark = "" if r["correct"] is None else (" right" if r["correct"] else " wrong")
+            lines.append(f"{'*' if r['answer'] else ' '} pos {r['pos']}: target {r['target']}, top {top}{mark}")
+        return "\n".join(lines)
+
     def table_html(self) -> str:
         return prediction_table(self.rows())
 
@@ -66,14 +97,33 @@ class Prediction(Result):
 
 
 class ExplorerState(Result):
-    """The explorer's view as a result: ``to_dict()`` holds the input, the mask, the prediction, the accuracy, the
-    open head panel and the patching, all as plain JSON types; ``table_html()`` a summary."""
+    """The explorer's view as a result: ``to_dict()`` holds the input, the heads ablated, the prediction, the
+    accuracy, the open head panel and the patching, all as plain JSON types; ``table_html()`` a summary."""
 
     def __init__(self, data: dict):
         self.data = data
 
     def to_dict(self) -> dict:
         return self.data
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ExplorerState:
+        return cls(d)
+
+    def text(self) -> str:
+        """The model, input, heads off, ablation and accuracy, then the prediction."""
+        d = self.data
+        acc = d["accuracy"]
+        lines = [
+            f"model {d['model']}; input {' '.join(d['input']['tokens'])}",
+            f"heads off: {', '.join(d['ablated']) or 'none'} ({d['ablation']} ablation); "
+            f"accuracy {acc['accuracy']:.4f} ({acc['correct']}/{acc['n']} {acc['split']})",
+        ]
+        lines += [
+            f"  pos {r['pos']}: target {r['target']}, top " + ", ".join(f"{t} {p:.3f}" for t, p in r["top"])
+            for r in d["prediction"]["rows"]
+        ]
+        return "\n".join(lines)
 
     def table_html(self) -> str:
         d = self.data
@@ -83,7 +133,7 @@ class ExplorerState(Result):
             for k, v in (
                 ("model", d["model"]),
                 ("input", " ".join(d["input"]["tokens"])),
-                ("heads off", ", ".join(d["mask"]) or "none"),
+                ("heads off", ", ".join(d["ablated"]) or "none"),
                 ("ablation", d["ablation"]),
                 ("accuracy", f"{acc['accuracy']:.4f} ({acc['correct']}/{acc['n']} {acc['split']})"),
             )

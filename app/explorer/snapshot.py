@@ -58,13 +58,13 @@ def pattern_images(p: Float[Tensor, "n query key"], size: int = IMAGE_SIZE) -> l
     return [png(a) for a in rgb.round().to(torch.uint8).numpy()]
 
 
-def pattern_figures(patterns: Float[Tensor, "layer head query key"], mask: Sequence[str]) -> str:
-    """Every head's pattern as a small captioned image (small multiples), the heads in ``mask`` marked off."""
+def pattern_figures(patterns: Float[Tensor, "layer head query key"], ablated: Sequence[str]) -> str:
+    """Every head's pattern as a small captioned image (small multiples), the heads in ``ablated`` marked off."""
     n_heads = patterns.shape[1]
     figures = []
     for i, image in enumerate(pattern_images(patterns.flatten(0, 1))):
         label = head_label(*divmod(i, n_heads))
-        state = " (off)" if label in mask else ""
+        state = " (off)" if label in ablated else ""
         figures.append(
             f"<figure style='display:inline-block;margin:2px;text-align:center'>"
             f"<img src='data:image/png;base64,{base64.b64encode(image).decode()}' width='84' height='84' "
@@ -81,7 +81,7 @@ def snapshot_html(
     source: str,
     tokens: Sequence[str],
     prediction: Prediction,
-    mask: Sequence[str],
+    ablated: Sequence[str],
     ablation: str,
     accuracy: Mapping[str, Any],
     patterns: Float[Tensor, "layer head query key"],
@@ -106,7 +106,7 @@ def snapshot_html(
         f"<p>Input ({esc(source)}, {len(tokens)} tokens): <code>{shown}</code></p>",
         prediction_table(prediction.rows()),
         (
-            f"<p>Heads off: {esc(', '.join(mask) or 'none')} ({ablation} ablation). Learned accuracy on "
+            f"<p>Heads off: {esc(', '.join(ablated) or 'none')} ({ablation} ablation). Learned accuracy on "
             f"the first {accuracy['n']} {esc(accuracy['split'])} examples: <b class='interp-explorer-accuracy'>"
             f"{accuracy['accuracy']:.4f}</b> ({accuracy['correct']}/{accuracy['n']}); all heads on: "
             f"{accuracy['full']:.4f}.</p>"
@@ -116,7 +116,7 @@ def snapshot_html(
             + (f"; positions {off}..{n_pos - 1}" if off else "")
             + "):</p>"
         ),
-        pattern_figures(patterns[:, :, off:, off:], mask),
+        pattern_figures(patterns[:, :, off:, off:], ablated),
     ]
     if patching is not None:
         top = ", ".join(f"{r['head']} {r['normalized']:.2f}" for r in patching.top(5))

@@ -31,7 +31,7 @@ def main(out: str, directories: list[str]) -> None:
     for name, source in _models(directories):
         model, task = tasks.load(source, device="cpu")
         split = "test" if "test" in task.splits else task.splits[-1]
-        r = attention_spectrum(model, task.dataset(split), task, n_inputs=32)
+        r = attention_spectrum(model, task.dataset(split), task=task, n_inputs=32)
         rows[name] = {"source": Path(source).name, "split": split, **r.to_dict()}
         fr = r.rank90_fraction.flatten()
         ranks = " ".join(f"k={k}:{a:.3f}" for k, a in zip(r.ks, r.accuracy.tolist()))
