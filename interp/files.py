@@ -57,6 +57,8 @@ def check_output_path(path, what: str = "a file", *, directory: bool = False) ->
         mode = os.lstat(p).st_mode
     except FileNotFoundError:
         mode = None
+    except NotADirectoryError:  # a file where a folder of the path should be
+        fail(f"{next(a for a in p.parents if a.exists() and not a.is_dir())} is not a directory")
     except OSError as e:
         fail(e.strerror or str(e))
     if mode is not None:

@@ -128,6 +128,8 @@ def _ma_results():
 def _ia_results():
     from interp.analyses.integer_addition.ablation import component_ablation
     from interp.analyses.integer_addition.accuracy import accuracy_by_case, accuracy_by_length
+    from interp.analyses.integer_addition.decoding import greedy_exact_match
+    from interp.analyses.integer_addition.subtasks import subtask_probes
     from interp.analyses.integer_addition.suite import analyze
 
     task = get_task("integer-addition", digits=[3, 3], train_size=64, val_size=16, test_size=64, cascades_size=32)
@@ -139,6 +141,8 @@ def _ia_results():
         "LengthAccuracy": accuracy_by_length(ck.model, task=task, lengths=[1, 2, 3], n=16),
         "DigitAblation": component_ablation(ck.model, test),
         "AdditionAnalysis": analyze(ck),
+        "GreedyDecoding": greedy_exact_match(ck.model, test),
+        "SubtaskProbes": subtask_probes(ck.model, test, train=task.dataset("train")),
     }
 
 
