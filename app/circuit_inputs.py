@@ -60,12 +60,23 @@ def circuit_inputs(
         raise ConfigError(f"{task.name} has no corruption of its own to patch from; use --ablation mean or zero")
     name = corruption or next(iter(options))
     c = options[name]
-    if c.pair:
-        pairs = [c.make(task, seed) for seed in range(n)]
-        clean, corrupted = concat([p[0] for p in pairs]), concat([p[1] for p in pairs])
-    else:
-        clean = task.dataset("test").select(slice(0, n))
-        corrupted = c.make(clean, 0)
+    try:
+        if c.pair:
+            pairs = [c.make(task, seed) for seed in range(n)]
+            clean, corrupted = concat([p[0] for p in pairs]), concat([p[1] for p in pairs])
+        else:
+            clean = task.dataset("test").select(slice(0, n))
+            corrupted = c.make(clean, 0)
+    except TaskError as e:
+        if corruption is not None or ablation == "patch":  # asked for by name: say why it cannot be
+            raise TaskError(
+                f"the corruption {name!r} of {task.name} cannot be applied to its test examples: {e}"
+            ) from e
+        # the default choice only: a corruption that refuses some examples (e.g. one defined for some lengths)
+        # leaves the circuit to mean ablation, and says so
+        data = task.dataset("test").select(slice(0, n))
+        what = f"mean ablation over {len(data)} test examples (the corruption {name!r} does not apply to them: {e})"
+        return (data.to(device) if device else data), None, what
     what = f"patching from the task's corruption {name!r} ({c.about}), {len(clean)} pairs"
     if device:
         clean, corrupted = clean.to(device), corrupted.to(device)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from .signals import INTERRUPTED, interrupted
+from .signals import INTERRUPTED, interrupted, received
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
 
         rc = run(argv)
     except KeyboardInterrupt:
+        print("interp: interrupted", file=sys.stderr)
+        rc = INTERRUPTED
+    except Exception:
+        # A library may turn the KeyboardInterrupt our handler raised into its own error (transformers' lazy
+        # imports re-raise whatever an import raised as ModuleNotFoundError): after a signal, that is the interrupt.
+        if not received:
+            raise
         print("interp: interrupted", file=sys.stderr)
         rc = INTERRUPTED
     finally:

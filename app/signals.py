@@ -8,11 +8,13 @@ from __future__ import annotations
 import signal
 
 INTERRUPTED = 130  # the exit code of an interrupted command (128 + SIGINT), for SIGTERM too
+received: list[int] = []  # the signals :func:`interrupted` has handled in this process
 
 
 def interrupted(signum, frame) -> None:
     """SIGINT and SIGTERM: unwind like Ctrl-C (so half-written temp files are removed); further signals while
     unwinding are ignored, so the one line is all that is printed."""
+    received.append(signum)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt

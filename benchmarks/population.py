@@ -299,14 +299,27 @@ def _spread(xs: list[float], fmt: str = ".4f") -> str:
     return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
 
+def _positive(text: str) -> int:
+    """argparse type: a positive integer (a count of models, epochs, steps or repeats), else a usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=int, default=100, help="K of the token-count configurations")
-    parser.add_argument("--position-models", type=int, default=30, help="K of the per-position and prefix ones")
-    parser.add_argument("--tl-models", type=int, default=4, help="K of the vmap over TransformerLens' forward")
-    parser.add_argument("--epochs", type=int, default=1, help="E: each population side is timed at E and 3E epochs")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps of the vmap sides")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", type=_positive, default=100, help="K of the token-count configurations")
+    parser.add_argument("--position-models", type=_positive, default=30, help="K of the per-position and prefix ones")
+    parser.add_argument("--tl-models", type=_positive, default=4, help="K of the vmap over TransformerLens' forward")
+    parser.add_argument(
+        "--epochs", type=_positive, default=1, help="E: each population side is timed at E and 3E epochs"
+    )
+    parser.add_argument("--steps", type=_positive, default=3, help="timed steps of the vmap sides")
+    parser.add_argument("--repeats", type=_positive, default=3)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--before", default=None, help="another checkout of this repository, timed as 'before'")

@@ -10,6 +10,7 @@ import torch
 from interp.checkpoint import Checkpoint
 from interp.errors import ConfigError
 from interp.model import ModelSpec
+from interp.variants import canonical_attention
 
 VARIANTS = {
     "linear relu": ("linear:relu", "full"),
@@ -94,7 +95,7 @@ def test_every_analysis_runs_on_the_variant(trained, variant, shape, full):
 
     ck = trained(variant, shape)
     model, task = ck.model, ck.task
-    assert ck.spec.attention == VARIANTS[variant][0]
+    assert ck.spec.attention == canonical_attention(VARIANTS[variant][0])
     test = task.dataset("test").select(slice(0, 48))
     if full:
         summary = suite_for(task).analyze(ck)  # learned and separation accuracy, attention ratios, pair tables

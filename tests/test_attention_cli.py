@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from interp.app.cli import main
+from interp.variants import canonical_attention, canonical_qkv
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -57,7 +58,7 @@ def test_train_analyze_report_of_every_variant(tmp_path, capsys, attention, qkv)
     assert main([*argv, "--quiet", *QUIET]) == 0 and ckpt.is_file()
     with safe_open(str(ckpt), "pt") as f:
         spec = json.loads(f.metadata()["model_spec"])
-    assert (spec["attention"], spec["qkv"]) == (attention, qkv)
+    assert (spec["attention"], spec["qkv"]) == (canonical_attention(attention), canonical_qkv(qkv))
     capsys.readouterr()
 
     assert main(["analyze", str(ckpt), "--json", "--out", str(tmp_path / "a.json"), *QUIET]) == 0
@@ -68,7 +69,8 @@ def test_train_analyze_report_of_every_variant(tmp_path, capsys, attention, qkv)
     html_path = tmp_path / "r.html"
     assert main(["report", str(ckpt), "--out", str(html_path), "--quiet", *QUIET]) == 0
     html = html_path.read_text(encoding="utf-8")
-    assert f"<td>attention</td><td>{attention}</td>" in html and f"<td>qkv</td><td>{qkv}</td>" in html
+    assert f"<td>attention</td><td>{canonical_attention(attention)}</td>" in html
+    assert f"<td>qkv</td><td>{canonical_qkv(qkv)}</td>" in html
     assert "free Q/K/V entries per layer" in html and "Attention spectrum" in html
     masked = attention.split(":")[0] in MASKED
     assert ("keys each query may see" in html) == masked  # the mask section, only for a sparse mask
@@ -118,6 +120,6 @@ def test_sweep_grids_take_the_spellings_with_commas():
 
     grid = parse_grid(["attention=dilated:2,2,window:4,bigbird:4,1,2+linear:elu,softmax", "qkv=full,lowrank:1"])
     assert grid == {
-        "attention": ["dilated:2,2", "window:4", "bigbird:4,1,2+linear:elu", "softmax"],
+        "attention": ["dilated:2,2", "window:4", "linear:elu+window:4+global:1+random:2", "softmax"],
         "qkv": ["full", "lowrank:1"],
     }

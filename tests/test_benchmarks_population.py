@@ -1,5 +1,5 @@
 """benchmarks/population.py refuses bad counts on its command line (argparse's exit 2 and one line naming the
-argument), before any training: no statistics over zero repeats, no process without a model."""
+argument), before any training: no statistics over zero repeats, no population of no models."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
         (["--repeats", "0"], "argument --repeats: expected a positive integer, got 0"),
         (["--models", "-3"], "argument --models: expected a positive integer, got -3"),
         (["--epochs", "two"], "argument --epochs: expected a positive integer, got 'two'"),
-        (["--models", "2", "--processes", "3"], "--processes 3 is more than --models 2: each process needs a model"),
+        (["--position-models", "0"], "argument --position-models: expected a positive integer, got 0"),
     ],
 )
 def test_bad_counts_are_a_usage_error_before_any_training(argv, message):
