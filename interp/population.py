@@ -63,6 +63,7 @@ from .query_forward import supports_query_forward
 from .resume_file import check_identity, read_resume_file, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
+from .task import task_dataset
 from .training import TrainConfig, snapshot_directory, snapshot_name, snapshot_training
 from .variants import parse_attention
 
@@ -738,7 +739,7 @@ def _train_population(
     snapshot = _snapshot_writer(outs, snapshot_every)
     pop = _Population(task, specs, cfgs, device, head_scorer)
     cfg, K = pop.cfg, pop.K
-    train_data, val_data = task.dataset("train").to(device), task.dataset(validation_split(task)).to(device)
+    train_data, val_data = task_dataset(task, "train").to(device), task_dataset(task, validation_split(task)).to(device)
     d_vocab = pop.models[0].cfg.d_vocab
     # the O(vocab) forwards where nothing position-dependent comes before attention (interp.population_paths);
     # evaluation has no dropout, so counts suffice there for every model without positions
@@ -810,7 +811,7 @@ def _train_population(
     _kept, final = pop.kept()
     split_metrics = {}
     for split in task.splits:
-        data = task.dataset(split).to(device)
+        data = task_dataset(task, split).to(device)
         split_metrics[split] = _val_metrics(
             task,
             pop.forward_params(final),

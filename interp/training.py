@@ -56,7 +56,7 @@ from .query_forward import logits_at, supports_query_forward
 from .resume_file import check_identity, read_resume_file, read_resume_metadata, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
-from .task import IGNORE, Task, TaskData
+from .task import IGNORE, Task, TaskData, task_dataset
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -340,8 +340,8 @@ def _train(
     halving = record.halving
     if halving is not None:
         halving.start(model, opt)
-    train_data = task.dataset("train").to(device)
-    val_data = task.dataset(validation_split(task)).to(device)
+    train_data = task_dataset(task, "train").to(device)
+    val_data = task_dataset(task, validation_split(task)).to(device)
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
     _check_recipe(model, cfg)
@@ -391,7 +391,7 @@ def _train(
         model.load_state_dict(state.best_state)
     model.eval()
     metrics = (
-        {s: _evaluate(model, task, task.dataset(s).to(device), cfg) for s in task.splits}
+        {s: _evaluate(model, task, task_dataset(task, s).to(device), cfg) for s in task.splits}
         if cfg.padding == "left"
         else evaluate_splits(model, task)
     )
