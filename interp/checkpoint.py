@@ -96,33 +96,15 @@ def save_checkpoint(
     not rebuild exactly is refused before anything is written (a CheckpointError naming the difference: a hook
     attached, a module or parameter the configuration does not create, a config value that is not JSON, a parameter
     the spec fixes that holds another value, other logits), and so is a model whose vocabulary sizes do not fit the
-    task's, and a registered task whose parameters (``task.params()``) do not rebuild it (the check of loading).
-    ``training`` is the provenance recorded with it."""
+    task's. ``training`` is the provenance recorded with it. (This module knows no task: ``interp.save_checkpoint``,
+    :func:`interp.loading.save_checkpoint`, also refuses a task whose parameters do not rebuild it.)"""
     from .task import check_model_task
 
     try:
         check_model_task(model, task)
     except InterpError as e:
         raise CheckpointError(f"cannot save this model with its task: {e}") from None
-    params = task.params()
-    _check_task_rebuilds(task.name, params, path)
-    return _write(Path(path), model, spec, {"name": task.name, "params": params}, training or {})
-
-
-def _check_task_rebuilds(name: str, params: dict[str, Any], path) -> None:
-    """Refuse, before anything is written, a task whose stored name and parameters do not rebuild it: what
-    :func:`read_checkpoint` does with the registry's ``get_task`` at load (a task registered under ``name``; an
-    unregistered one cannot be rebuilt at load either, which load says)."""
-    from .registry import get_task, task_names
-
-    if name not in task_names():
-        return
-    try:
-        get_task(name, **params)
-    except InterpError as e:
-        raise CheckpointError(
-            f"cannot save {path}: its task's parameters do not rebuild task {name!r} (loading would refuse it): {e}"
-        ) from None
+    return _write(Path(path), model, spec, {"name": task.name, "params": task.params()}, training or {})
 
 
 def _write(

@@ -43,7 +43,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
-from .checkpoint import save_checkpoint
 from .compiled import compiled_step
 from .configs import SELF_SCORED, check_snapshot_every
 from .determinism import deterministic
@@ -54,6 +53,7 @@ from .evaluation import target_positions
 from .files import AtomicFile
 from .halving import HEAD_PARAMS, Halving, Scorer
 from .initialisation import initialise
+from .loading import save_checkpoint
 from .model import ModelSpec, build_model
 from .objectives import eval_pads, lm_targets
 from .population_paths import _position_losses, forward_of, position_losses, prefix_step

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .attention import is_plain
-from .checkpoint import save_checkpoint
 from .configs import TrainConfig, check_snapshot_every
 from .determinism import deterministic
 from .device import pick_device
@@ -48,6 +47,7 @@ from .fast_attention import fast_attention, has_fast_path
 from .files import AtomicFile
 from .halving import Halving, Scorer
 from .initialisation import initialise
+from .loading import save_checkpoint
 from .model import ModelSpec, build_model, trainable_parameters
 from .objectives import lm_targets
 from .options import options

@@ -30,10 +30,6 @@ __getattr__ = removed_names(
     "interp.app.explorer.inputs",
     {
         "TYPED": _TYPED,
-        "noisy_majority_example": _TYPED,
-        "repeated_tokens_example": _TYPED,
-        "modular_addition_example": _TYPED,
-        "integer_addition_example": _TYPED,
         "PAIR_KINDS": _KINDS,
         "OWN_KINDS": _KINDS,
     },
