@@ -44,7 +44,7 @@ _NAMES = {
         "head_features",
     ],
     "interp.analyses.circuits": [
-        "Circuit",
+        "CircuitMatrix",
         "OVCopying",
         "LogitDecomposition",
         "full_qk_circuit",
@@ -55,6 +55,10 @@ _NAMES = {
         "bigram_table",
         "logit_decomposition",
     ],
+    "interp.analyses.circuit_discovery": ["Circuit", "discover_circuit", "edge_roc_auc", "top_k_masks"],
+    "interp.analyses.circuit_graph": ["ComputationalGraph", "computational_graph"],
+    "interp.analyses.circuit_population": ["PopulationCircuits", "population_circuits"],
+    "interp.analyses.circuit_groundtruth": ["weight_edges", "load_groundtruth"],
     "interp.analyses.coalitions": ["CoalitionValues", "coalition_values", "coalition_evaluator"],
     # analyses.shapley holds the one entry, analyses.shapley_result the math and the result
     "interp.analyses.shapley": ["shapley_values"],
@@ -85,6 +89,24 @@ _NAMES = {
         "accuracy_survival",
         "grid_accuracy",
         "lr_accuracy",
+    ],
+    # hypotheses: causal models, interchange interventions, distributed alignment search
+    "interp.analyses.hypotheses": [
+        "Alignment",
+        "CausalAbstraction",
+        "CausalModel",
+        "Hypothesis",
+        "Pairs",
+        "Site",
+        "Variable",
+        "alignments",
+        "distributed_alignment_search",
+        "evaluate_hypothesis",
+        "interchange_accuracy",
+        "parse_site",
+        "principal_angles",
+        "random_bases",
+        "sample_pairs",
     ],
     "interp.analyses.patching": [
         "ActivationPatching",
@@ -154,6 +176,8 @@ _NAMES = {
         "correct_digits",
     ],
     "interp.analyses.integer_addition.ablation": ["DigitAblation", "component_ablation"],
+    "interp.analyses.integer_addition.decoding": ["GreedyDecoding", "greedy_exact_match", "greedy_tokens"],
+    "interp.analyses.integer_addition.subtasks": ["SubtaskProbes", "subtask_probes"],
     "interp.analyses.integer_addition.suite": ["AdditionAnalysis"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}

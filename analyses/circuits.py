@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.attention import refuse_pooling
+from interp.attention import refuse_pooling, sync
 from interp.device import check_device
 from interp.errors import ConfigError, InterpError, TokenError
 from interp.evaluation import check_tokens
@@ -45,7 +45,7 @@ def _token_labels(vocab, n: int) -> list[str]:
 
 
 @dataclass
-class Circuit(Result):
+class CircuitMatrix(Result):
     """A circuit as a ``FactoredMatrix`` (``.matrix``), with labels for its rows and columns: ``[rows, cols]`` for
     one head (or the direct path), ``[head, rows, cols]`` for several, ``heads`` naming the leading axis (one per
     head, or per sender -> receiver pair). ``causal``: entries above the diagonal (key after query) are never used
@@ -69,7 +69,7 @@ class Circuit(Result):
         """The full matrix (``FactoredMatrix.AB``), detached from the model's parameters."""
         return self.matrix.AB.detach()
 
-    def __getitem__(self, head) -> Circuit:
+    def __getitem__(self, head) -> CircuitMatrix:
         """The circuit of one head of a circuit of several (``'L0H3'``, ``(0, 3)``; a pair ``'L0H0 -> L1H1'``)."""
         if not self.batched:
             raise InterpError(f"{self.name} is the circuit of one head; index a circuit of several heads")
@@ -80,7 +80,7 @@ class Circuit(Result):
         from transformer_lens import FactoredMatrix
 
         fm = FactoredMatrix(self.matrix.A[i], self.matrix.B[i])
-        return Circuit(
+        return CircuitMatrix(
             f"{self.name.split(' of ')[0]}{' ' if '->' in key else ' of '}{key}",
             fm,
             self.row_labels,
@@ -113,7 +113,7 @@ class Circuit(Result):
         )
 
     @classmethod
-    def from_dict(cls, d: dict) -> Circuit:
+    def from_dict(cls, d: dict) -> CircuitMatrix:
         """The circuit ``to_dict`` wrote (its matrix as a product with the identity: the factors are not stored)."""
         from transformer_lens import FactoredMatrix
 
@@ -190,7 +190,10 @@ def _position_note(model: HookedTransformer) -> str:
 
 def _circuit_heads(model: HookedTransformer, heads: object) -> tuple[list[tuple[int, int]], bool]:
     """The heads ``heads=`` names and whether it named one head (a ``[rows, cols]`` circuit) rather than a set
-    (``[head, rows, cols]``; None: every head)."""
+    (``[head, rows, cols]``; None: every head). Low-rank Q/K/V matrices are refreshed from their factors first
+    (:func:`interp.attention.sync`), so a circuit reads the current weights, also after the factors were edited
+    without a forward pass."""
+    sync(model)
     cfg = model.cfg
     if heads is not None and is_head(heads):
         return [parse_head(heads, cfg.n_layers, cfg.n_heads)], True
@@ -208,15 +211,15 @@ def _circuit(name: str, heads, single: bool, A: Tensor, B: Tensor, *labels, caus
 
     names = [head_label(*h) for h in heads]
     if single:
-        return Circuit(f"{name} of {names[0]}", FactoredMatrix(A[0], B[0]), *labels, causal=causal, note=note)
-    return Circuit(
+        return CircuitMatrix(f"{name} of {names[0]}", FactoredMatrix(A[0], B[0]), *labels, causal=causal, note=note)
+    return CircuitMatrix(
         f"{name} of {len(names)} heads", FactoredMatrix(A, B), *labels, causal=causal, heads=names, note=note
     )
 
 
 def full_qk_circuit(
     model: HookedTransformer, *, heads: object = None, vocab=None, device: str | None = None
-) -> Circuit:
+) -> CircuitMatrix:
     """``W_E W_QK W_Eᵀ`` ``[query token, key token]`` of one head (``heads="L0H3"``), or ``[head, query token, key
     token]`` of a set of heads (default: every head), batched over the heads; tokens named by ``vocab`` if given.
     Under rotary positions (or ALiBi) the score also depends on the distance between the tokens, which this circuit
@@ -235,7 +238,7 @@ def full_qk_circuit(
 
 def positional_qk_circuit(
     model: HookedTransformer, *, heads: object = None, n_pos: int | None = None, device: str | None = None
-) -> Circuit:
+) -> CircuitMatrix:
     """``W_pos W_QK W_posᵀ`` ``[query pos, key pos]`` of one head, or ``[head, query pos, key pos]`` of a set of
     heads (default every head), for the first ``n_pos`` positions; entries with key > query never matter (causal
     mask)."""
@@ -264,7 +267,7 @@ def positional_qk_circuit(
 
 def full_ov_circuit(
     model: HookedTransformer, *, heads: object = None, vocab=None, device: str | None = None
-) -> Circuit:
+) -> CircuitMatrix:
     """``W_E W_OV W_U`` ``[source token, output logit]`` of one head, or ``[head, source token, output logit]`` of a
     set of heads (default every head)."""
     check_device(model, device)
@@ -292,7 +295,7 @@ def k_composition_circuit(
     receivers: object,
     vocab=None,
     device: str | None = None,
-) -> Circuit:
+) -> CircuitMatrix:
     """``W_E W_QK^receiver (W_OV^sender)ᵀ W_Eᵀ`` ``[query token, key-side token moved by the sender head]``: the
     score a later head (receiver) gives a key whose earlier-layer head (sender) moved token ``k`` there. One sender
     and one receiver head: ``[rows, cols]``; sets of heads: ``[pair, rows, cols]`` over every sender -> receiver pair
@@ -322,7 +325,7 @@ def k_composition_circuit(
     if s_single and r_single:
         from transformer_lens import FactoredMatrix
 
-        return Circuit(
+        return CircuitMatrix(
             f"K-composition circuit {names[0]}",
             FactoredMatrix(A[0], B[0]),
             labels,
@@ -333,7 +336,7 @@ def k_composition_circuit(
         )
     from transformer_lens import FactoredMatrix
 
-    return Circuit(
+    return CircuitMatrix(
         f"K-composition circuit of {len(pairs)} sender -> receiver pairs",
         FactoredMatrix(A, B),
         labels,
@@ -420,6 +423,7 @@ def ov_copying(model: HookedTransformer, *, k: int = 5, device: str | None = Non
     from transformer_lens import FactoredMatrix
 
     check_device(model, device)
+    sync(model)  # low-rank W_V from its current factors
     n = min(model.cfg.d_vocab, model.cfg.d_vocab_out)
     if not 1 <= k <= n:
         raise InterpError(f"k must lie in [1, {n}], got {k}")
@@ -435,13 +439,13 @@ def ov_copying(model: HookedTransformer, *, k: int = 5, device: str | None = Non
     return OVCopying(copying_score=score.float(), top1=top1, topk=topk, k=k)
 
 
-def bigram_table(model: HookedTransformer, *, vocab=None, device: str | None = None) -> Circuit:
+def bigram_table(model: HookedTransformer, *, vocab=None, device: str | None = None) -> CircuitMatrix:
     """The direct path ``W_E W_U`` ``[token, next-token logit]``: what a zero-layer model predicts (plus ``b_U``)."""
     from transformer_lens import FactoredMatrix
 
     check_device(model, device)
     fm = FactoredMatrix(model.W_E, model.W_U)
-    return Circuit(
+    return CircuitMatrix(
         "direct path W_E W_U (bigram table)",
         fm,
         _token_labels(vocab, model.cfg.d_vocab),

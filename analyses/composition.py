@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.attention import layer_attention
+from interp.attention import layer_attention, sync
 from interp.device import check_device
 from interp.errors import InterpError
 from interp.heads import head_label
@@ -193,6 +193,7 @@ def composition_scores(
     ``W_QK``; into a layer with linear or additive pooling (:mod:`interp.attention`), whose scores are no ``q·k``,
     they are undefined: NaN (V-composition stays defined)."""
     dev = check_device(model, device)
+    sync(model)  # low-rank W_Q/W_K/W_V from their current factors
     with torch.inference_mode():
         s = {m: model.all_composition_scores(m).detach().clone() for m in MODES}
         for l in range(model.cfg.n_layers):

@@ -32,6 +32,7 @@ from interp.ablation import ablation_hooks
 from interp.device import model_device
 from interp.errors import HeadError, InterpError
 from interp.evaluation import DEFAULT_BUDGET, check_finite_logits, map_chunks
+from interp.fast_attention import run_with_hooks
 from interp.heads import Head, all_heads, head_label, head_mask, parse_head, parse_head_sets
 from interp.query_forward import resolve_method, soft_capped, supports_query_forward
 from interp.results import Result, floats, head_of, jsonable
@@ -324,7 +325,7 @@ def hooked_subset_logits(
                 g = masks[i : i + group]
                 big = chunk.tokens.repeat(len(g), 1)
                 hooks = ablation_hooks(model, g.repeat_interleave(b, 0), z_ref)
-                logits = model.run_with_hooks(big, fwd_hooks=hooks).view(len(g), b, t, -1)
+                logits = run_with_hooks(model, big, hooks).view(len(g), b, t, -1)  # fast attention where there is
                 outs.append(logits[:, rows, chunk.answer_pos])  # [g, b, v]
         return {"logits": torch.cat(outs).transpose(0, 1)}  # [b, S, v]
 

@@ -33,6 +33,7 @@ vocab] -> scalar`` (TransformerLens' ``patching_metric``), which also takes plai
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,7 @@ from interp.device import check_device, model_device
 from interp.errors import HeadError, InterpError, TaskError, TokenError
 from interp.evaluation import DEFAULT_BUDGET, check_batch_size, check_tokens
 from interp.heads import head_label, one_set
+from interp.looping import embedded_input, injected_input, injects_input
 from interp.results import Result, floats, head_of, jsonable
 from interp.task import TaskData
 
@@ -207,7 +209,11 @@ def _stacked_run(
     if adds is not None and not (rows_only and start == L - 1):
         raise InterpError("internal: per-head input additions need the query-row path of the last layer")
     spe = model.pos_embed(tokens).repeat(n, 1, 1) if cfg.positional_embedding_type == "shortformer" else None
-    with torch.inference_mode():
+    # a looped model with input injection adds the embedding to every iteration's input: the base run's, per variant
+    inject = (
+        injected_input(model, embedded_input(model, tokens).repeat(n, 1, 1)) if injects_input(model) else nullcontext()
+    )
+    with torch.inference_mode(), inject:
         stop = L - 1 if rows_only else L
         if start < stop:
             kw = {"shortformer_pos_embed": spe} if spe is not None else {}
@@ -584,7 +590,8 @@ def activation_patching(
     metric = variant_metric(metric, clean, corrupted)
     base, source = (corr_t, clean_t) if direction == "denoising" else (clean_t, corr_t)
     B, T = base.shape
-    shortcut = where == "z" and _linear_z(model)
+    # z enters the residual stream linearly: skip layer l (not where the next block reads more than l's output)
+    shortcut = where == "z" and _linear_z(model) and not injects_input(model)
     L = n_layers - 1
     last_names = [f"blocks.{L}.hook_resid_pre", f"blocks.{L}.attn.hook_k", f"blocks.{L}.attn.hook_v"]
     names = (

@@ -18,7 +18,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from interp.errors import ConfigError, InterpError
 from interp.sweep_directory import config_columns_all, plain, results_frame
+from interp.thresholds import reaches
 from interp.visualize import aligned
 
 
@@ -47,12 +49,65 @@ def newcombe_interval(
     return (d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2), d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2))
 
 
-def scores(frame, split: str = "test"):
-    """Each run's ``split`` accuracy, 0 for a halving run that did not end with one head (Fraknói 2024, §5.5)."""
-    acc = frame[f"{split}_accuracy"].astype(float)
+def scores(frame, split: str = "test", metric: str = "accuracy"):
+    """Each run's ``split`` ``metric`` (a column ``<split>_<metric>``), 0 for a halving run that did not end with one
+    head (Fraknói 2024, §5.5)."""
+    acc = frame[f"{split}_{metric}"].astype(float)
     if "halving_success" in frame:
         acc = acc.where(frame["halving_success"].map(lambda v: v is not False), 0.0)
     return acc
+
+
+def split_examples(frame, split: str = "test"):
+    """Each run's number of ``split`` examples: the row's own ``<split>_examples`` (rows record it since thresholds
+    are counted), else the size of the split of the task the row names, rebuilt through the task registry (once per
+    task and parameters); None where neither is known."""
+    import pandas as pd
+
+    from interp.registry import get_task
+
+    column = f"{split}_examples"
+    n = len(frame)
+    own = frame[column].tolist() if column in frame else [None] * n
+    tasks = frame["task"].tolist() if "task" in frame else [None] * n
+    params = frame["task_params"].tolist() if "task_params" in frame else [None] * n
+    sizes: dict[str, int | None] = {}
+
+    def size(value, task, task_params) -> int | None:
+        value = plain(value)
+        if value is not None:
+            return int(value)
+        task = plain(task)
+        if task is None:
+            return None
+        text = task_params if isinstance(task_params, str) else json.dumps(task_params or {}, sort_keys=True)
+        key = f"{task}|{text}"
+        if key not in sizes:
+            try:
+                sizes[key] = len(get_task(task, **json.loads(text)).dataset(split))
+            except InterpError:  # a task no longer registered, or a split it does not have
+                sizes[key] = None
+        return sizes[key]
+
+    return pd.Series([size(*v) for v in zip(own, tasks, params)], index=frame.index, dtype=object)
+
+
+def reached(frame, split: str = "test", threshold: float = 1.0, metric: str = "accuracy", count: str | None = None):
+    """Whether each run's ``split`` ``metric`` reaches ``threshold``, decided on counts of correct examples
+    (:func:`interp.thresholds.reaches`: 977 right of 1,000 reaches 0.977); a halving run that did not end with one
+    head does not (it scores 0). The examples behind the accuracy are the split's (:func:`split_examples`); those
+    behind another metric are the column ``<split>_<count>`` where ``count`` names it, else unknown (the values
+    are then compared in float32, the precision they were computed in)."""
+    import pandas as pd
+
+    score = scores(frame, split, metric).tolist()
+    if metric == "accuracy":
+        examples = split_examples(frame, split).tolist()
+    elif count is not None:
+        examples = [plain(v) for v in frame[f"{split}_{count}"].tolist()]
+    else:
+        examples = [None] * len(score)
+    return pd.Series([reaches(a, threshold, n) for a, n in zip(score, examples)], index=frame.index, dtype=bool)
 
 
 def config_columns(frame, always: Sequence[str] = ("d_model", "n_heads", "strategy")) -> tuple[list[str], list[str]]:
@@ -65,41 +120,71 @@ def config_columns(frame, always: Sequence[str] = ("d_model", "n_heads", "strate
 def groups(frame, keys: Sequence[str]) -> list[tuple[dict[str, Any], Any]]:
     """``[(configuration, sub-frame)]`` in first-seen order (None and NaN group together)."""
     seen: dict[str, list] = {}
-    for i, row in frame.iterrows():
-        key = json.dumps([plain(row[k]) for k in keys], default=str)
+    columns = [frame[k].tolist() for k in keys]
+    for i, values in zip(frame.index, zip(*columns) if columns else [()] * len(frame)):
+        key = json.dumps([plain(v) for v in values], default=str)
         seen.setdefault(key, []).append(i)
     return [({k: plain(frame.loc[idx[0], k]) for k in keys}, frame.loc[idx]) for idx in seen.values()]
 
 
-def population_table(rows, *, split: str = "test", thresholds: Sequence[float] = (1.0, 0.98)) -> list[dict[str, Any]]:
+def population_table(
+    rows,
+    *,
+    split: str = "test",
+    thresholds: Sequence[float] = (1.0, 0.98),
+    metric: str = "accuracy",
+    count: str | None = None,
+) -> list[dict[str, Any]]:
     """Table 1 of Fraknói 2024, per configuration and halving strategy: ``runs``; for each threshold t the share of runs
     whose ``split`` accuracy reaches t (``share_test_at_1``, ``share_test_at_0.98``; a failed halving run scores 0)
     with its 95% Wilson interval (``..._low``, ``..._high``); and the mean accuracy. ``rows``: results.jsonl rows or
     a :func:`load_results` frame. The configuration columns shown are d_model, n_heads, strategy and any other that
-    varies in the sweep (runs are grouped by all of them)."""
+    varies in the sweep (runs are grouped by all of them).
+
+    ``metric`` scores another of the task's metrics (the column ``<split>_<metric>``, e.g. integer addition's
+    ``accuracy_len4``; the keys then name it: ``share_test_accuracy_len4_at_1``, ``mean_test_accuracy_len4``).
+    ``count``, the metric holding the number of examples each run's value is a share of (e.g. ``n_len4``), adds the
+    value pooled over the runs' examples (``pooled_<split>_<metric>``: correct examples over all examples) with its
+    Wilson interval; that interval counts the examples as independent, so it leaves out the variation between
+    runs, which the shares of runs and the mean show."""
     import pandas as pd
 
     frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
     if frame.empty:
         return []
     keys, shown = config_columns(frame)
-    score = scores(frame, split)
+    score = scores(frame, split, metric)
+    name = split if metric == "accuracy" else f"{split}_{metric}"
+    hit = {t: reached(frame, split, t, metric, count) for t in thresholds}
     table = []
     for config, members in groups(frame, keys):
         acc = score.loc[members.index]
         entry = {k: config[k] for k in shown}
         entry["runs"] = len(acc)
         for t in thresholds:
-            hits = int((acc >= t).sum())
+            hits = int(hit[t].loc[members.index].sum())
             lo, hi = wilson_interval(hits, len(acc))
             entry.update(
                 {
-                    f"share_{split}_at_{t:g}": hits / len(acc),
-                    f"share_{split}_at_{t:g}_low": lo,
-                    f"share_{split}_at_{t:g}_high": hi,
+                    f"share_{name}_at_{t:g}": hits / len(acc),
+                    f"share_{name}_at_{t:g}_low": lo,
+                    f"share_{name}_at_{t:g}_high": hi,
                 }
             )
-        entry[f"mean_{split}_accuracy"] = float(acc.mean())
+        entry[f"mean_{split}_{metric}"] = float(acc.mean())
+        if count is not None:
+            n = frame.loc[members.index, f"{split}_{count}"].astype(float)
+            total = round(float(n.sum()))
+            right = round(float((acc * n).sum()))
+            lo, hi = wilson_interval(right, total)
+            entry.update(
+                {
+                    f"pooled_{split}_{metric}": right / total if total else math.nan,
+                    f"pooled_{split}_{metric}_low": lo,
+                    f"pooled_{split}_{metric}_high": hi,
+                    f"{split}_{count}": total,
+                }
+            )
         table.append(entry)
     return table
 
@@ -107,36 +192,59 @@ def population_table(rows, *, split: str = "test", thresholds: Sequence[float] =
 def strategy_differences(
     rows, *, split: str = "test", threshold: float = 1.0, baseline: str = "normal"
 ) -> list[dict[str, Any]]:
-    """Each halving strategy against the ``baseline`` runs (the normal runs) of the same configuration: both shares
-    of runs whose ``split`` accuracy reaches ``threshold`` (a failed halving run scores 0, as in the table), the
-    difference ``strategy - baseline`` and its 95% interval (:func:`newcombe_interval`), and ``differs``: whether
-    the interval excludes 0. The two cells are treated as independent samples, as the thesis's comparison of its
-    Table 1 cells does; runs of a sweep that share a seed start alike (initialisation, data order) until the first
-    halving step, a pairing this interval does not use."""
+    """Each halving strategy against the ``baseline`` runs (the normal runs) of the same configuration:
+    :func:`config_differences` with ``key="strategy"`` (``interp table --compare``)."""
+    return config_differences(rows, key="strategy", split=split, threshold=threshold, baseline=baseline)
+
+
+def config_differences(
+    rows, *, key: str = "strategy", split: str = "test", threshold: float = 1.0, baseline: Any = None
+) -> list[dict[str, Any]]:
+    """Each cell of the table against the cell that differs from it only in ``key`` (a configuration column: the
+    halving ``strategy``, ``attention``, ``qkv``, ``d_model``, ...) and has ``key == baseline``: both shares of runs
+    whose ``split`` accuracy reaches ``threshold`` (counted as in the table; a failed halving run scores 0), the
+    difference ``cell - baseline`` and its 95% interval (:func:`newcombe_interval`), and ``differs``: whether the
+    interval excludes 0. ``baseline`` defaults to ``normal`` for the strategy, else to the option's default where
+    the table has runs of it (``softmax``, ``full``, ...), else to the first value in the table. The two cells are
+    treated as independent samples, as the thesis's comparison of its Table 1 cells does; runs of a sweep that share a
+    seed start alike (initialisation, data order), a pairing this interval does not use."""
     import pandas as pd
+
+    from interp.sweep_directory import grid_options
 
     frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
     if frame.empty:
         return []
     keys, shown = config_columns(frame)
-    score = scores(frame, split)
-    cells = {}
+    if key not in keys:
+        raise ConfigError(
+            f"cannot compare by {key!r}: not a configuration column of the table; expected one of {', '.join(keys)}"
+        )
+    values = [plain(v) for v in frame[key]]
+    if baseline is None:
+        default = "normal" if key == "strategy" else getattr(grid_options().get(key), "default", None)
+        baseline = default if default in values else values[0]
+    hit = reached(frame, split, threshold)
+    cells: dict[str, dict[str, tuple]] = {}
     for config, members in groups(frame, keys):
-        acc = score.loc[members.index]
-        rest = json.dumps([config[k] for k in keys if k != "strategy"], default=str)
-        cells.setdefault(rest, {})[config["strategy"]] = (config, int((acc >= threshold).sum()), len(acc))
+        rest = json.dumps([config[k] for k in keys if k != key], default=str)
+        value = json.dumps(config[key], default=str)
+        cells.setdefault(rest, {})[value] = (config, int(hit.loc[members.index].sum()), len(members))
+    base = json.dumps(baseline, default=str)
+    shown = [k for k in shown if k != key] + [key]
     out = []
-    for by_strategy in cells.values():
-        if baseline not in by_strategy:
+    for by_value in cells.values():
+        if base not in by_value:
             continue
-        _, hits_b, n_b = by_strategy[baseline]
-        for strategy, (config, hits, n) in by_strategy.items():
-            if strategy == baseline:
+        _, hits_b, n_b = by_value[base]
+        for value, (config, hits, n) in by_value.items():
+            if value == base:
                 continue
             lo, hi = newcombe_interval(hits, n, hits_b, n_b)
             entry = {k: config[k] for k in shown}
             entry.update(
                 {
+                    "baseline": baseline,
                     "runs": n,
                     "baseline_runs": n_b,
                     "share": hits / n,
@@ -151,11 +259,15 @@ def strategy_differences(
     return out
 
 
-def format_differences(differences: Sequence[dict[str, Any]], baseline: str = "normal") -> str:
-    """:func:`strategy_differences` as aligned text, e.g. ``+0.10 [-0.03, +0.22]``."""
+def format_differences(differences: Sequence[dict[str, Any]], baseline: Any = "normal") -> str:
+    """:func:`config_differences` as aligned text, e.g. ``+0.10 [-0.03, +0.22]`` (``baseline``: the value the cells
+    are compared with, where no difference says it)."""
+    if differences:
+        baseline = differences[0].get("baseline", baseline)
     if not differences:
-        return f"(no strategy with {baseline} runs of the same configuration to compare with)"
-    skip = {"runs", "baseline_runs", "share", "baseline_share", "difference", "difference_low", "difference_high"}
+        return f"(no cell with a {baseline} cell of the same configuration to compare with)"
+    skip = {"baseline", "runs", "baseline_runs", "share", "baseline_share", "difference", "difference_low"}
+    skip |= {"difference_high"}
     columns = [k for k in differences[0] if k not in skip and k != "differs"]
     params = _varying_task_params(differences)
     cells = [
@@ -189,6 +301,8 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
                 row.append(params(v))
             elif k.startswith("share_"):
                 row.append(f"{v:.2f} [{r[k + '_low']:.2f}, {r[k + '_high']:.2f}]")
+            elif k.startswith("pooled_"):
+                row.append(f"{v:.3f} [{r[k + '_low']:.3f}, {r[k + '_high']:.3f}]")
             elif isinstance(v, float):
                 row.append(f"{v:.4f}" if k.startswith("mean_") else f"{v:g}")
             else:

@@ -10,9 +10,12 @@ transformers*, §2.1.3.)
 - the rank that holds 90% of the energy (the smallest ``k`` with ``E_k >= 0.9``), per input, averaged, and as a
   fraction of ``T``;
 - the causal test: every head's ``P`` replaced at ``hook_pattern`` by its best rank-``k`` approximation (truncated
-  SVD of the ``T x T`` block of each input; padding rows untouched), for ``k = 1, 2, 4, ..`` up to the longest
-  input (where it is ``P`` itself), and the task metric measured under each: how much rank the task needs, which
-  the energy alone does not say (a pattern can keep 99% of its energy and lose the one entry that matters).
+  SVD of the ``T x T`` block of each input; padding rows untouched), projected back onto the patterns the layer can
+  produce (:func:`project_pattern`: a rank-``k`` approximation of a causal or masked pattern is neither causal nor
+  masked, nor non-negative, and without the projection it puts weight on future keys and on keys a sparse mask
+  hides, up to most of a row under ``window:16+random:4``), for ``k = 1, 2, 4, ..`` up to the longest input (where
+  it is ``P`` itself), and the task metric measured under each: how much rank the task needs, which the energy
+  alone does not say (a pattern can keep 99% of its energy and lose the one entry that matters).
 
 Works on any model and any attention variant of :mod:`interp.attention` (the pattern is whatever ``hook_pattern``
 holds: sparse masks' holes, linear and additive poolings included). Causal patterns are lower-triangular with rows
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from interp.device import check_device, model_device
@@ -234,14 +237,37 @@ def _svd(pattern: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return torch.linalg.svd(_valid_block(pattern.float(), lengths))
 
 
-def _low_rank(pattern: Tensor, lengths: Tensor, k: int, svd=None) -> Tensor:
-    """Each input's ``T_b x T_b`` block replaced by its best rank-``k`` approximation; padding rows unchanged
-    (``svd``: the block's ``(U, S, Vh)`` where already known)."""
+def project_pattern(
+    approx: Float[Tensor, "batch head query key"],
+    allowed: Bool[Tensor, "batch head query key"],
+    total: Float[Tensor, "batch head query 1"],
+) -> Float[Tensor, "batch head query key"]:
+    """``approx`` (e.g. a rank-``k`` approximation of attention patterns) projected onto the patterns a layer can
+    produce: entries on keys the query may not see (``allowed`` False: later keys, keys outside a sparse mask,
+    padding) and negative entries set to 0, then each row rescaled to sum to ``total`` (the original row's sum: 1, or
+    0 for a row that attends to nothing). A row left with no positive weight on an allowed key attends to nothing
+    (all zeros), as a fully masked row does in TransformerLens. This is the simple projection (clip and renormalise),
+    not the Euclidean projection onto the simplex; on an exact pattern (``approx`` = the pattern) it is the identity."""
+    kept = approx.masked_fill(~allowed, 0.0).clamp_min(0.0)
+    s = kept.sum(-1, keepdim=True)
+    return torch.where(s > 0, kept * (total / s.clamp_min(torch.finfo(s.dtype).tiny)), torch.zeros_like(kept))
+
+
+def _low_rank(pattern: Tensor, lengths: Tensor, k: int, svd=None, allowed: Tensor | None = None) -> Tensor:
+    """Each input's ``T_b x T_b`` block replaced by its best rank-``k`` approximation, projected back onto the keys
+    the query may see (``allowed`` ``[query, key]``, the layer's causal and sparse mask; :func:`project_pattern`);
+    padding rows unchanged (``svd``: the block's ``(U, S, Vh)`` where already known)."""
     U, S, Vh = svd if svd is not None else _svd(pattern, lengths)
     k = min(k, S.shape[-1])
     approx = (U[..., :k] * S[..., None, :k]) @ Vh[..., :k, :]
     t = pattern.shape[-1]
-    real_rows = (torch.arange(t, device=pattern.device)[None, :] < lengths[:, None])[:, None, :, None]
+    real = torch.arange(t, device=pattern.device)[None, :] < lengths[:, None]  # [b, t]
+    ok = real[:, None, None, :] & (
+        torch.ones(t, t, dtype=torch.bool, device=pattern.device).tril() if allowed is None else allowed
+    )
+    total = _valid_block(pattern.float(), lengths).sum(-1, keepdim=True)
+    approx = project_pattern(approx, ok.expand_as(approx), total)
+    real_rows = real[:, None, :, None]
     return torch.where(real_rows, approx.to(pattern.dtype), pattern)
 
 
@@ -311,7 +337,7 @@ def attention_spectrum(
     result.full_accuracy, result.full_loss = metric
     result.ks = list(ks)
     cache: dict = {}
-    rows = [_metric(model, data, task, _rank_hooks(L, None, k, cache), budget) for k in ks]
+    rows = [_metric(model, data, task, _rank_hooks(model, None, k, cache), budget) for k in ks]
     cache.clear()
     result.accuracy = torch.tensor([r[0] for r in rows])
     result.loss = torch.tensor([r[1] for r in rows])
@@ -320,7 +346,7 @@ def attention_spectrum(
         for l in range(L):
             for h in range(H):
                 for i, k in enumerate(ks):
-                    per[l, h, i] = _metric(model, data, task, _rank_hooks(L, (l, h), k), budget)[0]
+                    per[l, h, i] = _metric(model, data, task, _rank_hooks(model, (l, h), k), budget)[0]
         result.per_head_accuracy = per
     return result
 
@@ -328,18 +354,25 @@ def attention_spectrum(
 CACHE_LIMIT = 1 << 24  # numbers of layer-0 SVDs kept between ranks (about 200 MB)
 
 
-def _rank_hooks(n_layers: int, head: tuple[int, int] | None, k: int, cache: dict | None = None):
-    """``chunk -> fwd_hooks`` putting every head's (or only ``head``'s) pattern at rank ``k`` on that chunk. Layer
-    0's patterns do not depend on any intervention, so their SVDs are kept in ``cache`` (per chunk) for the next
-    rank, within :data:`CACHE_LIMIT`."""
+def _rank_hooks(model: HookedTransformer, head: tuple[int, int] | None, k: int, cache: dict | None = None):
+    """``chunk -> fwd_hooks`` putting every head's (or only ``head``'s) pattern at rank ``k`` on that chunk, projected
+    onto the keys each layer lets a query see (:func:`project_pattern`). Layer 0's patterns do not depend on any
+    intervention, so their SVDs are kept in ``cache`` (per chunk) for the next rank, within :data:`CACHE_LIMIT`."""
+    from interp.attention import layer_attention
+
+    n_layers = model.cfg.n_layers
+    specs = [layer_attention(model, l) for l in range(n_layers)]
 
     def hooks(chunk: TaskData):
         key = (chunk.tokens.shape, chunk.tokens.cpu().numpy().tobytes())
 
         def at_rank(pattern, hook):
+            t = pattern.shape[-1]
+            allowed = specs[hook.layer()].allowed(t, t, pattern.device)
             if head is not None:
                 out = pattern.clone()
-                out[:, head[1]] = _low_rank(pattern[:, head[1] : head[1] + 1], chunk.lengths, k)[:, 0]
+                one = pattern[:, head[1] : head[1] + 1]
+                out[:, head[1]] = _low_rank(one, chunk.lengths, k, allowed=allowed)[:, 0]
                 return out
             svd = cache.get(key) if cache is not None and hook.layer() == 0 else None
             if svd is None:
@@ -350,7 +383,7 @@ def _rank_hooks(n_layers: int, head: tuple[int, int] | None, k: int, cache: dict
                     and pattern.numel() <= CACHE_LIMIT - sum(u.numel() for u, _, _ in cache.values())
                 ):
                     cache[key] = svd
-            return _low_rank(pattern, chunk.lengths, k, svd)
+            return _low_rank(pattern, chunk.lengths, k, svd, allowed)
 
         layers = range(n_layers) if head is None else [head[0]]
         return [(f"blocks.{l}.attn.hook_pattern", at_rank) for l in layers]

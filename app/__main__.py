@@ -1,5 +1,5 @@
-"""``python -m interp.app``: the ``interp`` command line."""
+"""``python -m interp.app``: the ``interp`` command line (signals handled from the first line, :mod:`.entry`)."""
 
-from .cli import main
+from .entry import main
 
 raise SystemExit(main())

@@ -16,6 +16,8 @@ from typing import Any
 
 from interp.errors import CheckpointWarning, ConfigError, InterpError, TaskError
 
+from .signals import INTERRUPTED, interrupted
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="only these splits, e.g. --splits test,val (default: every split of the task)",
     )
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--out", default=None, help="also save the JSON to this file")
     e.add_argument("--quiet", action="store_true", help="only the table (or the JSON): no header line")
     _add_common(e)
 
@@ -167,17 +170,40 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="accuracy counted as reached (repeatable; default: 1.0 and 0.98)",
     )
+    tb.add_argument(
+        "--metric",
+        default="accuracy",
+        help="the task's metric to score (the rows' column <split>_<metric>), e.g. integer addition's accuracy_len4 "
+        "(exact match on sums of 4-digit operands); default: accuracy",
+    )
+    tb.add_argument(
+        "--count",
+        default=None,
+        help="the metric counting the examples each run's value is a share of (e.g. n_len4): adds the value pooled "
+        "over all runs' examples with its Wilson 95%% interval",
+    )
     tb.add_argument("--json", action="store_true", help="print JSON rows")
+    tb.add_argument("--out", default=None, help="also save the JSON (as --json prints it) to this file")
     tb.add_argument(
         "--compare",
         action="store_true",
         help="also each halving strategy against the normal runs of the same configuration: the difference of "
         "the shares at the first threshold with its Newcombe 95%% interval, and whether it excludes 0 (with "
-        '--json: {"table": [...], "differences": [...]})',
+        '--json: {"table": [...], "differences": [...]}); the same as --compare-by strategy',
+    )
+    tb.add_argument(
+        "--compare-by",
+        default=None,
+        metavar="KEY",
+        help="also each cell against the cell that differs from it only in KEY, a configuration column (strategy, "
+        "attention, qkv, d_model, lr, ...), at KEY's default value (normal, softmax, full, ...; else its first "
+        "value in the table), with Newcombe 95%% intervals as --compare",
     )
 
     sub.add_parser("list", help="list the registered tasks (and where each comes from) and the named checkpoints")
     _shapley_parser(sub)
+    _hypothesis_parser(sub)
+    _circuit_parser(sub)
     return p
 
 
@@ -204,13 +230,22 @@ def _train_parser(sub) -> None:
         help="also write a checkpoint every N epochs into OUT.snapshots/ (a task suite may then compute "
         "progress measures from them into the checkpoint's history)",
     )
-    t.add_argument("--out", default=None, help="checkpoint path (default: runs/TASK-seedN.safetensors)")
+    t.add_argument(
+        "--out",
+        default=None,
+        help="checkpoint path, a new name or (with --overwrite) a regular file (default: runs/TASK-seedN.safetensors)",
+    )
     t.add_argument(
         "--resume",
         action="store_true",
         help="continue an interrupted run from its resume file (its options are read from that file)",
     )
     t.add_argument("--restart", action="store_true", help="delete an interrupted run's resume file and start over")
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the file at --out (another run's checkpoint); without it an existing file is refused",
+    )
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(t)
 
@@ -387,13 +422,45 @@ def _resumed_run(args):
     return task, spec, TrainConfig(**config)
 
 
+def _flagged(error: ConfigError, args) -> ConfigError:
+    """``error`` (a refusal of options, e.g. ``qkv='lowrank:8': a rank-8 factorisation ...``) with the command-line
+    flags the user gave for the options it names put first (``--qkv lowrank:8: ...``, ``--grid qkv=lowrank:8:
+    ...``), so the refusal names what was typed; unchanged where it names none of them."""
+    import re
+
+    from interp.configs import ModelSpec, TrainConfig
+    from interp.options import options
+
+    text = str(error)
+    names = lambda key: re.search(rf"(?<![\w-]){re.escape(key)}=", text) is not None  # noqa: E731
+    given = []
+    for opts in (options(ModelSpec), options(TrainConfig)):
+        for key, opt in opts.items():
+            value = getattr(args, key, None)
+            if value is not None and names(key):
+                given.append(f"{opt.flag} {value}")
+    for item in getattr(args, "grid", None) or []:
+        key, _, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if names(key):
+            shown = [v for v in values.split(",") if v.strip() and v.strip() in text] or [values]
+            given.append(f"--grid {key}={','.join(v.strip() for v in shown)}")
+    halving = getattr(args, "halving", None)
+    if args.command == "sweep" and halving and names("halving"):
+        given.append(f"--halving {halving}")
+    return ConfigError(f"{'; '.join(given)}: {text}") if given else error
+
+
 def cmd_train(args) -> int:
     """Train one model, in the deterministic mode (with ``--threads`` as its thread count, recorded in the
-    checkpoint)."""
+    checkpoint); a refusal of the options names the flags given (:func:`_flagged`)."""
     from interp.determinism import deterministic
 
-    with deterministic(threads=args.threads):
-        return _train_one(args)
+    try:
+        with deterministic(threads=args.threads):
+            return _train_one(args)
+    except ConfigError as e:
+        raise _flagged(e, args) from None
 
 
 def _train_one(args) -> int:
@@ -427,6 +494,7 @@ def _train_one(args) -> int:
         progress=not args.quiet,
         snapshot_every=args.snapshots,
         head_scorer=scorer(cfg.halving) if cfg.halving is not None else None,
+        overwrite=args.overwrite,
     )
     if suite is not None:
         done = suite.finish_run(out, snapshot_directory(out), device=args.device)
@@ -461,18 +529,18 @@ def cmd_eval(args) -> int:
         if unknown or not splits:
             raise TaskError(f"--splits {args.splits!r}: {ckpt.task.name} has the splits {', '.join(ckpt.task.splits)}")
     metrics = evaluate_splits(ckpt.model, ckpt.task, splits)
+    text = json.dumps(
+        {
+            "task": ckpt.task.name,
+            "checkpoint": str(ckpt.path),
+            "task_params": ckpt.task.params(),
+            "accuracy": {s: m["accuracy"] for s, m in metrics.items()},
+            "metrics": metrics,
+        }
+    )
+    _save_json(args.out, text, "the evaluation JSON")
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "task": ckpt.task.name,
-                    "checkpoint": str(ckpt.path),
-                    "task_params": ckpt.task.params(),
-                    "accuracy": {s: m["accuracy"] for s, m in metrics.items()},
-                    "metrics": metrics,
-                }
-            )
-        )
+        print(text)
         return 0
     if not args.quiet:
         print(f"{ckpt.path} ({ckpt.task.name})" + (f", task parameters changed: {params}" if params else ""))
@@ -481,6 +549,14 @@ def cmd_eval(args) -> int:
     for split, m in metrics.items():
         print(f"{split:<8}" + "".join(f"{m[k]:>14.4f}" for k in keys))
     return 0
+
+
+def _save_json(path: str | None, text: str, what: str) -> None:
+    """Write ``text`` (one JSON document) to ``path`` atomically, where a path was given."""
+    if path:
+        from interp.files import atomic_write_text
+
+        atomic_write_text(path, text + "\n", what)
 
 
 def _output(path: str | None, what: str):
@@ -542,6 +618,14 @@ def cmd_list(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    """``interp sweep``; a refusal of the options names the flags given (:func:`_flagged`)."""
+    try:
+        return _sweep(args)
+    except ConfigError as e:
+        raise _flagged(e, args) from None
+
+
+def _sweep(args) -> int:
     from interp.registry import task_names
 
     directory = Path(args.task) if Path(args.task).is_dir() else None  # interp sweep DIR --status|--resume
@@ -627,9 +711,14 @@ def _sweep_status(args, directory: Path | None) -> int:
 
 
 def cmd_table(args) -> int:
-    from interp.analyses.populations import format_differences, format_table, population_table, strategy_differences
+    from interp.analyses.populations import config_differences, format_differences, format_table, population_table
     from interp.sweep_directory import load_results
 
+    if args.compare and args.compare_by not in (None, "strategy"):
+        raise ConfigError(
+            f"--compare is --compare-by strategy; give one of --compare and --compare-by {args.compare_by}"
+        )
+    key = "strategy" if args.compare else args.compare_by
     frame = load_results(args.directory)
     if frame.empty:
         raise ConfigError(f"{args.directory} holds no finished runs (no results.jsonl rows)")
@@ -638,18 +727,33 @@ def cmd_table(args) -> int:
             f"--split {args.split!r}: the rows have no {args.split}_accuracy; splits: "
             + ", ".join(c[:-9] for c in frame.columns if c.endswith("_accuracy") and "_" not in c[:-9])
         )
+    for flag, metric in (("--metric", args.metric), ("--count", args.count)):
+        if metric is not None and f"{args.split}_{metric}" not in frame:
+            known = sorted(c[len(args.split) + 1 :] for c in frame.columns if c.startswith(f"{args.split}_"))
+            raise ConfigError(
+                f"{flag} {metric!r}: the rows have no {args.split}_{metric}; the {args.split} metrics are "
+                + ", ".join(known)
+            )
+    if key is not None and args.metric != "accuracy":
+        raise ConfigError(f"--compare-by {key} compares the cells' accuracy; give it without --metric")
     thresholds = tuple(args.thresholds or (1.0, 0.98))
-    table = population_table(frame, split=args.split, thresholds=thresholds)
-    if not args.compare:
+    table = population_table(frame, split=args.split, thresholds=thresholds, metric=args.metric, count=args.count)
+    if key is None:
+        _save_json(args.out, json.dumps(table), "the table JSON")
         print(json.dumps(table) if args.json else format_table(table))
         return 0
-    differences = strategy_differences(frame, split=args.split, threshold=thresholds[0])
+    try:
+        differences = config_differences(frame, key=key, split=args.split, threshold=thresholds[0])
+    except ConfigError as e:
+        raise ConfigError(f"--compare-by {key}: {e}") from None
+    _save_json(args.out, json.dumps({"table": table, "differences": differences}), "the table JSON")
     if args.json:
         print(json.dumps({"table": table, "differences": differences}))
     else:
+        baseline = differences[0]["baseline"] if differences else None
         print(format_table(table))
-        print(f"\nstrategy - normal, share of runs at {args.split} accuracy >= {thresholds[0]:g}:")
-        print(format_differences(differences))
+        print(f"\n{key} - {baseline}, share of runs at {args.split} accuracy >= {thresholds[0]:g}:")
+        print(format_differences(differences, baseline))
     return 0
 
 
@@ -711,6 +815,7 @@ def cmd_shapley(args) -> int:
             solver=args.solver,
             progress=not args.quiet and not args.json,
         )
+        _check_players(ckpt.model, args)
         if args.value == "separation":
             kw["train"] = task.dataset("train")
         test = task.dataset("test")
@@ -729,6 +834,206 @@ def cmd_shapley(args) -> int:
     return 0
 
 
+# ---- interp hypothesis: a causal model tested by interchange interventions ----------------------------------------
+def _hypothesis_parser(sub) -> None:
+    h = sub.add_parser(
+        "hypothesis",
+        help="test one of the task's hypotheses (a causal model's variable) by interchange interventions: its "
+        "accuracy (IIA) at each site, and with --das K distributed alignment search",
+    )
+    h.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
+    h.add_argument("name", nargs="?", default=None, help="the hypothesis (without it: list the task's hypotheses)")
+    h.add_argument(
+        "--site",
+        action="append",
+        default=None,
+        metavar="SITE",
+        help="where to look (repeatable): L0H3, L0H1+L0H3, L0H*, resid_pre.1, resid_post.0, attn_out.1, mlp_out.0, "
+        "each with an optional @POSITION (answer, answer-1, last, an integer, or a position the hypothesis names); "
+        "default: the hypothesis's sites",
+    )
+    h.add_argument(
+        "--das",
+        type=_positive_int,
+        default=None,
+        metavar="K",
+        help="also learn a K-dimensional subspace by distributed alignment search (at the hypothesis's DAS site, or "
+        "at each --site), trained on half of the split's examples and scored on the other half with the other rows",
+    )
+    h.add_argument("--pairs", type=_positive_int, default=1000, help="(base, source) pairs (default 1000)")
+    h.add_argument(
+        "--changed",
+        type=_checked(float, lambda v: 0 <= v <= 1, "a share in [0, 1]"),
+        default=0.5,
+        help="share of drawn pairs whose counterfactual answer differs from the base answer (default 0.5)",
+    )
+    h.add_argument("--split", default="test", help="the task split the pairs come from (default: test)")
+    h.add_argument("--steps", type=_positive_int, default=300, help="DAS training steps (default 300)")
+    h.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the pairs and of DAS (default 0)")
+    h.add_argument("--json", action="store_true", help="print one JSON object")
+    h.add_argument("--out", default=None, help="also save the JSON to this file")
+    _add_common(h)
+
+
+def cmd_hypothesis(args) -> int:
+    from interp.analyses import suite_for
+    from interp.analyses.hypotheses import evaluate_hypothesis
+    from interp.loading import load_checkpoint
+
+    _set_threads(args)
+    with _output(args.out, "the hypothesis JSON") as output:
+        ckpt = load_checkpoint(args.checkpoint, device=args.device)
+        task = ckpt.task
+        found = suite_for(task).hypotheses(task)
+        listing = "; ".join(f"{k} ({h.about})" if h.about else k for k, h in found.items()) or "none"
+        if args.name is None:
+            print(f"hypotheses of {task.name}: {listing}")
+            return 0
+        if args.name not in found:
+            raise ConfigError(f"unknown hypothesis {args.name!r} for task {task.name}; its hypotheses: {listing}")
+        if args.split not in task.splits:
+            raise ConfigError(f"unknown split {args.split!r}; task {task.name} has {list(task.splits)}")
+        result = evaluate_hypothesis(
+            ckpt.model,
+            task.dataset(args.split),
+            hypothesis=found[args.name],
+            sites=args.site,
+            das=args.das,
+            pairs=args.pairs,
+            changed=args.changed,
+            seed=args.seed,
+            steps=args.steps,
+        )
+        result.info.update({"checkpoint": str(ckpt.path or args.checkpoint), "split": args.split, "name": args.name})
+        text = result.to_json()
+        if output is not None:
+            output.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+    print(text if args.json else result.text())
+    return 0
+
+
+def _circuit_parser(sub) -> None:
+    c = sub.add_parser("circuit", help="discover the circuit of a checkpoint: edge scores, pruning, faithfulness")
+    c.add_argument("checkpoint", help="a .safetensors path or the name of a shipped checkpoint")
+    c.add_argument("--method", choices=["eap", "eap-ig", "patching", "acdc"], default="eap")
+    c.add_argument(
+        "--ablation",
+        choices=["patch", "mean", "zero"],
+        default=None,
+        help="what a removed edge carries: the corrupted run's sender output (patch; default where the task has a "
+        "corruption of its own), its mean over the examples (mean; the default otherwise) or zero",
+    )
+    c.add_argument(
+        "--corruption", default=None, help="which of the task's corruptions to patch from (default: its first)"
+    )
+    c.add_argument("--metric", choices=["logit_diff", "loss"], default="logit_diff")
+    c.add_argument("--examples", type=_positive_int, default=128, help="clean examples / pairs (default 128)")
+    c.add_argument("--steps", type=_positive_int, default=None, help="EAP-IG interpolation steps (default 5)")
+    c.add_argument("--top-n", type=_nonneg_int, default=None, help="keep the top N edges by |score|")
+    c.add_argument("--threshold", type=float, default=None, help="keep the edges with |score| >= this")
+    c.add_argument("--tau", type=float, default=None, help="ACDC's tolerance (default 1%% of |M(full) - M(empty)|)")
+    c.add_argument(
+        "--target",
+        type=_checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        default=0.9,
+        help="without --top-n/--threshold: the smallest top-k circuit with this faithfulness (default 0.9)",
+    )
+    c.add_argument(
+        "--curve-points",
+        type=_nonneg_int,
+        default=24,
+        help="circuit sizes on the faithfulness-against-size curve (default 24; 0 = none, unless the target rule "
+        "needs it)",
+    )
+    c.add_argument("--batch-size", type=_positive_int, default=None, help="sequences per stacked forward")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--out", default=None, help="also save the circuit's JSON to this file (Circuit.load reads it)")
+    _add_common(c)
+
+
+def cmd_circuit(args) -> int:
+    from interp.analyses.circuit_discovery import discover_circuit
+    from interp.app.circuit_inputs import circuit_inputs
+    from interp.device import model_device
+    from interp.loading import load_checkpoint
+
+    _set_threads(args)
+    with _output(args.out, "the circuit JSON") as output:
+        ckpt = load_checkpoint(args.checkpoint, device=args.device)
+        clean, corrupted, what = circuit_inputs(
+            ckpt.task, args.examples, args.corruption, args.ablation, device=model_device(ckpt.model)
+        )
+        result = discover_circuit(
+            ckpt.model,
+            clean,
+            corrupted=corrupted,
+            ablation=args.ablation,
+            metric=args.metric,
+            method=args.method,
+            steps=args.steps,
+            top_n=args.top_n,
+            threshold=args.threshold,
+            tau=args.tau,
+            target=args.target,
+            curve_points=args.curve_points,
+            batch_size=args.batch_size,
+        )
+        result.info.update(checkpoint=str(ckpt.path), inputs=what)
+        text = result.to_json()
+        if output is not None:
+            output.commit(lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+    print(text if args.json else f"{ckpt.path} ({ckpt.task.name}): {what}\n" + result.text())
+    return 0
+
+
+OUTPUTS = {  # what each command's --out holds (a sweep's is a directory)
+    "train": "the checkpoint",
+    "sweep": "the sweep",
+    "report": "the report",
+    "analyze": "the analysis JSON",
+    "eval": "the evaluation JSON",
+    "table": "the table JSON",
+    "shapley": "the Shapley JSON",
+    "hypothesis": "the hypothesis JSON",
+    "circuit": "the circuit JSON",
+}
+
+
+def check_out(args) -> None:
+    """The command's ``--out``, checked before any work by the one check every writer uses
+    (:func:`interp.files.check_output_path`): a regular file or a new name (a sweep's: a directory or a new name);
+    an empty ``--out`` is refused, not read as the default."""
+    from interp.files import check_output_path
+
+    out = getattr(args, "out", None)
+    if args.command not in OUTPUTS or out is None:
+        return
+    if not out.strip():
+        raise ConfigError("--out is empty: give a path (or leave --out out for the default)")
+    check_output_path(out, OUTPUTS[args.command], directory=args.command == "sweep")
+
+
+def _check_players(model, args) -> None:
+    """The limits of exact values and of the batched SVC, in the command line's words (before any work): too many
+    players names ``--heads`` and ``--samples`` (or ``--solver sklearn``)."""
+    from interp.analyses.coalitions import MAX_BITMASK, MAX_PLAYERS
+    from interp.heads import one_set
+
+    cfg = model.cfg
+    n = cfg.n_layers * cfg.n_heads if args.heads is None else len(one_set(args.heads, cfg.n_layers, cfg.n_heads))
+    if not args.samples and n > MAX_PLAYERS:
+        raise ConfigError(
+            f"{n} heads give 2**{n} coalitions; exact values take at most {MAX_PLAYERS} heads: choose the players "
+            f"with --heads HEAD [HEAD ...], or estimate the values from random permutations with --samples N"
+        )
+    if args.value == "separation" and args.solver == "torch" and n > MAX_BITMASK:
+        raise ConfigError(
+            f"--value separation with the batched SVC (--solver torch) takes at most {MAX_BITMASK} heads, got {n}: "
+            "choose the players with --heads HEAD [HEAD ...], or fit one scikit-learn SVC per coalition with "
+            "--solver sklearn"
+        )
+
+
 COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
@@ -738,6 +1043,8 @@ COMMANDS = {
     "table": cmd_table,
     "shapley": cmd_shapley,
     "list": cmd_list,
+    "hypothesis": cmd_hypothesis,
+    "circuit": cmd_circuit,
 }
 
 
@@ -762,17 +1069,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handler = COMMANDS[args.command]
 
-    def terminated(signum, frame):  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, terminated)
+    try:  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed (interp.app.entry sets it earlier)
+        previous = signal.signal(signal.SIGTERM, interrupted)
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", CheckpointWarning)
             warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            check_out(args)
             return int(handler(args) or 0)
     except InterpError as e:
         print(f"interp: error: {e}", file=sys.stderr)
@@ -784,7 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("interp: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except OSError as e:
         where = f" ({e.filename})" if e.filename else ""
         print(f"interp: error: {e.strerror or e}{where}", file=sys.stderr)

@@ -40,8 +40,9 @@ def write_report(checkpoint, out, device: str | None = None, progress: bool = Tr
     return output.path
 
 
-STEPS = ("model card", "analyses", "attention spectrum", "attention patterns")
+STEPS = ("model card", "analyses", "attention spectrum", "circuit", "attention patterns")
 EXAMPLE_TOKENS = 28  # length of the examples shown in the attention views
+CIRCUIT_EXAMPLES = 16  # clean examples (or corrupted pairs) of the report's circuit section: EAP on a small batch
 
 
 def build_report(ckpt, progress: bool = True) -> Report:
@@ -54,7 +55,9 @@ def build_report(ckpt, progress: bool = True) -> Report:
     )
     bar = tqdm(total=len(STEPS), desc="report", unit="step", disable=not progress, file=sys.stderr, leave=False)
     try:
-        for step, fn in zip(STEPS, (add_model_card, add_suite_sections, add_attention_spectrum, add_attention_views)):
+        for step, fn in zip(
+            STEPS, (add_model_card, add_suite_sections, add_attention_spectrum, add_circuit, add_attention_views)
+        ):
             bar.set_postfix_str(step)
             report.on_section = lambda title, step=step: bar.set_postfix_str(
                 step if title.lower() == step else f"{step}: {title}"
@@ -196,6 +199,35 @@ def add_suite_sections(ckpt, report: Report, progress: bool = True) -> None:
         report.text(f"No analysis sections: {e}.")
         return
     suite.add_report_sections(ckpt, report, progress)
+
+
+def add_circuit(ckpt, report: Report, progress: bool = False, n_examples: int = CIRCUIT_EXAMPLES) -> None:
+    """Every task's circuit section: EAP over every edge on a small batch (the task's own corruption where it has
+    one, else mean ablation), the kept circuit drawn and its faithfulness curve."""
+    from interp.analyses.circuit_discovery import discover_circuit
+    from interp.device import model_device
+
+    from .circuit_inputs import circuit_inputs
+
+    clean, corrupted, what = circuit_inputs(ckpt.task, n_examples, device=model_device(ckpt.model))
+    c = discover_circuit(ckpt.model, clean, corrupted=corrupted, curve_points=10)
+    faith = (
+        f"faithfulness {c.faithfulness:.3f}"
+        if c.faithfulness == c.faithfulness  # NaN: ablating every edge barely moves the metric on these inputs
+        else "faithfulness undefined (ablating every edge barely moves the metric on these inputs)"
+    )
+    report.section(
+        "Circuit",
+        "Which edges of the computational graph (input, heads, MLPs -> each head's query, key and value input, each "
+        "MLP, the logits) does the model use? Edge attribution patching (Syed, Rager and Conmy 2023) scores every "
+        f"edge at once on {what}; the kept circuit is the smallest top-k set of edges whose faithfulness (the metric "
+        "with only those edges live, the rest ablated, from 0 = every edge ablated to 1 = the full model) reaches "
+        f"{c.rule.get('target', 0.9)}: {c.size} of {c.graph.n_edges} edges, {faith} "
+        f"(metric {c.metric}: full {c.full:.3g}, empty {c.empty:.3g}). `interp circuit CHECKPOINT --method "
+        "patching|acdc|eap-ig` gives the exact and pruned variants.",
+    )
+    report.result(c)
+    report.figure(c.curve_figure(), "faithfulness of the top-k edges by |EAP score| against k")
 
 
 def add_attention_spectrum(ckpt, report: Report, progress: bool = False, n_inputs: int = 32) -> None:
@@ -345,6 +377,56 @@ def _short(value, limit: int = 120) -> str:
 
 
 # -- the report of a sweep directory --------------------------------------------------------------------------------
+RECIPE_WORDS = {  # what a recorded option means, in the report's words
+    ("optimizer", "adam"): "torch.optim.Adam: the weight decay is L2, added to the gradient",
+    ("optimizer", "adamw"): "torch.optim.AdamW: decoupled weight decay",
+    ("objective", "lm"): "next-token loss at every position",
+    ("dropout_at", "attention"): "dropout on the attention output only",
+}
+COMPARED = ("strategy", "attention", "qkv")  # configuration keys whose cells the report compares, where they vary
+
+
+def _plan_options(plan: dict) -> dict:
+    """The model and training options a ``sweep.json`` plan set away from their defaults (grid keys, seeds and
+    bookkeeping left out), as ``{name: value}``."""
+    from interp.configs import ModelSpec, TrainConfig
+    from interp.options import options
+
+    out = {}
+    for cls, values in ((ModelSpec, plan.get("spec", {})), (TrainConfig, plan.get("cfg", {}))):
+        for name, opt in options(cls).items():
+            if name in plan.get("grid", {}) or name == "halving" or not opt.config or name not in values:
+                continue
+            value = values[name]
+            if value != opt.default:
+                out[name] = value
+    return out
+
+
+def _differences_sections(report: Report, frame) -> None:
+    """For each of :data:`COMPARED` that varies in the sweep (the halving strategy, the attention variant, the Q/K/V
+    shape): each cell against the cell that differs from it only there (``interp table --compare-by KEY``), the
+    difference of the shares at 100% test accuracy with Newcombe's 95% interval."""
+    from interp.analyses.populations import config_differences, format_differences
+
+    for key in COMPARED:
+        if key not in frame or frame[key].map(str).nunique() < 2:
+            continue
+        differences = config_differences(frame, key=key, threshold=1.0)
+        if not differences:
+            continue
+        baseline = differences[0]["baseline"]
+        report.section(
+            f"{key} against {baseline}",
+            f"Each cell against the {baseline} cell of the same configuration (interp table --compare-by {key}"
+            + (", or --compare" if key == "strategy" else "")
+            + "): the shares of runs at 100% test accuracy, the difference with its Newcombe 95% interval (Newcombe "
+            "1998, hybrid score interval from the two Wilson intervals), and whether it excludes 0. A halving run that "
+            "does not end with one head counts 0.",
+        )
+        report.add_html(f"<pre>{html.escape(format_differences(differences, baseline))}</pre>")
+
+
 def write_sweep_report(directory, out, progress: bool = True) -> Path:
     """``interp report DIR`` for a sweep directory: Table 1, the accuracy figures and the task suite's population
     sections, as one offline page written atomically to ``out``."""
@@ -383,6 +465,7 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
     )
     report.section("Sweep", "What was trained: the sweep's plan (sweep.json) and how far it got.")
     if plans:
+        options = [_plan_options(p) for p in plans]
         report.table(
             [
                 {
@@ -390,12 +473,24 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
                     "seeds": f"{min(p['seeds'])}..{max(p['seeds'])} ({len(p['seeds'])})",
                     "grid": _short(p["grid"]),
                     "halving": p["cfg"].get("halving") or "none",
+                    "options": _short(" ".join(f"{k}={v}" for k, v in opts.items()) or "defaults", 240),
                     "task parameters": _short(p["task_params"]),
                 }
-                for p in plans
+                for p, opts in zip(plans, options)
             ],
-            caption="One row per interp sweep into this directory",
+            caption="One row per interp sweep into this directory; options: every model and training option the "
+            "sweep set away from its default (the grid's keys apart)",
         )
+        shared = {k: v for k, v in options[0].items() if all(o.get(k) == v for o in options[1:])}
+        if shared:
+            report.text(
+                "Every run was trained with "
+                + ", ".join(
+                    f"{k}={v}" + (f" ({RECIPE_WORDS[(k, v)]})" if (k, v) in RECIPE_WORDS else "")
+                    for k, v in shared.items()
+                )
+                + "; every other option at its default."
+            )
     wall = (frame["wall_seconds"] / frame["population_size"]).sum() if "wall_seconds" in frame else float("nan")
     report.text(
         f"{len(frame)} finished runs; training wall time {wall:.0f} s (the rows' wall_seconds, each batched "
@@ -432,6 +527,7 @@ def build_sweep_report(directory, progress: bool = True) -> Report:
             "Fraknói 2024, Figure 2: normal runs (no halving) per cell of the grid, other options pooled.",
         )
         report.result(grid)
+    _differences_sections(report, frame)
     lrs = lr_accuracy(frame)
     if lrs.varies:
         report.section(

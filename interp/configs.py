@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .curriculum import parse_curriculum
 from .errors import ConfigError
 from .options import option
-from .variants import ATTENTION_SPELLINGS, QKV_SPELLINGS, parse_attention, parse_qkv
+from .variants import ATTENTION_SPELLINGS, QKV_SPELLINGS, canonical_attention, canonical_qkv, parse_attention, parse_qkv
 
-POSITIONAL = ("none", "standard", "shortformer", "rotary", "random", "abacus")  # see interp.positions
+POSITIONAL = ("none", "standard", "shortformer", "rotary", "random", "abacus", "alibi")  # see interp.positions
+TL_POSITIONAL = ("shortformer", "rotary", "alibi")  # TransformerLens' own positional_embedding_type
 OUTPUT_MATRIX = ("identity", "learned")
 NORMALIZATION = (None, "LN", "LNPre", "RMS", "RMSPre")
 
@@ -39,7 +41,8 @@ class ModelSpec:
         metadata=option(
             "positional embedding: none (zeroed, frozen), standard (added to the residual stream), shortformer (into "
             "queries and keys only), rotary, random (randomised positions in training), abacus (index of a digit "
-            "within its number; see interp.positions)",
+            "within its number), alibi (linear biases of the attention scores by distance, Press et al. 2022; no "
+            "W_pos: it is zeroed and frozen); see interp.positions",
             choices=POSITIONAL,
         ),
     )
@@ -64,15 +67,43 @@ class ModelSpec:
     )
     act_fn: str = field(default="relu", metadata=option("MLP activation (TransformerLens act_fn)"))
     attention: str = field(
-        default="softmax", metadata=option(f"attention variant (see interp.variants): {ATTENTION_SPELLINGS}")
+        default="softmax",
+        metadata=option(
+            f"attention variant (see interp.variants): {ATTENTION_SPELLINGS}; stored in one canonical spelling",
+            canonical=canonical_attention,
+        ),
     )
-    qkv: str = field(default="full", metadata=option(f"shape of W_Q, W_K, W_V (see interp.variants): {QKV_SPELLINGS}"))
+    qkv: str = field(
+        default="full",
+        metadata=option(f"shape of W_Q, W_K, W_V (see interp.variants): {QKV_SPELLINGS}", canonical=canonical_qkv),
+    )
     attention_seed: int = field(
         default=0, metadata=option("seed of the random keys (random:R) and of the sparse:F pattern of Q/K/V")
     )
     init_seed: int = 0
     digit_tokens: tuple[int, ...] | list[int] | None = None  # positional="abacus": the token ids that form numbers
-    max_position_offset: int = 0  # positional="abacus": training offsets are drawn from 0 .. this
+    max_position_offset: int = field(
+        default=0,
+        metadata=option(
+            "positional=abacus: each training sequence's digit positions are shifted by an offset drawn from 0 .. "
+            "this (McLeish et al. 2024), so the rows of numbers longer than the training ones are trained too"
+        ),
+    )
+    loops: int = field(
+        default=1,
+        metadata=option(
+            "a looped transformer (Yang et al. 2023; Fan et al. 2024): the n_layers layers form a block applied "
+            "this many times with shared weights; the HookedTransformer has n_layers x loops blocks, each "
+            "iteration's hooks named as layers (see interp.looping); 1: not looped"
+        ),
+    )
+    input_injection: bool = field(
+        default=True,
+        metadata=option(
+            "looped models: add the embedded input to the input of every iteration after the first (Fan et al. "
+            "2024's input injection)"
+        ),
+    )
 
     def __post_init__(self):
         for name in ("d_vocab", "n_ctx", "n_layers", "d_model", "n_heads", "d_head"):
@@ -96,6 +127,16 @@ class ModelSpec:
             raise ConfigError(f"max_position_offset must be an integer in [0, n_ctx), got {self.max_position_offset!r}")
         if self.normalization not in NORMALIZATION:
             raise ConfigError(f"normalization must be one of {NORMALIZATION}, got {self.normalization!r}")
+        if not isinstance(self.loops, int) or isinstance(self.loops, bool) or self.loops < 1:
+            raise ConfigError(f"loops must be a positive integer (1: not looped), got {self.loops!r}")
+        if not isinstance(self.input_injection, bool):
+            raise ConfigError(f"input_injection must be true or false, got {self.input_injection!r}")
+        if self.loops > 1 and (self.attention != "softmax" or self.qkv != "full"):
+            raise ConfigError(
+                f"a looped model (loops={self.loops}) has softmax attention with full Q/K/V: the attention variants "
+                f"install per-layer constraints that are not shared between iterations; got attention="
+                f"{self.attention!r}, qkv={self.qkv!r}"
+            )
         self._check_attention()
         if self.output_matrix == "identity" and self.n_heads * self.d_head != self.d_model:
             raise ConfigError(
@@ -104,8 +145,10 @@ class ModelSpec:
             )
 
     def _check_attention(self) -> None:
-        """The attention variant's spellings (one line naming the valid ones) and what they need of the shape."""
-        parse_attention(self.attention)
+        """The attention variant's spellings (one line naming the valid ones; stored in their canonical spelling,
+        :mod:`interp.variants`, so two spellings of one variant are one spec) and what they need of the shape."""
+        object.__setattr__(self, "attention", canonical_attention(self.attention))
+        object.__setattr__(self, "qkv", canonical_qkv(self.qkv))
         qkv = parse_qkv(self.qkv)
         width = min(self.d_model, self.n_heads * self.d_head)
         if qkv.kind == "lowrank" and qkv.rank >= width:
@@ -140,11 +183,18 @@ class ModelSpec:
             raise ConfigError(f"unknown model spec field(s) {sorted(unknown)}; known fields: {sorted(known)}")
         return cls(**d)
 
+    @property
+    def blocks(self) -> int:
+        """The HookedTransformer's blocks: ``n_layers`` layers, ``loops`` times (the layers of a looped model's
+        iterations share their weights)."""
+        return self.n_layers * self.loops
+
     def tl_config_kwargs(self, device: str | None) -> dict[str, Any]:
         """The HookedTransformerConfig keyword arguments for this spec (TransformerLens' own field names; JSON
-        types only apart from ``device``): ``HookedTransformer(HookedTransformerConfig(**kw))`` builds it."""
+        types only apart from ``device``): ``HookedTransformer(HookedTransformerConfig(**kw))`` builds it. A looped
+        model has ``n_layers * loops`` blocks (:attr:`blocks`)."""
         return dict(
-            n_layers=self.n_layers,
+            n_layers=self.blocks,
             d_model=self.d_model,
             n_heads=self.n_heads,
             d_head=self.d_head,
@@ -155,7 +205,7 @@ class ModelSpec:
             d_mlp=None if self.attn_only else (self.d_mlp or 4 * self.d_model),
             act_fn=self.act_fn,
             normalization_type=self.normalization,
-            positional_embedding_type=self.positional if self.positional in ("shortformer", "rotary") else "standard",
+            positional_embedding_type=self.positional if self.positional in TL_POSITIONAL else "standard",
             seed=self.init_seed,
             device=device,
             **({"rotary_dim": self.d_head} if self.positional == "rotary" else {}),
@@ -167,7 +217,7 @@ class ModelSpec:
         w = parse_attention(self.attention).tl_window
         if w is None:
             return {}
-        return dict(use_local_attn=True, window_size=w, attn_types=["local"] * self.n_layers)
+        return dict(use_local_attn=True, window_size=w, attn_types=["local"] * self.blocks)
 
 
 STRATEGIES = ("random", "svc", "learned", "shapley-svc", "shapley-learned", "mask-all-but-one")
@@ -212,10 +262,19 @@ def _number(v: Any) -> bool:
 class TrainConfig:
     epochs: int = field(default=900, metadata=option("epochs (the kept model is chosen by keep)", resumable=True))
     batch_size: int = field(default=128, metadata=option("sequences per step"))
-    lr: float = field(default=1e-3, metadata=option("AdamW learning rate"))
-    weight_decay: float = field(default=0.01, metadata=option("AdamW weight decay"))
-    beta1: float = field(default=0.9, metadata=option("AdamW beta1"))
-    beta2: float = field(default=0.999, metadata=option("AdamW beta2 (the warmup lasts 2 / (1 - beta2) steps)"))
+    lr: float = field(default=1e-3, metadata=option("learning rate of the optimizer (--optimizer: AdamW or Adam)"))
+    weight_decay: float = field(
+        default=0.01,
+        metadata=option(
+            "weight decay: decoupled, applied to the weights (AdamW, the default), or L2, added to the gradient "
+            "(--optimizer adam)"
+        ),
+    )
+    beta1: float = field(default=0.9, metadata=option("beta1 of the optimizer (AdamW or Adam: --optimizer)"))
+    beta2: float = field(
+        default=0.999,
+        metadata=option("beta2 of the optimizer (AdamW or Adam: --optimizer; the warmup lasts 2 / (1 - beta2) steps)"),
+    )
     dropout: float = field(default=0.1, metadata=option("dropout probability"))
     warmup_steps: int | None = field(
         default=None, metadata=option("linear warmup steps; default 2 / (1 - beta2), Ma and Yarats' untuned warmup")
@@ -303,6 +362,21 @@ class TrainConfig:
             choices=DROPOUT_RNGS,
         ),
     )
+    curriculum: str | None = field(
+        default=None,
+        metadata=option(
+            "curriculum learning: FIELD:LEVEL@STEP,... (e.g. n_digits:1@0,2@300,3@600): from each step on, batches "
+            "are drawn from the training examples whose per-example field is at most the level (see "
+            "interp.curriculum); none: every example from the start"
+        ),
+    )
+    aux_loss: float = field(
+        default=0.0,
+        metadata=option(
+            "weight of an auxiliary loss on the task data's aux_targets, added to the task's loss (integer addition: "
+            "the carry out of each place, predicted at the second operand's digit of that place); 0: none"
+        ),
+    )
     optimizer: str = field(
         default="adamw",
         metadata=option(
@@ -342,11 +416,14 @@ class TrainConfig:
             "init_scale": (_number(self.init_scale) and self.init_scale > 0, "a positive number"),
             "dropout_rng": (self.dropout_rng in DROPOUT_RNGS, f"one of {', '.join(DROPOUT_RNGS)}"),
             "optimizer": (self.optimizer in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
+            "aux_loss": (_number(self.aux_loss) and self.aux_loss >= 0, "a non-negative number"),
         }
         bad = [f"{k}={getattr(self, k)!r} (expected {what})" for k, (ok, what) in checks.items() if not ok]
         if bad:
             raise ConfigError("invalid training option(s): " + "; ".join(bad))
         check_strategy(self.halving, self.halving_threshold)
+        if self.curriculum is not None:
+            parse_curriculum(self.curriculum)
 
     @property
     def warmup(self) -> int:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .device import model_device
 from .errors import ConfigError, InterpError, TokenError
+from .model import extendable
 from .query_forward import logits_at, supports_query_forward
 from .task import IGNORE, Task, TaskData, check_model_task, check_nonempty, task_dataset
 
@@ -36,8 +37,9 @@ def check_tokens(model: HookedTransformer, tokens: Tensor, vocab=None) -> None:
         raise TokenError(
             f"sequences of {tokens.shape[1]} tokens are longer than the model's context n_ctx={model.cfg.n_ctx}"
             + (
-                " (a model without positional embedding can take them: interp.model.extend_context(model, n_ctx))"
-                if model.cfg.positional_embedding_type == "standard" and not bool(model.W_pos.detach().abs().max() > 0)
+                " (a model without positional embedding, or with ALiBi positions, can take them: "
+                "interp.model.extend_context(model, n_ctx))"
+                if extendable(model)
                 else ""
             )
         )
@@ -135,14 +137,14 @@ def predictions_and_loss(
     """Per-position argmax ``preds [batch, pos]`` and cross-entropy ``loss [batch, pos]`` (0 where no target);
     ``batch_size`` examples per forward (None: from the memory budget)."""
 
-    from .fast_attention import fast_logits, has_fast_path
+    from .fast_attention import fast_logits, has_fast_path, run_with_hooks
 
     fast = has_fast_path(model) and not fwd_hooks  # sparse masks, linear attention: O(n·W) / O(n) forwards
 
     def one(chunk: TaskData) -> dict[str, Tensor]:
         with torch.inference_mode():
-            if fwd_hooks:
-                logits = model.run_with_hooks(chunk.tokens, fwd_hooks=list(fwd_hooks))
+            if fwd_hooks:  # the fast forwards too, where every hook fires there (hook_z does)
+                logits = run_with_hooks(model, chunk.tokens, fwd_hooks)
             else:
                 logits = fast_logits(model, chunk.tokens) if fast else model(chunk.tokens)
         return {"preds": logits.argmax(-1), "loss": per_position_loss(logits, chunk.targets)}

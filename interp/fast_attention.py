@@ -142,3 +142,27 @@ def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> F
     """``model(tokens)`` through the fast attention forwards (differentiable: training uses it)."""
     with fast_attention(model):
         return model(tokens)
+
+
+PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern")  # the hook points the fast forwards do not fire
+
+
+def fires_on_fast_path(fwd_hooks) -> bool:
+    """Whether every hook of ``fwd_hooks`` (``(name, fn)`` pairs) is on a hook point the fast forwards fire: any but
+    ``hook_attn_scores`` and ``hook_pattern`` (a name filter given as a function cannot be read: no)."""
+    return all(isinstance(name, str) and not name.endswith(PATTERN_HOOKS) for name, _ in fwd_hooks)
+
+
+def run_with_hooks(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], fwd_hooks=(), **kwargs
+) -> Float[Tensor, "batch pos vocab_out"]:
+    """``model.run_with_hooks(tokens, fwd_hooks=...)``, through the fast attention forwards where the model has them
+    (:func:`has_fast_path`) and every hook fires there (:func:`fires_on_fast_path`: the ablation's ``hook_z`` hooks
+    do), else TransformerLens' own. The same numbers to float rounding; ``O(n W)`` or ``O(n)`` instead of ``O(n²)``
+    per layer, which is what makes the learned accuracies of a long-context variant (a report's Shapley section)
+    affordable."""
+    fwd_hooks = list(fwd_hooks)
+    if has_fast_path(model) and fires_on_fast_path(fwd_hooks):
+        with fast_attention(model):
+            return model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **kwargs)
+    return model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **kwargs)

@@ -4,11 +4,19 @@ Readers never see a half-written file, and a failure leaves nothing behind. :cla
 the temp file when it is created, so an unwritable path fails before any expensive work. Temp files are named
 ``.NAME.PID.XXXX.tmp``; one left by a process that was killed (``kill -9``) is removed the next time that output
 is written (only when its process is gone: a concurrent writer's file is left alone).
+
+An output path must be a regular file or a new name (:func:`check_output_path`, which every writer goes through:
+:class:`AtomicFile`, and the command line for each ``--out`` before any work): the rename would otherwise replace
+what is there with a regular file, turning a FIFO, a device node (``/dev/full``, as root) or a symbolic link into a
+file. So these, a directory and an empty path are refused in one line naming what the path is. A sweep's output is
+a directory (``directory=True``): a directory, a symbolic link to one (its files are written inside, the link
+itself is never replaced) or a new name.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,27 +24,81 @@ from pathlib import Path
 from .errors import ConfigError, InterpError
 
 
+def _kind(mode: int) -> str | None:
+    """What a file of ``mode`` (``os.lstat``) is, in words, where it is not a regular file, a directory or a link."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a device (character device node)"
+    if stat.S_ISBLK(mode):
+        return "a device (block device node)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return None
+
+
+def check_output_path(path, what: str = "a file", *, directory: bool = False) -> Path:
+    """``path`` as a Path, where an output may be written there: a regular file (replaced) or a new name in an
+    existing directory; with ``directory=True`` a directory (or a symbolic link to one) or a new name. Anything else
+    (an empty path, a FIFO, a device node, a socket, a symbolic link to a file, a directory where a file is
+    expected, a file where a directory is) is an InterpError ``cannot write WHAT to PATH: it is ...``, raised before
+    anything is created."""
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(text, str):
+        raise InterpError(f"cannot write {what}: expected a path, got {type(path).__name__}")
+    if not text.strip():
+        raise InterpError(f"cannot write {what}: the path is empty; expected a file name")
+    p = Path(text)
+
+    def fail(why: str):
+        raise InterpError(f"cannot write {what} to {p}: {why}")
+
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        fail(e.strerror or str(e))
+    if mode is not None:
+        kind = _kind(mode)
+        if kind is not None:
+            fail(f"it is {kind}, not a regular file; give the path of a regular file or a new name")
+        if stat.S_ISLNK(mode):
+            if directory and p.is_dir():
+                return p
+            fail(
+                f"it is a symbolic link (to {os.readlink(p)}): writing would replace the link by a file; give the "
+                "path it points to, or a new name"
+            )
+        if stat.S_ISDIR(mode) and not directory:
+            fail("it is a directory; expected a file path")
+        if stat.S_ISREG(mode) and directory:
+            fail("it is a file; expected a directory (or a new name)")
+        return p
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists():
+        fail(f"directory {parent} does not exist")
+    if not parent.is_dir():
+        fail(f"{parent} is not a directory")
+    return p
+
+
 class AtomicFile:
-    """An output path checked and reserved up front; :meth:`commit` fills it and renames it into place.
-    Used as a context manager, the temp file is removed if nothing was committed."""
+    """An output path checked (:func:`check_output_path`) and reserved up front; :meth:`commit` fills it and renames
+    it into place. Used as a context manager, the temp file is removed if nothing was committed."""
 
     def __init__(self, path, what: str = "a file"):
-        self.path = Path(path)
+        self.tmp: Path | None = None
+        self.path = check_output_path(path, what)
         self.what = what
         parent = self.path.parent if str(self.path.parent) else Path(".")
-        if self.path.is_dir():
-            self._fail("it is a directory; expected a file path")
-        if not parent.exists():
-            self._fail(f"directory {parent} does not exist")
-        if not parent.is_dir():
-            self._fail(f"{parent} is not a directory")
         remove_stale_temps(self.path)
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.{os.getpid()}.", suffix=".tmp", dir=parent)
         except OSError as e:
             self._fail(f"{e.strerror or e} in {parent}")
         os.close(fd)
-        self.tmp: Path | None = Path(tmp)
+        self.tmp = Path(tmp)
 
     def _fail(self, why: str):
         raise InterpError(f"cannot write {self.what} to {self.path}: {why}")
@@ -50,6 +112,7 @@ class AtomicFile:
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
+            check_output_path(self.path, self.what)  # still a regular file or a new name (checked again at the end)
             os.replace(self.tmp, self.path)
         except OSError as e:
             self._fail(e.strerror or str(e))

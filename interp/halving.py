@@ -9,10 +9,11 @@ gradients are then exactly zero too (every path into them goes through a zero fa
 model, loaded in plain TransformerLens, computes the masked model. A frozen ``W_O`` (the thesis's identity output
 matrix) is left as it is: the head's output ``z @ W_O`` is zero anyway.
 
-The schedule (:class:`Halving`): after each epoch's validation, if its accuracy reaches ``threshold`` (default 0.95)
-and more than one head is active, the active heads are scored by the run's strategy and the best
-``ceil(n / 2)`` kept (ties go to the lower head index); repeat until one head is left. ``mask-all-but-one`` (the
-seed's baseline) masks ``a - 1`` heads before the first step, keeping one head drawn with the run's seed.
+The schedule (:class:`Halving`): after each epoch's validation, if its accuracy reaches ``threshold`` (default 0.95;
+compared on counts of correct validation examples, :mod:`interp.thresholds`) and more than one head is active,
+the active heads are scored by the run's strategy and the best ``ceil(n / 2)`` kept (ties go to the lower head
+index); repeat until one head is left. ``mask-all-but-one`` (the seed's baseline) masks ``a - 1`` heads before the
+first step, keeping one head drawn with the run's seed.
 Strategies that need analyses (``svc``, ``learned``, ``shapley-svc``, ``shapley-learned``) score through a
 callable passed in by the caller (``interp.analyses.halving`` has them; ``interp`` never imports ``interp.analyses``);
 ``random`` and ``mask-all-but-one`` need none.
@@ -34,6 +35,7 @@ from .configs import SELF_SCORED, check_strategy
 from .device import model_device
 from .errors import ConfigError
 from .heads import Head, all_heads, head_label, head_mask, parse_head
+from .thresholds import reaches
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -123,6 +125,12 @@ class Halving:
                         v.mul_(m)
 
     # -- the schedule ---------------------------------------------------------------------------------------------
+    def reached(self, val_accuracy: float, examples: int | None) -> bool:
+        """Whether ``val_accuracy`` (a share of ``examples`` validation examples) reaches the threshold, compared on
+        counts of correct examples (:func:`interp.thresholds.reaches`: 1,425 of 1,500 reaches 0.95, although its
+        float32 accuracy reads 0.94999999)."""
+        return reaches(val_accuracy, self.threshold, examples)
+
     def start(self, model: HookedTransformer, optimizer=None) -> None:
         """Before the first epoch: ``mask-all-but-one`` keeps one head drawn with the seed."""
         from .attention import has_factors
@@ -147,9 +155,15 @@ class Halving:
         train=None,
         val=None,
         scorer: Scorer | None = None,
+        *,
+        examples: int | None = None,
     ) -> dict[str, Any] | None:
-        """Halve if ``val_accuracy`` reached the threshold and more than one head is active; return the step."""
-        if self.done or val_accuracy < self.threshold:
+        """Halve if ``val_accuracy`` reached the threshold and more than one head is active; return the step.
+        ``examples``: how many validation examples the accuracy is a share of (default ``len(val)``), so the
+        threshold is compared on counts (:meth:`reached`)."""
+        if examples is None and val is not None:
+            examples = len(val)
+        if self.done or not self.reached(val_accuracy, examples):
             return None
         before = list(self.active)
         if self.strategy in SELF_SCORED:

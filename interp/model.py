@@ -4,14 +4,17 @@ The thesis's special shapes (no positional embedding, no output matrix, no atten
 expressed with the config plus frozen parameters, never a forked model class:
 
 - ``positional="none"``: ``W_pos`` is zeroed and frozen (TransformerLens has no NoPE option);
-  ``"rotary"`` is TransformerLens' own; ``"random"`` and ``"abacus"`` add a forward hook on ``pos_embed`` (the
-  ``W_pos`` row each token reads; :mod:`interp.positions`).
+  ``"rotary"`` and ``"alibi"`` are TransformerLens' own (ALiBi's unused ``W_pos`` zeroed and frozen too);
+  ``"random"`` and ``"abacus"`` add a forward hook on ``pos_embed`` (the ``W_pos`` row each token reads;
+  :mod:`interp.positions`).
 - ``output_matrix="identity"``: ``W_O`` is the fixed block identity (head ``h``'s dimension ``i`` writes
   to residual dimension ``h*d_head + i``); needs ``n_heads * d_head == d_model``. Left unset (``None``), the spec
   takes the identity where the heads fill the residual stream exactly (the thesis's models have no output matrix)
   and a learned ``W_O`` otherwise (the thesis's 64-head model with d = 2): see :attr:`ModelSpec.w_o`.
 - ``attn_bias=False``: ``b_Q, b_K, b_V, b_O`` are zero and frozen. The unembedding bias ``b_U`` (the
   seed's ``b_H``) stays trainable unless ``unembed_bias=False``.
+- ``loops > 1``: a looped transformer, ``n_layers * loops`` blocks whose iterations share the weights of the first
+  ``n_layers`` and read the embedded input again (:mod:`interp.looping`);
 - ``attention`` / ``qkv`` other than ``softmax`` / ``full``: the attention variant's masks, pooling scores and Q/K/V
   constraints, installed by :func:`interp.attention.install` (a lone ``window:W`` is TransformerLens' own local
   attention, set in the config).
@@ -41,6 +44,11 @@ __all__ = [
 ]
 
 
+# schemes whose W_pos is zero and frozen: none (no positions at all) and alibi (TransformerLens' ALiBi biases the
+# attention scores and never reads W_pos; zeroed, it takes no weight decay and a checkpoint's W_pos says so)
+UNUSED_W_POS = ("none", "alibi")
+
+
 def quiet_tl():
     """Silence TransformerLens' deprecation warnings (HookedTransformer is deprecated in 3.x)."""
     warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
@@ -64,6 +72,10 @@ def build_model(spec: ModelSpec, device: str | None = None) -> HookedTransformer
             model = HookedTransformer(cfg, move_to_device=True)
     finally:
         torch.random.set_rng_state(rng_state)
+    if spec.loops > 1:
+        from .looping import install as install_loop
+
+        install_loop(model, spec.n_layers, spec.input_injection)
     apply_frozen(model, spec)
     if spec.positional in ("random", "abacus"):
         from .positions import install
@@ -80,7 +92,7 @@ def frozen_values(spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> dict[s
     """The parameters the spec fixes, by state-dict name -> their required value (zero W_pos, the identity W_O,
     zero attention / unembedding biases)."""
     out = {}
-    if spec.positional == "none" and "pos_embed.W_pos" in shapes:
+    if spec.positional in UNUSED_W_POS and "pos_embed.W_pos" in shapes:
         out["pos_embed.W_pos"] = torch.zeros(shapes["pos_embed.W_pos"])
     for l in range(spec.n_layers):
         if spec.w_o == "identity":
@@ -96,26 +108,39 @@ def frozen_values(spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> dict[s
 
 
 def extend_context(model: HookedTransformer, n_ctx: int) -> None:
-    """Let a model without positional embedding (``W_pos`` zero) take sequences up to ``n_ctx`` tokens: nothing in
-    it depends on position, so ``W_pos`` is extended with zero rows (in place; the output is unchanged)."""
+    """Let a model without positional embedding (``W_pos`` zero), or with ALiBi positions (biases computed for any
+    distance; ``W_pos`` unused), take sequences up to ``n_ctx`` tokens: ``W_pos`` is extended with zero rows (in
+    place; the output is unchanged; TransformerLens builds its causal mask and ALiBi biases for the length it is
+    given)."""
     cfg = model.cfg
     if n_ctx <= cfg.n_ctx:
         return
     w_pos = model.pos_embed.W_pos
-    if cfg.positional_embedding_type != "standard" or bool(w_pos.detach().abs().max() > 0):
+    if not extendable(model):
         raise ConfigError(
-            f"only a model without positional embedding (W_pos all zero) can take sequences longer than "
-            f"its context n_ctx={cfg.n_ctx}; this one has a {cfg.positional_embedding_type!r} positional embedding"
+            f"only a model without positional embedding (W_pos all zero) or with ALiBi positions can take sequences "
+            f"longer than its context n_ctx={cfg.n_ctx}; this one has a {cfg.positional_embedding_type!r} "
+            "positional embedding"
         )
     extra = torch.zeros(n_ctx - cfg.n_ctx, w_pos.shape[1], device=w_pos.device, dtype=w_pos.dtype)
     model.pos_embed.W_pos = torch.nn.Parameter(torch.cat([w_pos.detach(), extra]), requires_grad=False)
     cfg.n_ctx = n_ctx
 
 
+def extendable(model: HookedTransformer) -> bool:
+    """Whether nothing in ``model`` limits the length of its input to its ``n_ctx`` (no positional embedding, ALiBi
+    positions): :func:`extend_context` can lengthen it."""
+    cfg = model.cfg
+    w_pos = getattr(getattr(model, "pos_embed", None), "W_pos", None)
+    if w_pos is None or bool(w_pos.detach().abs().max() > 0):
+        return False
+    return cfg.positional_embedding_type in ("standard", "alibi")
+
+
 def apply_frozen(model: HookedTransformer, spec: ModelSpec) -> None:
     """Set and freeze the parameters the spec fixes (W_pos, W_O, biases)."""
     with torch.no_grad():
-        if spec.positional == "none":
+        if spec.positional in UNUSED_W_POS:
             model.pos_embed.W_pos.zero_()
             model.pos_embed.W_pos.requires_grad_(False)
         for block in model.blocks:

@@ -17,11 +17,17 @@ returns them), so a pad has a negative position.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from .errors import ConfigError
 from .task import IGNORE, TaskData
+
+if TYPE_CHECKING:
+    from .task import Task
 
 
 def lm_targets(data: TaskData) -> Int[Tensor, "batch pos"]:
@@ -34,6 +40,21 @@ def lm_targets(data: TaskData) -> Int[Tensor, "batch pos"]:
         keep = pos + 1 < data.lengths[:, None]
         targets[:, :-1] = torch.where(keep, data.tokens[:, 1:], torch.full_like(data.tokens[:, 1:], IGNORE))
     return targets
+
+
+def check_lm_targets(task: Task, data: TaskData) -> None:
+    """Refuse, before training, the ``lm`` objective on a task whose sentences hold tokens the model cannot output
+    (ids at or beyond ``task.vocab.n_out``, e.g. integer addition's ``+`` and ``=``, modular addition's ``=``): every
+    next token is a target there, and such a target has no logit. One ConfigError naming the tokens."""
+    targets = lm_targets(data)
+    bad = targets[(targets != IGNORE) & (targets >= task.vocab.n_out)]
+    if bad.numel():
+        names = ", ".join(repr(task.vocab.tokens[i]) for i in sorted(set(bad.tolist())))
+        raise ConfigError(
+            f"objective='lm' predicts every next token of a sentence, but {task.name}'s sentences hold tokens the "
+            f"model cannot output ({names}: input-only, beyond its {task.vocab.n_out} outputs); train it with "
+            "objective='answer'"
+        )
 
 
 def left_pad(

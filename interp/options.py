@@ -10,9 +10,11 @@ list to update by hand. Values are checked by the dataclass itself (its ``__post
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +22,31 @@ from .errors import ConfigError
 
 
 def option(
-    help: str, *, choices: tuple | None = None, resumable: bool = False, config: bool = True, none: str = "none"
+    help: str,
+    *,
+    choices: tuple | None = None,
+    resumable: bool = False,
+    config: bool = True,
+    none: str = "none",
+    canonical: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Field metadata marking a dataclass field as a user option: ``help`` for ``--help``; ``choices`` where the
     values are a fixed set; ``resumable=True`` where the value may change when an interrupted run is resumed (more
     epochs, another patience); ``config=False`` for bookkeeping that is not part of a run's configuration (sweep
     grids do not vary it, tables do not show it); ``none``: how None is spelled on the command line, where the
-    field takes it (e.g. ``auto`` for a default that a rule fills in)."""
-    return {"option": {"help": help, "choices": choices, "resumable": resumable, "config": config, "none": none}}
+    field takes it (e.g. ``auto`` for a default that a rule fills in); ``canonical``: the function that turns a
+    value into its one canonical spelling (or raises a ConfigError), where one value has several spellings (the
+    attention variants), so that two spellings of one value are one configuration."""
+    return {
+        "option": {
+            "help": help,
+            "choices": choices,
+            "resumable": resumable,
+            "config": config,
+            "none": none,
+            "canonical": canonical,
+        }
+    }
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,7 @@ class Option:
     resumable: bool
     config: bool
     none: str = "none"  # None's spelling on the command line
+    canonical: Callable[[Any], Any] | None = None  # a value -> its canonical spelling
 
     @property
     def flag(self) -> str:
@@ -54,7 +74,7 @@ class Option:
         if self.optional and text.lower() in (self.none, "none", "null"):
             return None
         if self.type is str:
-            return text
+            return self.canonical(text) if self.canonical is not None else text
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
@@ -75,7 +95,13 @@ class Option:
 
 
 def options(cls) -> dict[str, Option]:
-    """The options of a config dataclass, by field name, in field order."""
+    """The options of a config dataclass, by field name, in field order (read once per class: reading the type
+    hints is slow, and a results table asks for them once per row)."""
+    return dict(_options(cls))
+
+
+@functools.cache
+def _options(cls) -> tuple[tuple[str, Option], ...]:
     hints = typing.get_type_hints(cls)
     out = {}
     for f in dataclasses.fields(cls):
@@ -97,8 +123,9 @@ def options(cls) -> dict[str, Option]:
             meta["resumable"],
             meta["config"],
             meta.get("none", "none"),
+            meta.get("canonical"),
         )
-    return out
+    return tuple(out.items())
 
 
 def changed(obj) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -55,7 +55,7 @@ from .halving import HEAD_PARAMS, Halving, Scorer
 from .initialisation import initialise
 from .loading import save_checkpoint
 from .model import ModelSpec, build_model
-from .objectives import eval_pads, lm_targets
+from .objectives import check_lm_targets, eval_pads, lm_targets
 from .population_paths import _position_losses, forward_of, position_losses, prefix_step
 from .position_forward import NO_NORM, NORMS, Norm, build_layout, stacked_position_logits
 from .prefix_counts import prefix_count_losses, prefix_rows
@@ -112,11 +112,16 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
     if cfgs[0].loss_dtype != "float32":
         raise ConfigError(f"batched training computes the loss in float32; got loss_dtype={cfgs[0].loss_dtype!r}")
     s = specs[0]
-    if not (s.n_layers == 1 and s.attn_only and s.normalization in NORMS):
+    if not (s.n_layers == 1 and s.loops == 1 and s.attn_only and s.normalization in NORMS):
         raise ConfigError(
             "batched training covers one-layer attention-only models without LayerNorm or with LN / LNPre (the "
-            f"thesis's shape); got n_layers={s.n_layers}, attn_only={s.attn_only}, normalization="
+            f"thesis's shape); got n_layers={s.n_layers}, loops={s.loops}, attn_only={s.attn_only}, normalization="
             f"{s.normalization!r}: train these one at a time with `interp train`"
+        )
+    if cfgs[0].curriculum is not None or cfgs[0].aux_loss:
+        raise ConfigError(
+            "batched training draws every example each epoch with the task's loss alone; a curriculum or an "
+            "auxiliary loss trains one at a time with `interp train`"
         )
     if cfgs[0].padding == "left" and s.positional != "none":
         raise ConfigError("batched training with padding='left' covers models without positional embedding")
@@ -171,16 +176,31 @@ def stacked_logits_at(
 @dataclass(frozen=True)
 class TokenCounts:
     """What a one-layer attention-only model without positions sees at each target position of some data: the
-    token there (the query) and, for every token that occurs before some target (``present``), the log of how
-    often it occurs at or before the query (:data:`ABSENT` where it does not). Tokens never present get no
-    attention anywhere, so leaving them out of the softmax is exact."""
+    token there (the query) and, for every token that occurs before some target (``present``), how often it occurs
+    at or before the query (0 where it does not). Tokens never present get no attention anywhere, so leaving them
+    out of the softmax is exact. ``queries`` are the distinct query tokens (sorted) and ``query_idx`` each target's
+    place among them; ``always`` marks the present tokens counted at every target (e.g. ``[BOS]``)."""
 
     query_tok: Int[Tensor, "batch k"]
-    log_counts: Float[Tensor, "batch k present"]
+    counts: Float[Tensor, "batch k present"]
     present: Int[Tensor, " present"]
+    queries: Int[Tensor, " Q"]
+    query_idx: Int[Tensor, "batch k"]
+    always: Bool[Tensor, " present"]
+
+    @property
+    def log_counts(self) -> Float[Tensor, "batch k present"]:
+        """``log`` of the counts, :data:`ABSENT` where a token does not occur."""
+        return self.counts.log().clamp(min=ABSENT)
 
     def select(self, idx: Int[Tensor, "K b"]) -> tuple[Int[Tensor, "K b k"], Float[Tensor, "K b k present"]]:
-        return self.query_tok[idx], self.log_counts[idx]
+        """Each model's rows ``idx``: the query tokens' places among :attr:`queries`, and the counts (one
+        ``index_select`` each: advanced indexing with a ``[K, b]`` index is several times slower)."""
+        rows = idx.flatten()
+        return (
+            self.query_idx.index_select(0, rows).view(*idx.shape, -1),
+            self.counts.index_select(0, rows).view(*idx.shape, *self.counts.shape[1:]),
+        )
 
 
 def token_counts(data, d_vocab: int, pad_token: int | None = None, pads: Tensor | None = None) -> TokenCounts:
@@ -200,7 +220,69 @@ def token_counts(data, d_vocab: int, pad_token: int | None = None, pads: Tensor 
     if pad_token is not None:
         present[pad_token] = True
     present = present.nonzero().flatten()
-    return TokenCounts(data.tokens.gather(1, qpos), counts[..., present].float().log().clamp(min=ABSENT), present)
+    counts = counts[..., present].float()
+    query_tok = data.tokens.gather(1, qpos)
+    queries = query_tok.unique()
+    always = (counts > 0).flatten(0, 1).all(0)
+    return TokenCounts(query_tok, counts, present, queries, torch.searchsorted(queries, query_tok), always)
+
+
+# the weights form of the token-count forward is used where, for every model, head and query token, some token that
+# is counted at every such query scores at most this far below the query token's best-scoring present token: its
+# denominator is then at least exp(-WEIGHT_GAP), far from float32's underflow (see weights_are_exact)
+WEIGHT_GAP = 60.0
+
+
+def _count_tables(
+    P: dict[str, Tensor], queries: Tensor, present: Tensor, attn_scale: float, norm: Norm, pooling: str
+) -> tuple[Tensor, Tensor]:
+    """The per-model tables of the token-count forwards: ``QK`` ``[K, head, query token, present token]`` (the
+    pooling's score of each pair) and the values ``[K, head, present token, d_head]``. (Plain annotations: compiled
+    steps trace this.)"""
+    W_E, W_Q, W_K, W_V = (P[n] for n in ("embed.W_E", "blocks.0.attn.W_Q", "blocks.0.attn.W_K", "blocks.0.attn.W_V"))
+    K, H, d, e = W_Q.shape
+    E_in = norm.apply(P, "blocks.0.ln1", W_E)  # what attention reads from each token (pre-LN where the model has it)
+
+    def heads(W):  # [K, heads, d_model, d_head] -> [K, d_model, heads x d_head]
+        return W.permute(0, 2, 1, 3).reshape(K, d, H * e)
+
+    q = torch.bmm(E_in[:, queries], heads(W_Q)).view(K, -1, H, e).transpose(1, 2) + P["blocks.0.attn.b_Q"][:, :, None]
+    kv = torch.bmm(E_in[:, present], torch.cat([heads(W_K), heads(W_V)], 2)).view(K, -1, 2, H, e)  # keys, values
+    keys = kv[:, :, 0].transpose(1, 2) + P["blocks.0.attn.b_K"][:, :, None]  # [K, H, present, e]
+    vals = kv[:, :, 1].transpose(1, 2) + P["blocks.0.attn.b_V"][:, :, None]
+    if pooling == "softmax":  # d_head-long dot products, as one fused pass rather than K x H tiny products
+        return (q[:, :, :, None] * keys[:, :, None]).sum(-1) / attn_scale, vals
+    additive_v = P[f"blocks.0.attn.{ADDITIVE}"] if pooling == "additive" else None
+    return inspect.unwrap(pair_scores)(pooling, q, keys, attn_scale, additive_v), vals
+
+
+def _weights_exact(QK: Tensor, queries: Tensor, present: Tensor, always: Tensor) -> Tensor:
+    """A 0-dim bool tensor: the condition of :func:`weights_are_exact` on the scores ``QK`` ``[K, head, query
+    token, present token]``. (Plain annotations: compiled steps trace this.)"""
+    counted = (present[None, :] == queries[:, None]) | always[None, :]  # [Q, Vp]: counted at every such query
+    best_counted = QK.masked_fill(~counted, float("-inf")).amax(-1)
+    return ((best_counted - QK.amax(-1)) > -WEIGHT_GAP).all()
+
+
+@torch.no_grad()
+def weights_are_exact(
+    P: dict[str, Tensor],
+    queries: Int[Tensor, " Q"],
+    present: Int[Tensor, " present"],
+    always: Bool[Tensor, " present"],
+    attn_scale: float,
+    norm: Norm = NO_NORM,
+    pooling: str = "softmax",
+) -> bool:
+    """Whether the weights form of the token-count forward (:func:`stacked_count_logits`) computes these models'
+    logits to float32 rounding: softmax or additive pooling, and for every model, head and query token, the best
+    score of a token counted at every such query (the query token itself, and ``always``) at most
+    :data:`WEIGHT_GAP` below the best score of any present token. Computed from the parameters alone (a few
+    products of ``[head, token]`` tables)."""
+    if pooling not in ("softmax", "additive"):
+        return False
+    QK, _ = _count_tables(P, queries, present, attn_scale, norm, pooling)  # [K, H, Q, Vp]
+    return bool(_weights_exact(QK, queries, present, always))
 
 
 def stacked_count_logits(
@@ -216,20 +298,90 @@ def stacked_count_logits(
     """The same logits as :func:`stacked_logits_at` for models without positional embedding and without dropout
     before attention, from token counts (:class:`TokenCounts`): attention to a token is shared by all its
     occurrences, so the softmax over positions is a softmax over the present tokens with ``log(count)`` added to
-    the scores. Cost per query ``O(present x heads x d_model)`` instead of ``O(pos x heads x d_head)``; equal up
+    the scores. Cost per query ``O(present x heads x d_head)`` instead of ``O(pos x heads x d_head)``; equal up
     to float rounding.
+
+    Two forms, picked per call by :func:`weights_are_exact`: the weights form (:func:`_weighted_count_logits`:
+    each head's attention output is a ratio of two linear functions of the counts, so no exponential is taken
+    per query) where it is exact to float32 rounding, else the softmax form (:func:`_softmax_count_logits`)."""
+    K = query_tok.shape[0]
+    counts = torch.where(log_counts > ABSENT / 2, log_counts.exp(), torch.zeros_like(log_counts))
+    queries = query_tok.unique()
+    query_idx = torch.searchsorted(queries, query_tok)
+    always = (counts > 0).flatten(0, 2).all(0)
+    if weights_are_exact(P, queries, present, always, attn_scale, norm, pooling):
+        return _weighted_count_logits(P, query_idx, counts, queries, present, attn_scale, out_mask, norm, pooling)
+    return _softmax_count_logits(P, query_tok, log_counts, present, attn_scale, out_mask, norm, pooling).view(
+        K, *query_tok.shape[1:], -1
+    )
+
+
+def _weighted_count_logits(
+    P,
+    query_idx,
+    counts,
+    queries,
+    present,
+    attn_scale,
+    out_mask=None,
+    norm=NO_NORM,
+    pooling="softmax",
+    identity_w_o=False,
+    always=None,
+):
+    """The token-count forward in weights form. A head attends to present token ``v`` with weight ``c_v E[v, q] /
+    sum_u c_u E[u, q]``, where ``c`` are the query's counts and ``E[v, q] = exp(score(q, v) - max_u score(q, u))``
+    depends on the query token ``q`` alone: one ``[head, query token, present token]`` table per model and step
+    (the softmax of the query's scores plus ``log c``, rearranged). So every head's weighted values and its
+    denominator are linear in the counts: two products ``[query, query token x present token] @ [query token x
+    present token, head x d_head]`` per model (the left factor is the one-hot query token times the counts) give
+    them, and a division the attention output; no exponential and no softmax per query. Exact to float32
+    rounding where :func:`weights_are_exact` says so: with ``always`` (see :class:`TokenCounts`) given, also returns
+    that condition as a 0-dim bool tensor, computed from the same tables (the caller redoes the step in softmax form
+    where it is false). ``query_idx``: each query token's place in ``queries``. Plain annotations: compiled steps
+    trace this."""
+    K, b, k = query_idx.shape
+    N = b * k
+    W_E = P["embed.W_E"]
+    d = W_E.shape[-1]
+    QK, vals = _count_tables(P, queries, present, attn_scale, norm, pooling)  # [K, H, Q, Vp], [K, H, Vp, e]
+    H, Q, Vp = QK.shape[1:]
+    e = vals.shape[-1]
+    Ew = (QK - QK.amax(-1, keepdim=True)).exp()  # [K, H, Q, Vp], at most 1
+    # [K, H x e, Q x Vp]: each head's weighted values, and its denominators repeated over its d_head outputs (so
+    # the division below, and its gradient, are plain elementwise passes over [query, head x d_head])
+    numer = (Ew[:, :, None] * vals.transpose(-1, -2)[:, :, :, None]).reshape(K, H * e, Q * Vp)
+    denom = Ew[:, :, None].expand(K, H, e, Q, Vp).reshape(K, H * e, Q * Vp)
+    onehot = F.one_hot(query_idx.reshape(K, N), Q).to(counts.dtype)  # [K, N, Q]
+    X = (onehot[..., None] * counts.reshape(K, N, 1, Vp)).reshape(K, N, Q * Vp)
+    z = torch.bmm(X, numer.transpose(1, 2)) / torch.bmm(X, denom.transpose(1, 2))  # [K, N, H x e]
+    if identity_w_o:
+        out = z
+    else:
+        out = torch.bmm(z, P["blocks.0.attn.W_O"].reshape(K, H * e, d))
+    out = (out + P["blocks.0.attn.b_O"][:, None]).view(K, b, k, d)
+    if out_mask is not None:
+        out = out * out_mask
+    embedded = torch.bmm(onehot, W_E[:, queries]).view(K, b, k, d)  # each query's own embedding
+    resid = norm.apply(P, "ln_final", embedded + out)
+    logits = torch.baddbmm(P["unembed.b_U"][:, None], resid.view(K, N, d), P["unembed.W_U"]).view(K, b, k, -1)
+    return (logits, _weights_exact(QK, queries, present, always)) if always is not None else logits
+
+
+def _softmax_count_logits(
+    P, query_tok, log_counts, present, attn_scale, out_mask=None, norm=NO_NORM, pooling="softmax"
+):
+    """The token-count forward in softmax form: the softmax over the present tokens of each query's scores plus
+    ``log(count)``, for every pooling (linear attention: ``log φ(k)·φ(q)``, so the softmax weighs a token by
+    ``count x φ(q)·φ(k)``, normalised, as the per-position forward's softmax of log-kernels does; a zero kernel is
+    ABSENT, and a query whose present keys all weigh 0 attends to nothing, as there).
 
     Laid out for few large batched matmuls (per model) instead of many tiny ones (per model and head, inner
     dimension d_head): the query-key table ``QK[head, key token, query token]`` is built for the whole vocabulary
     and picked per query by a one-hot product, and each head's value of each token is carried through ``W_O``
     (``OV[head, key token, d_model]``), so the attention output is one ``[query, head x token] @ [head x token,
     d_model]`` product. The softmax runs over the tokens as the second-to-last axis (PyTorch's CPU softmax is ~10x
-    slower over a short last axis).
-
-    Other poolings score a pair of tokens as well: additive pooling fills the table with ``v·tanh(q + k)``, linear
-    attention with ``log φ(k)·φ(q)`` (so the softmax weighs a token by ``count x φ(q)·φ(k)``, normalised, as the
-    per-position forward's softmax of log-kernels does; a zero kernel is ABSENT, and a query whose present keys all
-    weigh 0 attends to nothing, as there)."""
+    slower over a short last axis). Plain annotations: compiled steps trace this."""
     K, b, k = query_tok.shape
     N = b * k
     W_E, W_Q, W_K, W_V, W_O = (
@@ -239,7 +391,6 @@ def stacked_count_logits(
     V, Vp = W_E.shape[1], len(present)
 
     def per_head(x, W, bias):  # [K, n, d_model] @ [K, heads, d_model, d_head] + [K, heads, d_head] -> [K, heads, n, d]
-        # (no runtime-checked annotations on this closure: torch.compile traces it, and cannot trace their checks)
         y = torch.bmm(x, W.permute(0, 2, 1, 3).reshape(K, d, H * e))  # all heads in one product per model
         return y.view(K, -1, H, e).transpose(1, 2) + bias[:, :, None]
 
@@ -252,7 +403,8 @@ def stacked_count_logits(
         kernel = torch.matmul(features(pooling, keys), features(pooling, q).transpose(-1, -2))
         QK = torch.where(kernel > 0, kernel.clamp_min(torch.finfo(kernel.dtype).tiny).log(), ABSENT)
     elif pooling == "additive":  # [K, H, present, vocab], from the [vocab, present] table of v·tanh(q + k)
-        QK = pair_scores("additive", q, keys, attn_scale, P[f"blocks.0.attn.{ADDITIVE}"]).transpose(-1, -2)
+        additive_v = P[f"blocks.0.attn.{ADDITIVE}"]
+        QK = inspect.unwrap(pair_scores)("additive", q, keys, attn_scale, additive_v).transpose(-1, -2)
     else:
         QK = torch.matmul(keys, q.transpose(-1, -2)) / attn_scale  # [K, H, present, vocab]
     # scores = QK picked at each query's token, plus log counts: one product [QK | I] @ [one-hot ; log counts]
@@ -283,14 +435,31 @@ def _mean_losses(
 
 
 def _count_losses(
-    P, query_tok, log_counts, present, attn_scale, out_mask, targets, norm=NO_NORM, pooling="softmax"
-) -> Float[Tensor, " K"]:
-    """One training step's losses through the token-count forward (what ``compile=True`` compiles). The plain
-    functions are called (``inspect.unwrap``): a runtime type checker's wrapper, as the test run puts on every
-    annotated function, cannot be traced by ``torch.compile``."""
-    logits = inspect.unwrap(stacked_count_logits)(
-        P, query_tok, log_counts, present, attn_scale, out_mask, norm, pooling
-    )
+    P,
+    query_idx,
+    counts,
+    queries,
+    present,
+    attn_scale,
+    out_mask,
+    targets,
+    norm=NO_NORM,
+    pooling="softmax",
+    identity_w_o=False,
+    always=None,
+):
+    """One training step's losses through the token-count forward (what ``compile=True`` compiles): in weights
+    form where ``always`` is given (then also the 0-dim bool tensor that says it was exact, see
+    :func:`_weighted_count_logits`), else in softmax form. The plain functions are called (``inspect.unwrap``): a
+    runtime type checker's wrapper, as the test run puts on every annotated function, cannot be traced by
+    ``torch.compile``."""
+    if always is not None:
+        logits, exact = _weighted_count_logits(
+            P, query_idx, counts, queries, present, attn_scale, out_mask, norm, pooling, identity_w_o, always
+        )
+        return inspect.unwrap(_mean_losses)(logits, targets), exact
+    log_counts = counts.log().clamp(min=ABSENT)
+    logits = _softmax_count_logits(P, queries[query_idx], log_counts, present, attn_scale, out_mask, norm, pooling)
     return inspect.unwrap(_mean_losses)(logits, targets)
 
 
@@ -318,42 +487,68 @@ def _dropout_mask(shape, p: float, gen: torch.Generator, device, out: Tensor | N
 
 
 class _Adam:
-    """Adam on stacked parameters with a learning rate per model: ``torch.optim.AdamW`` (amsgrad off; weight decay
-    decoupled from the gradient), or with ``decoupled=False`` ``torch.optim.Adam`` (the weight decay added to the
-    gradient, L2), as ``TrainConfig.optimizer`` asks."""
+    """Adam on a population's parameters with a learning rate per model: ``torch.optim.AdamW`` (amsgrad off; weight
+    decay decoupled from the gradient), or with ``decoupled=False`` ``torch.optim.Adam`` (the weight decay added to
+    the gradient, L2), as ``TrainConfig.optimizer`` asks.
+
+    All parameters live in one flat buffer ``flat`` ``[K, T]`` (model ``k``'s row holds its T trainable numbers;
+    ``params[name]`` are views of it, so are the moments ``exp_avg[name]`` / ``exp_avg_sq[name]`` of their flat
+    buffers, and the gradients, which autograd accumulates into ``grad``), so a step is one pass of elementwise
+    operations over the whole population (:func:`_adam_update`), the same operations per number as
+    ``torch.optim.Adam(W)`` applies per tensor, or one compiled kernel (``compile=True``)."""
 
     def __init__(
         self,
-        params: dict[str, Tensor],
+        flat: Tensor,
+        views: dict[str, tuple[int, int, tuple[int, ...]]],
         lr: Tensor,
         betas: tuple[float, float],
         weight_decay: float,
         eps: float = 1e-8,
         decoupled: bool = True,
+        compile: bool = False,
     ):
-        self.params, self.lr, self.betas, self.wd, self.eps = params, lr, betas, weight_decay, eps
+        self.flat, self.lr, self.betas, self.wd, self.eps = flat, lr, betas, weight_decay, eps
         self.decoupled = decoupled
-        self.exp_avg = {k: torch.zeros_like(v) for k, v in params.items()}
-        self.exp_avg_sq = {k: torch.zeros_like(v) for k, v in params.items()}
+        self.grad = torch.zeros_like(flat)
+        self.moments = (torch.zeros_like(flat), torch.zeros_like(flat))
+        self.exp_avg, self.exp_avg_sq = ({n: _view(m, *v) for n, v in views.items()} for m in self.moments)
+        self.params = {n: _view(flat, *v).requires_grad_() for n, v in views.items()}
+        for n, p in self.params.items():
+            p.grad = _view(self.grad, *views[n])  # autograd accumulates into the flat gradient
         self.t = 0
+        self.update = compiled_step(_adam_update, dynamic=False, device=flat.device) if compile else _adam_update
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
 
     @torch.no_grad()
     def step(self, lr_scale: float) -> None:
         self.t += 1
         b1, b2 = self.betas
-        bc1, bc2_sqrt = 1 - b1**self.t, math.sqrt(1 - b2**self.t)
-        for k, p in self.params.items():
-            lr = (self.lr * lr_scale).view(-1, *[1] * (p.ndim - 1))
-            if self.decoupled:
-                grad = p.grad
-                p.mul_(1 - lr * self.wd)
-            else:
-                grad = p.grad.add(p, alpha=self.wd)
-            self.exp_avg[k].lerp_(grad, 1 - b1)
-            self.exp_avg_sq[k].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            denom = (self.exp_avg_sq[k].sqrt() / bc2_sqrt).add_(self.eps)
-            p.sub_(lr / bc1 * self.exp_avg[k] / denom)
-            p.grad = None
+        f32 = dict(dtype=self.flat.dtype, device=self.flat.device)
+        bc1, bc2_sqrt = torch.tensor(1 - b1**self.t, **f32), torch.tensor(math.sqrt(1 - b2**self.t), **f32)
+        lr = (self.lr * lr_scale).view(-1, 1)
+        self.update(self.flat, self.grad, *self.moments, lr, bc1, bc2_sqrt, b1, b2, self.eps, self.wd, self.decoupled)
+
+
+def _view(flat: Tensor, start: int, stop: int, shape: tuple[int, ...]) -> Tensor:
+    """Columns ``start:stop`` of a flat ``[K, T]`` buffer as ``[K, *shape]`` (a view)."""
+    return flat[:, start:stop].view(flat.shape[0], *shape)
+
+
+def _adam_update(p, grad, exp_avg, exp_avg_sq, lr, bc1, bc2_sqrt, b1, b2, eps, wd, decoupled) -> None:
+    """One Adam(W) step over flat buffers, in place, with ``lr`` ``[K, 1]`` (one rate per model) and the bias
+    corrections ``bc1`` and ``sqrt(bc2)`` as 0-dim tensors (so a compiled update compiles once): the operations
+    ``torch.optim.Adam(W)`` (single-tensor, amsgrad off) applies to each number, in its order."""
+    if decoupled:
+        p.mul_(1 - lr * wd)
+    else:
+        grad = grad.add(p, alpha=wd)
+    exp_avg.lerp_(grad, 1 - b1)
+    exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+    p.sub_(lr / bc1 * exp_avg / denom)
 
 
 def _eval_counts(data, d_vocab: int, cfg: TrainConfig) -> TokenCounts:
@@ -390,23 +585,24 @@ def _val_metrics(
     tgt = data.targets.gather(1, qpos)
     width = H * len(counted.present) * k if counted is not None else data.tokens.shape[1] * max(d, H * k)
     rows_per_chunk = max(1, budget // max(1, K * width))
+    by_weights = counted is not None and weights_are_exact(
+        P, counted.queries, counted.present, counted.always, attn_scale, norm, pooling
+    )
     preds = torch.empty((K, n, k), dtype=torch.long, device=data.device)
     losses = torch.empty((K, n, k), device=data.device)
     with torch.no_grad():
         for start in range(0, n, rows_per_chunk):
             idx = torch.arange(start, min(start + rows_per_chunk, n), device=data.device)
             if counted is not None:
-                qtok, logc = counted.select(idx[None])
-                logits = stacked_count_logits(
-                    P,
-                    qtok.expand(K, -1, -1),
-                    logc.expand(K, -1, -1, -1),
-                    counted.present,
-                    attn_scale,
-                    None,
-                    norm,
-                    pooling,
-                )
+                qidx, cnt = (x.expand(K, *x.shape[1:]) for x in counted.select(idx[None]))
+                if by_weights:
+                    logits = _weighted_count_logits(
+                        P, qidx, cnt, counted.queries, counted.present, attn_scale, None, norm, pooling
+                    )
+                else:
+                    logc = cnt.log().clamp(min=ABSENT)
+                    qtok = counted.queries[qidx]
+                    logits = _softmax_count_logits(P, qtok, logc, counted.present, attn_scale, None, norm, pooling)
             else:
                 chunk = data.select(idx)
                 tok, qp = chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1)
@@ -489,7 +685,7 @@ class _Population:
     generators (data order, dropout), best and last states, :class:`interp.run_record.RunRecord` and head mask.
     Everything a resume file holds (:meth:`state` / :meth:`load_state`)."""
 
-    def __init__(self, task: Task, specs, cfgs, device: str, head_scorer: Scorer | None):
+    def __init__(self, task: Task, specs, cfgs, device: str, head_scorer: Scorer | None, compile: bool = False):
         self.task, self.specs, self.cfgs, self.device, self.head_scorer = task, specs, cfgs, device, head_scorer
         self.cfg, self.K = cfgs[0], len(specs)
         self.models, self.drop_gens = [], []
@@ -522,16 +718,24 @@ class _Population:
         self.pooling = parse_attention(specs[0].attention).pooling
         self.qkv_masks = qkv_masks(self.models[0])  # diagonal / sparse Q/K/V: the free entries
         sd = [m.state_dict() for m in self.models]
-        self.P = {
-            n: torch.stack([s[n] for s in sd]).detach().clone().requires_grad_(n in trainable) for n in self.names
-        }
+        stacked = {n: torch.stack([s[n] for s in sd]).detach() for n in self.names}
+        # the trainable parameters in one flat [K, T] buffer (the optimiser's), each a view of its columns
+        views, start = {}, 0
+        for n in self.names:
+            if n in trainable:
+                size = stacked[n][0].numel()
+                views[n], start = (start, start + size, tuple(stacked[n].shape[1:])), start + size
+        flat = torch.cat([stacked[n].reshape(self.K, -1) for n in views], 1) if views else torch.zeros(self.K, 0)
         self.opt = _Adam(
-            {n: self.P[n] for n in self.names if n in trainable},
+            flat.to(device),
+            views,
             torch.tensor([c.lr for c in cfgs], device=device),
             (self.cfg.beta1, self.cfg.beta2),
             self.cfg.weight_decay,
             decoupled=self.cfg.optimizer == "adamw",
+            compile=compile,
         )
+        self.P = {n: self.opt.params[n] if n in views else stacked[n].clone() for n in self.names}
         self.data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
         self.best_state = {n: self.P[n].detach().clone() for n in self.names}
         self.last_state = {n: self.P[n].detach().clone() for n in self.names}
@@ -541,6 +745,8 @@ class _Population:
         )  # [K, n_heads], 1 for active heads
         self.attn_scale = float(self.models[0].blocks[0].attn.attn_scale)
         self.epoch = self.step = 0
+        self.clock: dict[str, float] = {}  # wall seconds by part of the run (the provenance's population.seconds)
+        self.softmax_steps = 0  # token-count steps the weights form refused (weights_are_exact), in this process
 
     @property
     def detached(self) -> dict[str, Tensor]:
@@ -557,26 +763,32 @@ class _Population:
         """Each model's mean loss on its batch ``idx`` through the token-count forward (dropout on the attention
         output only, drawn per model as its solo run draws it, ``[b, k, d_model]``, or by the counter; under left
         padding each sentence's pads, up to its model's longest, counted as one more token)."""
-        qtok, logc = counted.select(idx)
+        qidx, cnt = counted.select(idx)
         cfg, p, d = self.cfg, self.cfg.dropout, self.P["embed.W_E"].shape[-1]
         if cfg.padding == "left":
             lengths = train_data.lengths[idx]
-            pads = (lengths.amax(1, keepdim=True) - lengths).float().log().clamp(min=ABSENT)  # [K, b]
             col = int((counted.present == train_data.vocab.pad).nonzero())
-            logc = logc.clone()
-            logc[..., col] = pads[..., None]
+            cnt = cnt.clone()
+            cnt[..., col] = (lengths.amax(1, keepdim=True) - lengths)[..., None].to(cnt.dtype)  # [K, b, 1]
         out_mask = None
         if p and cfg.dropout_rng == "counter":
             rows = row_keys(run_keys([c.seed for c in self.cfgs], self.epoch, "attention").to(idx.device), idx)
             out_mask = position_mask(rows, self.train_qpos[idx], d, p)
         elif p:
-            out_mask = torch.empty(self.K, idx.shape[1], qtok.shape[-1], d)
+            out_mask = torch.empty(self.K, idx.shape[1], qidx.shape[-1], d)
             for m, g in enumerate(self.drop_gens):
                 _dropout_mask(out_mask.shape[1:], p, g, "cpu", out=out_mask[m])
             out_mask = out_mask.to(self.device)
-        targets = self.train_targets[idx]
+        targets = self.train_targets.index_select(0, idx.flatten()).view(*idx.shape, -1)
         P = self.forward_params(self.P)
-        return count_losses(P, qtok, logc, counted.present, self.attn_scale, out_mask, targets, self.norm, self.pooling)
+        args = (P, qidx, cnt, counted.queries, counted.present, self.attn_scale, out_mask, targets, self.norm)
+        kw = dict(pooling=self.pooling, identity_w_o=self.identity_w_o)
+        if self.pooling in ("softmax", "additive"):
+            losses, exact = count_losses(*args, **kw, always=counted.always)
+            if bool(exact):
+                return losses
+            self.softmax_steps += 1
+        return count_losses(*args, **kw)  # the softmax form: linear attention, or weights that could underflow
 
     def position_batch(self, data, idx: Int[Tensor, "K b"], losses_fn=None) -> Float[Tensor, " K"]:
         """Each model's mean loss on its batch ``idx`` through the per-position forward (vectorised over the
@@ -608,6 +820,7 @@ class _Population:
 
     def update(self, losses: Float[Tensor, " K"]) -> None:
         """One backward and one optimiser step for all models (each model's own loss drives only its parameters)."""
+        self.opt.zero_grad()
         losses.sum().backward()
         self.opt.step(warmup_factor(self.cfg, self.step))
         if self.head_on is not None:
@@ -630,10 +843,14 @@ class _Population:
             if r.end_epoch(epoch, self.step, train_loss[k], val[k]):
                 self._copy_model(k, self.best_state)
             if snapshot is not None:
+                tick = time.perf_counter()
                 snapshot(k)
+                _lap(self.clock, "snapshots", tick)
             h = r.halving
-            if h is not None and not h.done and val[k]["accuracy"] >= h.threshold:
+            if h is not None and not h.done and h.reached(val[k]["accuracy"], len(val_data)):
+                tick = time.perf_counter()
                 self._halve(k, val[k]["accuracy"], train_data, val_data)
+                _lap(self.clock, "halving", tick)
             if r.should_stop(epoch) or epoch == self.cfg.epochs:
                 r.active = False
                 self._copy_model(k, self.last_state)
@@ -737,9 +954,11 @@ def _train_population(
         with AtomicFile(o, "the checkpoint"):  # every output path checked before any training
             pass
     snapshot = _snapshot_writer(outs, snapshot_every)
-    pop = _Population(task, specs, cfgs, device, head_scorer)
+    pop = _Population(task, specs, cfgs, device, head_scorer, compile)
     cfg, K = pop.cfg, pop.K
     train_data, val_data = task_dataset(task, "train").to(device), task_dataset(task, validation_split(task)).to(device)
+    if cfg.objective == "lm":
+        check_lm_targets(task, train_data)
     d_vocab = pop.models[0].cfg.d_vocab
     # the O(vocab) forwards where nothing position-dependent comes before attention (interp.population_paths);
     # evaluation has no dropout, so counts suffice there for every model without positions
@@ -766,8 +985,10 @@ def _train_population(
         pop.load_state(*_load_resume(Path(resume_file), pop.identity()))
     resumed_at = pop.epoch
     n = len(train_data)
+    clock = pop.clock
     bar = tqdm(total=cfg.epochs, initial=pop.epoch, desc=f"train {K} x {task.name}", unit="epoch", disable=not progress)
     while pop.epoch < cfg.epochs and any(r.active for r in pop.records):
+        tick = time.perf_counter()
         perms = torch.stack([torch.randperm(n, generator=g) for g in pop.data_gens]).to(device)  # [K, n]
         totals = torch.zeros(K, dtype=torch.float64)
         for start in range(0, n, cfg.batch_size):
@@ -792,13 +1013,17 @@ def _train_population(
                 losses = pop.position_batch(train_data, idx, position_fn)
             pop.update(losses)
             totals += losses.detach().double().cpu() * idx.shape[1]
+        tick = _lap(clock, "train", tick)
         val = _val_metrics(
             task, pop.detached, val_data, pop.attn_scale, val_counted, norm=pop.norm, cfg=cfg, pooling=pop.pooling
         )
+        tick = _lap(clock, "validation", tick)
         # snapshots before the resume file: a kill between the two replays (and rewrites) them, never skips them
         pop.end_epoch((totals / n).tolist(), val, train_data, val_data, snapshot and (lambda k: snapshot(pop, k)))
+        tick = _lap(clock, "epoch_end", tick)  # records, best states, snapshots and halving (timed apart too)
         if resume_file is not None and cfg.save_every and pop.epoch % cfg.save_every == 0 and pop.epoch < cfg.epochs:
             _save_resume(Path(resume_file), pop.identity(), *pop.state())
+            _lap(clock, "resume_file", tick)
         bar.update(1)
         bar.set_postfix(
             active=sum(r.active for r in pop.records),
@@ -808,10 +1033,12 @@ def _train_population(
     bar.close()
 
     # the kept models, evaluated on every split as one batched computation (what evaluate_splits gives each)
+    tick = time.perf_counter()
     _kept, final = pop.kept()
-    split_metrics = {}
+    split_metrics, examples = {}, {}
     for split in task.splits:
         data = task_dataset(task, split).to(device)
+        examples[split] = len(data)
         split_metrics[split] = _val_metrics(
             task,
             pop.forward_params(final),
@@ -822,8 +1049,10 @@ def _train_population(
             cfg=cfg,
             pooling=pop.pooling,
         )
+    tick = _lap(clock, "final_evaluation", tick)
     results = []
     wall = time.time() - started
+    seconds = {key: round(v, 3) for key, v in sorted(clock.items())}
     for k, (spec, c, model, out, r) in enumerate(zip(specs, cfgs, pop.models, outs, pop.records)):
         model.load_state_dict({**model.state_dict(), **{n_: final[n_][k].clone() for n_ in pop.names}})
         model.eval()
@@ -839,13 +1068,23 @@ def _train_population(
                 "forward": forward,
                 "compiled": bool(compile),
                 "resumed_at_epoch": resumed_at,
+                "seconds": seconds,  # where the population's time went (wall seconds, all its models together)
+                "softmax_form_steps": pop.softmax_steps,
             },
+            examples=examples,
         )
         save_checkpoint(model, task, out, training=prov, spec=spec)
         results.append(prov)
     if resume_file is not None:
         Path(resume_file).unlink(missing_ok=True)
     return results
+
+
+def _lap(clock: dict[str, float], key: str, since: float) -> float:
+    """Add the wall seconds since ``since`` to ``clock[key]``; return now."""
+    now = time.perf_counter()
+    clock[key] = clock.get(key, 0.0) + now - since
+    return now
 
 
 def _snapshot_writer(outs: Sequence[Path], snapshot_every: int | None):

@@ -296,12 +296,35 @@ def get_task(name: str, **params: Any) -> Task:
     """Build the registered task ``name`` with ``params`` (e.g. ``get_task("noisy-majority", test_size=200)``); a
     TaskError for an unknown name, parameters the task refuses, or an object that is not a Task of that name."""
     plugin = task_plugin(name)
+    valid = task_parameters(plugin.make)
+    unknown = [k for k in params if valid is not None and k not in valid]
+    if unknown:
+        raise TaskError(
+            f"task {name!r} has no parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; its "
+            f"parameters are {', '.join(valid) or 'none'}"
+        )
     try:
         task = plugin.make(**params)
     except TypeError as e:
-        raise TaskError(f"bad parameters for task {name!r}: {e}") from None
+        hint = f" (its parameters: {', '.join(valid)})" if valid else ""
+        raise TaskError(f"bad parameters for task {name!r}{hint}: {e}") from None
     check_task_object(task, name)
     return task
+
+
+def task_parameters(make: Callable[..., Any]) -> list[str] | None:
+    """The keyword parameters ``make`` (a task class or factory) takes, in order, or None where it takes any
+    (``**kwargs``) or its signature cannot be read."""
+    import inspect
+
+    try:
+        sig = inspect.signature(make)
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return [n for n, p in sig.parameters.items() if p.kind in kinds]
 
 
 def check_task_object(task: object, name: str | None = None) -> None:
@@ -342,7 +365,7 @@ def suite_of(task_or_name: Task | str) -> Suite | None:
     if suite is not None and not isinstance(suite, Suite):
         raise TaskError(
             f"the suite of task {name!r} is a {type(suite).__name__}, not an interp.suite.Suite (analyze, "
-            "add_report_sections, add_sweep_sections, finish_run and the explorer's hooks)"
+            "add_report_sections, add_sweep_sections, finish_run, the explorer's hooks and hypotheses)"
         )
     _suites[name] = suite
     return suite

@@ -69,13 +69,18 @@ class Suite(Protocol):
         """The task's own sequences for the induction / previous-token head scores, or None where it has none (the
         explorer then uses repeated random tokens where the context holds a repeat)."""
 
+    def hypotheses(self, task: Task) -> dict[str, Any]:
+        """The task's hypotheses for ``interp hypothesis`` (:class:`interp.analyses.hypotheses.Hypothesis` by name:
+        a causal model, the variable, the sites to look at); empty where it ships none."""
+
 
 @dataclass(frozen=True)
 class FunctionSuite:
     """A :class:`Suite` made of a task's analysis functions. A suite without population analyses says so in a
     sweep report; one that does nothing with snapshots returns None from ``finish_run``.
 
-    The explorer's hooks default to what every task has: typed input read as vocabulary tokens with the answer the
+    ``hypotheses_fn(task)`` gives the task's hypotheses by name (none by default). The explorer's hooks default to
+    what every task has: typed input read as vocabulary tokens with the answer the
     last token (:func:`interp.typed_input.answer_last_example`), no corruptions of its own, no probe sequences.
     ``typed_fn(task, tokens)`` gets the typed token strings (already checked against the vocabulary),
     ``corruptions_fn(task)`` returns the task's :class:`Corruption` by name and ``probes_fn(task)`` its probe
@@ -89,6 +94,7 @@ class FunctionSuite:
     typed_fn: Callable[[Task, list[str]], TaskData] | None = None
     corruptions_fn: Callable[[Task], dict[str, Corruption]] | None = None
     probes_fn: Callable[[Task], Tensor | None] | None = None
+    hypotheses_fn: Callable[[Task], dict[str, Any]] | None = None
 
     def analyze(self, ckpt: Checkpoint) -> Result:
         return self.analyze_fn(ckpt)
@@ -114,3 +120,6 @@ class FunctionSuite:
 
     def probe_tokens(self, task: Task) -> Tensor | None:
         return None if self.probes_fn is None else self.probes_fn(task)
+
+    def hypotheses(self, task: Task) -> dict[str, Any]:
+        return {} if self.hypotheses_fn is None else dict(self.hypotheses_fn(task))

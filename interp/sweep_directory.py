@@ -42,7 +42,7 @@ RESULTS = "results.jsonl"
 RESULTS_CSV = "results.csv"
 PLAN = "sweep.json"
 RUNS = "runs"
-NESTED = ("accuracy", "metrics", "population", "halving_result")
+NESTED = ("accuracy", "metrics", "examples", "population", "halving_result")
 
 
 def grid_options() -> dict[str, Option]:
@@ -132,7 +132,9 @@ def checkpoint_path(directory, row: Mapping[str, Any] | pd.Series) -> Path:
 
 def run_row(run: dict[str, Any], prov: dict[str, Any], path: Path) -> dict[str, Any]:
     """One run's row: its task and whole configuration, seed, epochs, every metric of every split the task reports
-    (as recorded in the provenance, ``prov["metrics"][split]``), the heads left active, wall time and population."""
+    (as recorded in the provenance, ``prov["metrics"][split]``) and the number of examples of each split (so
+    thresholds are compared on counts of correct examples, :mod:`interp.thresholds`), the heads left active, wall
+    time and population."""
     spec, cfg = asdict(run["spec"]), asdict(run["cfg"])
     spec["output_matrix"] = run["spec"].w_o
     halving = prov.get("halving")
@@ -152,6 +154,7 @@ def run_row(run: dict[str, Any], prov: dict[str, Any], path: Path) -> dict[str, 
         "epochs_run": prov["epochs_run"],
         "accuracy": prov["accuracy"],
         "metrics": prov.get("metrics"),
+        "examples": prov.get("examples"),
         "final_active_heads": len(halving["active"]) if halving else spec["n_layers"] * spec["n_heads"],
         "wall_seconds": prov.get("wall_seconds_this_run"),
         "population": prov.get("population"),
@@ -376,6 +379,9 @@ def flat_row(row: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[st
     for split, m in metrics.items():
         for name, v in m.items():
             out[f"{split}_{name}"] = v
+    examples = row.get("examples") or (meta or {}).get("training", {}).get("examples") or {}
+    for split, n in examples.items():
+        out[f"{split}_examples"] = n
     population = row.get("population") or {}
     out["population_size"] = population.get("size", 1)
     out["population_forward"] = population.get("forward")

@@ -81,6 +81,8 @@ class TaskData:
     answer and ``labels[b]`` that answer. ``lengths[b]`` counts the real (unpadded) tokens. ``fields``
     holds the task's own per-example tensors (counts, categories, ...), e.g. ``data.fields["n0"]``.
     ``vocab`` is the task's vocabulary, so analyses can check that a model and the data fit each other.
+    ``aux_targets[b, p]``, where a task gives them, are the targets of an auxiliary loss (``IGNORE`` where there
+    is none), weighed by ``TrainConfig.aux_loss`` (e.g. integer addition's carry out of each place).
     """
 
     task: str
@@ -91,6 +93,7 @@ class TaskData:
     lengths: Int[Tensor, " batch"]
     fields: dict[str, Tensor] = field(default_factory=dict)
     vocab: Vocab | None = None
+    aux_targets: Int[Tensor, "batch pos"] | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -109,6 +112,7 @@ class TaskData:
             self.lengths.to(device),
             {k: v.to(device) for k, v in self.fields.items()},
             self.vocab,
+            None if self.aux_targets is None else self.aux_targets.to(device),
         )
 
     def select(self, index) -> TaskData:
@@ -131,6 +135,7 @@ class TaskData:
             lengths,
             {k: v[idx] for k, v in self.fields.items()},
             self.vocab,
+            None if self.aux_targets is None else self.aux_targets[idx, :t],
         )
 
 

@@ -37,19 +37,21 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .attention import is_plain
+from .attention import attention_of, is_plain
 from .configs import TrainConfig, check_snapshot_every
+from .curriculum import Curriculum, parse_curriculum
+from .curriculum import batches as curriculum_batches
 from .determinism import deterministic
 from .device import pick_device
 from .errors import CheckpointError, ConfigError
-from .evaluation import evaluate, evaluate_splits, target_positions
+from .evaluation import evaluate, target_positions
 from .fast_attention import fast_attention, has_fast_path
 from .files import AtomicFile
 from .halving import Halving, Scorer
 from .initialisation import initialise
 from .loading import save_checkpoint
 from .model import ModelSpec, build_model, trainable_parameters
-from .objectives import lm_targets
+from .objectives import check_lm_targets, lm_targets
 from .options import options
 from .position_forward import evaluate_left_padded, solo_batch_loss
 from .query_forward import logits_at, supports_query_forward
@@ -57,6 +59,7 @@ from .resume_file import check_identity, read_resume_file, read_resume_metadata,
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .task import IGNORE, Task, TaskData, task_dataset
+from .variants import Attention
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -116,9 +119,21 @@ def _recipe_path(cfg: TrainConfig) -> bool:
 def _check_recipe(model: HookedTransformer, cfg: TrainConfig) -> None:
     """Refuse, before training, recipe options a model's forward cannot carry out (one line naming them)."""
     if _recipe_path(cfg) and not is_plain(model):
+        on = [
+            text
+            for text, is_on in (
+                (f"objective={cfg.objective!r}", cfg.objective == "lm"),
+                ("padding='left'", cfg.padding == "left"),
+                (f"dropout_at={cfg.dropout_at!r}", "pattern" in cfg.dropout_sites),
+                ("dropout_rng='counter'", cfg.dropout_rng == "counter"),
+            )
+            if is_on
+        ]
+        variant = next(a for a in attention_of(model) if not (a.is_softmax and a.qkv == "full"))
+        attention = str(Attention(variant.pooling, variant.masks))
         raise ConfigError(
-            "the language-model objective, left padding, pattern dropout and counter-drawn masks train through the "
-            "per-position forward, which covers softmax attention with full Q/K/V; this model is an attention variant"
+            f"{', '.join(on)} train{'s' if len(on) == 1 else ''} through the per-position forward, which covers "
+            f"softmax attention with full Q/K/V; this model has attention={attention!r}, qkv={variant.qkv!r}"
         )
     if supports_query_forward(model):
         return
@@ -133,6 +148,23 @@ def _check_recipe(model: HookedTransformer, cfg: TrainConfig) -> None:
     ]
     if other:
         raise ConfigError(f"{', '.join(other)} needs a one-layer attention-only model (the per-position forward)")
+
+
+def _check_task_options(task: Task, cfg: TrainConfig, train_data: TaskData) -> None:
+    """Refuse, before training, options the task's data cannot carry out: an auxiliary loss without auxiliary
+    targets, a curriculum over a field the data lacks."""
+    if cfg.aux_loss and train_data.aux_targets is None:
+        raise ConfigError(
+            f"aux_loss={cfg.aux_loss}: the data of task {task.name!r} (with these parameters) has no auxiliary "
+            "targets (integer addition gives its carries with reverse_operands=true)"
+        )
+    if cfg.aux_loss and _recipe_path(cfg):
+        raise ConfigError(
+            "aux_loss trains through TransformerLens' forward; it does not combine with the options of "
+            "the per-position forward (objective lm, left padding, pattern dropout, counter masks)"
+        )
+    if cfg.curriculum is not None:
+        curriculum_levels(train_data, parse_curriculum(cfg.curriculum))
 
 
 def _evaluate(model: HookedTransformer, task: Task, data: TaskData, cfg: TrainConfig) -> dict[str, float]:
@@ -274,11 +306,15 @@ def train(
     snapshot_every: int | None = None,
     snapshot_dir=None,
     head_scorer: Scorer | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train a model for ``task``; write the kept model (``cfg.keep``) to ``out``; return its provenance.
 
-    ``out`` is checked before any training. An existing resume file of ``out`` is continued with ``resume=True``,
-    deleted to start over with ``restart=True``, and otherwise refused (a ConfigError saying how to do either).
+    ``out`` is checked before any training: a regular file or a new name (:func:`interp.files.check_output_path`),
+    and an existing file there (another run's checkpoint) is replaced only with ``overwrite=True`` (``interp train
+    --overwrite``). An existing resume file of ``out`` is continued with ``resume=True``, deleted to start over with
+    ``restart=True`` (which also replaces what the interrupted run's path holds), and otherwise refused (a
+    ConfigError saying how to do either).
 
     ``on_epoch_end(epoch, record)`` is called after each epoch (after the resume file is written), e.g. to
     log metrics; an exception it raises stops training like an interruption would.
@@ -312,6 +348,7 @@ def train(
             snapshot_every=snapshot_every,
             snapshot_dir=snapshot_dir,
             head_scorer=head_scorer,
+            overwrite=overwrite,
         )
 
 
@@ -330,10 +367,11 @@ def _train(
     snapshot_every=None,
     snapshot_dir=None,
     head_scorer=None,
+    overwrite=False,
 ) -> dict[str, Any]:
     device = pick_device(device)
     out = Path(out)
-    snapshot_dir = _check_outputs(out, cfg, resume, restart, snapshot_every, snapshot_dir)
+    snapshot_dir = _check_outputs(out, cfg, resume, restart, snapshot_every, snapshot_dir, overwrite)
     rpath = resume_path(out)
     state, identity, options = _start(task, spec, cfg, device, rpath if resume else None)
     record, model, opt, _gen = state.record, state.model, state.opt, state.gen
@@ -341,21 +379,25 @@ def _train(
     if halving is not None:
         halving.start(model, opt)
     train_data = task_dataset(task, "train").to(device)
+    if cfg.objective == "lm":
+        check_lm_targets(task, train_data)
     val_data = task_dataset(task, validation_split(task)).to(device)
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
     _check_recipe(model, cfg)
+    _check_task_options(task, cfg, train_data)
     started = time.time()
     if state.epoch >= cfg.epochs:
         raise ConfigError(f"the resumed run has already done {state.epoch} epochs; ask for more than that")
     bar = tqdm(total=cfg.epochs, initial=state.epoch, desc=f"train {task.name}", unit="epoch", disable=not progress)
     while state.epoch < cfg.epochs:
-        train_loss = _train_epoch(state, cfg, train_data, hooks, loss_dtype)
+        train_loss, extras = _train_epoch(state, cfg, train_data, hooks, loss_dtype)
         model.eval()
         val = _evaluate(model, task, val_data, cfg)
         state.epoch += 1
         if record.end_epoch(state.epoch, state.step, train_loss, val):
             state.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        record.history[-1].update(extras)
         if history_extras is not None:
             with torch.no_grad():
                 record.history[-1].update(history_extras(model, state.epoch))
@@ -390,27 +432,40 @@ def _train(
     if record.kept != "last":
         model.load_state_dict(state.best_state)
     model.eval()
-    metrics = (
-        {s: _evaluate(model, task, task_dataset(task, s).to(device), cfg) for s in task.splits}
-        if cfg.padding == "left"
-        else evaluate_splits(model, task)
-    )
-    provenance = record.provenance(cfg, metrics, device, time.time() - started)
+    final = {s: task_dataset(task, s) for s in task.splits}
+    metrics = {
+        s: _evaluate(model, task, data.to(device), cfg) if cfg.padding == "left" else evaluate(model, task, data)
+        for s, data in final.items()
+    }
+    examples = {s: len(data) for s, data in final.items()}
+    provenance = record.provenance(cfg, metrics, device, time.time() - started, examples=examples)
     save_checkpoint(model, task, out, training=provenance, spec=spec)
     rpath.unlink(missing_ok=True)
     return provenance
 
 
 def _check_outputs(
-    out: Path, cfg: TrainConfig, resume: bool, restart: bool, snapshot_every: int | None, snapshot_dir
+    out: Path,
+    cfg: TrainConfig,
+    resume: bool,
+    restart: bool,
+    snapshot_every: int | None,
+    snapshot_dir,
+    overwrite: bool = False,
 ) -> Path | None:
-    """Everything a run will write, checked before any training: the checkpoint path (a directory, a missing
-    folder or an unwritable path fails now), the resume file's state against ``resume`` / ``restart``, and the
-    snapshot folder (returned, created)."""
+    """Everything a run will write, checked before any training: the checkpoint path (a directory, a FIFO, a device,
+    a symbolic link, a missing folder or an unwritable path fails now; an existing file only with ``overwrite``, or
+    as the path of the interrupted run ``resume``/``restart`` continue or start over), the resume file's state
+    against ``resume`` / ``restart``, and the snapshot folder (returned, created)."""
     check_snapshot_every(snapshot_every, cfg.epochs)
     with AtomicFile(out, "the checkpoint"):
         pass
     rpath = resume_path(out)
+    if out.exists() and not (overwrite or resume or (restart and rpath.is_file())):
+        raise ConfigError(
+            f"{out} already exists (another run's checkpoint?): a new run does not replace it unless asked; pass "
+            "overwrite=True (interp train --overwrite) to replace it, or write to another path"
+        )
     if resume and restart:
         raise ConfigError("--resume continues the interrupted run and --restart deletes it: give one of them")
     if resume and not rpath.is_file():
@@ -459,23 +514,39 @@ def _start(
     return state, identity, run_options
 
 
-def _train_epoch(state: _State, cfg: TrainConfig, train_data: TaskData, hooks: list, loss_dtype: torch.dtype) -> float:
-    """One epoch of AdamW steps over the training data in this epoch's order; the mean training loss."""
+def _train_epoch(
+    state: _State, cfg: TrainConfig, train_data: TaskData, hooks: list, loss_dtype: torch.dtype
+) -> tuple[float, dict[str, Any]]:
+    """One epoch of AdamW steps over the training data in this epoch's order (under a curriculum, the batches its
+    schedule allows: :mod:`interp.curriculum`); the mean training loss and what the epoch's history record adds
+    (``batch_levels`` under a curriculum)."""
     model, opt = state.model, state.opt
     halving = state.record.halving
     model.train()
     n = len(train_data)
-    perm = torch.randperm(n, generator=state.gen).to(train_data.device)
     total = 0.0
     recipe = _recipe_path(cfg) and supports_query_forward(model)
     identity_w_o = bool(model.cfg.n_heads * model.cfg.d_head == model.cfg.d_model and not model.W_O.requires_grad)
-    for start in range(0, n, cfg.batch_size):
-        idx = perm[start : start + cfg.batch_size]
+    levels, extras = None, {}
+    if cfg.curriculum is None:
+        perm = torch.randperm(n, generator=state.gen).to(train_data.device)
+        order = (perm[start : start + cfg.batch_size] for start in range(0, n, cfg.batch_size))
+    else:
+        schedule = parse_curriculum(cfg.curriculum)
+        levels = curriculum_levels(train_data, schedule)
+        sizes = [min(cfg.batch_size, n - start) for start in range(0, n, cfg.batch_size)]
+        order = curriculum_batches(schedule, levels, sizes, state.step, state.gen)
+        extras["batch_levels"] = []
+    for idx in order:
         batch = train_data.select(idx)
+        if levels is not None:
+            extras["batch_levels"].append(int(levels[idx].max()))
         for g in opt.param_groups:
             g["lr"] = cfg.lr * warmup_factor(cfg, state.step)
         if recipe:
             loss = solo_batch_loss(model, batch, idx, cfg, state.epoch, identity_w_o, loss_dtype)
+        elif cfg.aux_loss:
+            loss = aux_batch_loss(model, batch, hooks, cfg.aux_loss, loss_dtype)
         else:
             if cfg.objective == "lm":  # a model the per-position forward does not cover: TransformerLens' own
                 batch.targets = lm_targets(batch)
@@ -487,4 +558,24 @@ def _train_epoch(state: _State, cfg: TrainConfig, train_data: TaskData, hooks: l
             halving.apply(model)  # masked heads stay exactly zero
         state.step += 1
         total += loss.item() * len(batch)
-    return total / n
+    return total / n, extras
+
+
+def curriculum_levels(data: TaskData, schedule: Curriculum) -> torch.Tensor:
+    """The per-example values of the curriculum's field in ``data`` (a ConfigError naming the fields there are)."""
+    levels = data.fields.get(schedule.field)
+    if levels is None or levels.ndim != 1 or levels.is_floating_point():
+        raise ConfigError(
+            f"curriculum {schedule}: the training data has no per-example integer field {schedule.field!r}; its "
+            f"fields are {sorted(k for k, v in data.fields.items() if v.ndim == 1)}"
+        )
+    return levels
+
+
+def aux_batch_loss(
+    model: HookedTransformer, batch: TaskData, hooks, weight: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The task's loss plus ``weight`` times the cross-entropy on the batch's ``aux_targets`` (one forward)."""
+    with model.hooks(fwd_hooks=hooks), fast_attention_where_possible(model):
+        logits = model(batch.tokens)
+    return task_loss(logits, batch.targets, dtype) + weight * task_loss(logits, batch.aux_targets, dtype)

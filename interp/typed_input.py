@@ -17,10 +17,21 @@ if TYPE_CHECKING:
 SHOWN_TOKENS = 14  # vocabulary tokens an unknown-token message lists
 
 
+def splits_unambiguously(vocab: Vocab) -> bool:
+    """Whether a run of one-character tokens typed without spaces (``0112``) can only mean those tokens: no token of
+    the vocabulary is itself a run of one-character tokens. True for noisy majority's digits ``0 1 2`` and integer
+    addition's ``0``-``9 + =``; false where ``10`` is a token as well as ``1`` and ``0`` (repeated tokens, modular
+    addition), where ``64`` may be a typo for a symbol and must not silently become ``6 4``."""
+    idx = vocab.index
+    return not any(len(t) > 1 and all(ch in idx for ch in t) for t in vocab.tokens)
+
+
 def token_strings(vocab: Vocab, text: object) -> list[str]:
-    """Token strings from typed text (whitespace-separated; a run of one-character tokens may be typed without
-    spaces, ``0112``) or from a list of token strings. ``text`` is user input, so anything else is a TokenError, as
-    is an unknown token (the message names the first one and the vocabulary)."""
+    """Token strings from typed text (whitespace-separated; where the vocabulary allows it unambiguously
+    (:func:`splits_unambiguously`), a run of one-character tokens may be typed without spaces, ``0112``) or from a
+    list of token strings. ``text`` is user input, so anything else is a TokenError, as is an unknown token: one line
+    naming it and the vocabulary (a piece is never split into single characters where that could change its
+    meaning)."""
     if isinstance(text, (list, tuple)):
         raw = [str(t) for t in text]
     elif isinstance(text, str):
@@ -28,11 +39,12 @@ def token_strings(vocab: Vocab, text: object) -> list[str]:
     else:
         raise TokenError(f"tokens must be a string or a list of token strings, got {type(text).__name__}")
     idx = vocab.index
+    split = isinstance(text, str) and splits_unambiguously(vocab)
     out: list[str] = []
     for piece in raw:
         if piece in idx:
             out.append(piece)
-        elif piece and all(ch in idx for ch in piece):
+        elif split and piece and all(ch in idx for ch in piece):
             out.extend(piece)
         else:
             shown = ", ".join(repr(t) for t in vocab.tokens[:SHOWN_TOKENS]) + (

@@ -85,6 +85,9 @@ class Attention:
         return total
 
     def __str__(self) -> str:
+        """The canonical spelling: the pooling (left out where it is softmax and there are masks), then the masks in
+        the order window, dilated, global, random (each kind by its arguments), each term once, no spaces, numbers
+        without leading zeros: ``linear:elu+window:8+global:2``."""
         head = [self.pooling] if self.pooling != "softmax" or not self.masks else []
         return "+".join(head + [str(m) for m in self.masks])
 
@@ -98,8 +101,9 @@ class QKV:
     rank: int | None = None
 
     def __str__(self) -> str:
+        """The canonical spelling (``sparse:0.5``, ``lowrank:2``: the shortest text of the number)."""
         if self.kind == "sparse":
-            return f"sparse:{self.fraction:g}"
+            return f"sparse:{self.fraction!r}"
         if self.kind == "lowrank":
             return f"lowrank:{self.rank}"
         return self.kind
@@ -112,10 +116,31 @@ def _ints(text: str, n: int, term: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def parse_attention(text: str) -> Attention:
-    """``text`` as an :class:`Attention`, or one ConfigError naming the valid spellings."""
+def _ascii(text: object, what: str, spellings: str) -> str:
+    """``text`` where it is a non-empty ASCII string (digits such as ``٤`` or ``４`` read as numbers by Python's
+    ``int`` would otherwise be accepted, and another spelling of one variant stored); else one ConfigError."""
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"attention must be one of: {ATTENTION_SPELLINGS}; got {text!r}")
+        raise ConfigError(f"{what} must be one of: {spellings}; got {text!r}")
+    if not text.isascii():
+        bad = sorted({ch for ch in text if not ch.isascii()})
+        raise ConfigError(
+            f"{what} {text!r} holds characters that are not ASCII ({', '.join(map(repr, bad))}); expected one of: "
+            f"{spellings}"
+        )
+    return text
+
+
+MASK_ORDER = {kind: i for i, kind in enumerate(MASK_KINDS)}
+
+
+def parse_attention(text: str) -> Attention:
+    """``text`` as an :class:`Attention`, or one ConfigError naming the valid spellings. Spaces around terms and
+    numbers, leading zeros and the order of the masks do not matter, and ``softmax`` may be named beside masks (it is
+    the default pooling): ``str()`` of the result is the one canonical spelling (:meth:`Attention.__str__`), which
+    :class:`interp.configs.ModelSpec` stores. ``bigbird:W,G,R`` is its three masks. A term given twice is one term;
+    two different terms of a kind whose union is one of them (``window``, ``global``) or is not one spelling
+    (``random``) are refused."""
+    _ascii(text, "attention", ATTENTION_SPELLINGS)
     pooling, masks = None, []
     try:
         for raw in text.split("+"):
@@ -142,12 +167,36 @@ def parse_attention(text: str) -> Attention:
             f"attention must be one of: {ATTENTION_SPELLINGS} (W, D, G, R positive integers, at most one pooling); "
             f"got {text!r}"
         ) from None
+    masks = sorted(set(masks), key=lambda m: (MASK_ORDER[m.kind], m.args))
+    for kind in ("window", "global", "random"):
+        same = [str(m) for m in masks if m.kind == kind]
+        if len(same) > 1:
+            raise ConfigError(
+                f"attention {text!r} has {len(same)} {kind} terms ({', '.join(same)}); give one: the union of "
+                + ("two windows is the wider one" if kind == "window" else "")
+                + ("two global prefixes is the longer one" if kind == "global" else "")
+                + ("two random draws is not a random:R draw" if kind == "random" else "")
+            )
     return Attention(pooling or "softmax", tuple(masks))
 
 
+def canonical_attention(text: str) -> str:
+    """The one canonical spelling of an ``attention`` value (:func:`parse_attention`), e.g. ``' window: 04 '`` and
+    ``softmax+window:4`` -> ``window:4``; a ConfigError for what is not a spelling (non-ASCII characters included)."""
+    return str(parse_attention(text))
+
+
+def canonical_qkv(text: str) -> str:
+    """The one canonical spelling of a ``qkv`` value (:func:`parse_qkv`), e.g. ``lowrank:02`` -> ``lowrank:2``,
+    ``sparse:.50`` -> ``sparse:0.5``."""
+    return str(parse_qkv(text))
+
+
 def parse_qkv(text: str) -> QKV:
-    """``text`` as a :class:`QKV`, or one ConfigError naming the valid spellings."""
-    kind, sep, arg = str(text).strip().partition(":")
+    """``text`` as a :class:`QKV`, or one ConfigError naming the valid spellings (``str()`` of the result is its
+    canonical spelling)."""
+    kind, sep, arg = _ascii(text, "qkv", QKV_SPELLINGS).strip().partition(":")
+    kind = kind.strip()
     try:
         if kind in ("full", "diagonal") and not sep:
             return QKV(kind)

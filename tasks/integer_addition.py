@@ -23,6 +23,26 @@ Digit tokens have ids 0..9 (id == value). Every example carries its carry struct
 Uniform random digits make cascades rare (P(sum 9) = 0.1 per pair, peers.md R13); ``enrich`` is the fraction of
 training examples built to hold one cascade of random length, and the ``cascades`` split holds only such
 examples (the rare-case test set). ``test`` is uniform random sums.
+
+Two formats change what the model reads and writes (both off by default; the vocabulary grows only where one is on,
+so every token keeps its id):
+
+- ``random_spaces = p`` (Shen et al. 2023, *Positional Description Matters for Transformers Arithmetic*): in the
+  ``train`` and ``val`` sentences each of the ``2n + 1`` gaps between two tokens of ``a + b =`` holds a blank token
+  ``_`` with probability ``p`` (input-only: never predicted), so a digit's absolute position no longer tells its
+  place value. ``test`` and ``cascades`` have no blanks. The sums are the ones drawn without blanks.
+- ``scratchpad`` (Lee et al. 2023, *Teaching Arithmetic to Small Transformers*; Ibrahimli 2024, RQ3): the answer is
+  preceded by intermediate steps the model writes and is trained on, ``= s_0 .. s_{n-1} + c_1 .. c_n = r [EOS]``:
+  the digit-wise sums without carries ``s_i = (a_i + b_i) mod 10`` and the carries ``c_{i+1}`` out of each place,
+  both units first (so with units-first operands a step's index within its run is its place, as Abacus positions
+  read it), then the answer ``r`` as usual. ``+`` and ``=`` become outputs (``n_out = 13``). ``accuracy`` then
+  requires every written token right (the steps and the answer); the answer alone, decoded greedily after the
+  model's own steps, is :func:`interp.analyses.integer_addition.greedy_exact_match`.
+
+Every sentence also carries ``aux_targets``: at the position of the second operand's digit of place ``i`` the carry
+out of place ``i`` (as the digit token 0 or 1), the auxiliary loss of ``TrainConfig.aux_loss`` (Ibrahimli 2024's
+multi-task item). That digit is the last one the carry depends on only where operands are written units first, so
+the targets are there only with ``reverse_operands``.
 """
 
 from __future__ import annotations
@@ -41,8 +61,18 @@ from interp.task import IGNORE, TaskData, Vocab
 
 TOKENS = tuple(str(d) for d in range(10)) + ("[EOS]", "+", "=", "[BOS]", "[PAD]")
 EOS, PLUS, EQ, BOS, PAD = range(10, 15)
+BLANK = 15  # random spaces: the blank token "_" (input-only), in the vocabulary only where random_spaces > 0
 VOCAB = Vocab(tokens=TOKENS, bos=BOS, eos=EOS, pad=PAD, n_out=11)  # predicts digits and [EOS]
 DIGIT_TOKENS = tuple(range(10))
+
+
+def vocabulary(*, blanks: bool = False, scratchpad: bool = False) -> Vocab:
+    """The task's vocabulary: :data:`VOCAB`, plus the blank token ``_`` (id 15, input-only) with random spaces; with a
+    scratchpad ``+`` and ``=`` are outputs too (the model writes them between its steps: ``n_out = 13``)."""
+    return Vocab(
+        tokens=TOKENS + (("_",) if blanks else ()), bos=BOS, eos=EOS, pad=PAD, n_out=EQ + 1 if scratchpad else EOS + 1
+    )
+
 
 CASE_NAMES = ("BA", "UC1")  # digit_case 0, 1; then "US9-k" for 1 + k
 PAIR_NAMES = ("base", "MS9", "MC1")
@@ -81,6 +111,8 @@ class IntegerAddition:
     reverse_answer: bool = True
     reverse_operands: bool = False
     enrich: float = 0.1  # fraction of training / validation sentences built around a sum-9 cascade
+    random_spaces: float = 0.0  # train / val: probability of a blank in each gap of "a + b =" (Shen et al. 2023)
+    scratchpad: bool = False  # the answer preceded by the digit-wise sums and the carries, units first
     train_size: int = 100_000
     val_size: int = 2000
     test_size: int = 5000
@@ -88,7 +120,6 @@ class IntegerAddition:
     seed: int = 0
 
     name = "integer-addition"
-    vocab = VOCAB
     splits = ("train", "val", "test", "cascades")
 
     def __post_init__(self):
@@ -105,9 +136,12 @@ class IntegerAddition:
                 f"max_digits must be an integer >= the longest operand of any split ({longest}), "
                 f"got {self.max_digits!r}"
             )
-        for k in ("reverse_answer", "reverse_operands"):
+        for k in ("reverse_answer", "reverse_operands", "scratchpad"):
             if not isinstance(getattr(self, k), bool):
                 raise TaskError(f"{k} must be true or false, got {getattr(self, k)!r}")
+        p = self.random_spaces
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
+            raise TaskError(f"random_spaces must be a probability in [0, 1] (of a blank in each gap), got {p!r}")
         if not isinstance(self.enrich, (int, float)) or isinstance(self.enrich, bool) or not 0 <= self.enrich <= 1:
             raise TaskError(f"enrich must be a fraction in [0, 1], got {self.enrich!r}")
         for split in self.splits:
@@ -118,9 +152,31 @@ class IntegerAddition:
             raise TaskError(f"seed must be a non-negative integer, got {self.seed!r}")
 
     @property
+    def vocab(self) -> Vocab:
+        return vocabulary(blanks=self.random_spaces > 0, scratchpad=self.scratchpad)
+
+    @property
     def n_ctx(self) -> int:
-        """Context for operands of ``max_digits``: [BOS], 2n digits, '+', '=', n + 1 answer digits, [EOS]."""
-        return seq_len(self.max_digits)
+        """Context for operands of ``max_digits``: :meth:`sentence_length` with every gap holding a blank where
+        random spaces are on."""
+        return self.sentence_length(self.max_digits, blanks=self.random_spaces > 0)
+
+    def sentence_length(self, n: int, *, blanks: bool = False) -> int:
+        """Tokens of a sentence with ``n``-digit operands in this task's format: [BOS], 2n digits, '+', '=', the
+        scratchpad (2n digits, '+', '=') where there is one, n + 1 answer digits, [EOS]; with ``blanks``, the most
+        a sentence with random spaces holds (a blank in each of the 2n + 1 gaps of ``a + b =``)."""
+        return seq_len(n) + (2 * n + 2 if self.scratchpad else 0) + (2 * n + 1 if blanks else 0)
+
+    def sums(self, a, b, n=None) -> TaskData:
+        """:func:`make_sums` in this task's format (answer and operand order, scratchpad; no blanks)."""
+        return make_sums(
+            a,
+            b,
+            n,
+            reverse_answer=self.reverse_answer,
+            reverse_operands=self.reverse_operands,
+            scratchpad=self.scratchpad,
+        )
 
     def params(self) -> dict[str, Any]:
         d = asdict(self)
@@ -136,8 +192,8 @@ class IntegerAddition:
             d_head=16,
             d_mlp=256,
             attn_only=False,
-            d_vocab=len(VOCAB),
-            d_vocab_out=VOCAB.n_out,
+            d_vocab=len(self.vocab),
+            d_vocab_out=self.vocab.n_out,
             n_ctx=self.n_ctx,
             positional="standard",
             output_matrix="learned",
@@ -166,17 +222,37 @@ class IntegerAddition:
         gen = torch.Generator().manual_seed(int(base) * 1000 + 17 + self.splits.index(split))
         enrich = {"train": self.enrich, "val": self.enrich, "test": 0.0, "cascades": 1.0}[split]
         a, b, n = random_operands(size, self.split_digits(split), enrich, gen)
-        return make_sums(a, b, n, reverse_answer=self.reverse_answer, reverse_operands=self.reverse_operands)
+        data = self.sums(a, b, n)
+        if self.random_spaces > 0:
+            # the blanks are drawn after the operands: the sums are the same with and without them
+            blanks = random_blanks(data, self.random_spaces if split in ("train", "val") else 0.0, gen)
+            data = insert_blanks(data, blanks, self.vocab)
+        else:
+            data.vocab = self.vocab
+        return data
 
     def metrics(
         self, preds: Int[Tensor, "batch pos"], loss: Float[Tensor, "batch pos"], data: TaskData
     ) -> dict[str, float]:
-        """``accuracy``: exact match (every answer digit right; teacher-forced argmax, which equals greedy decoding's
-        exact match); ``digit_i``: accuracy of the answer digit of place value ``10**i``; ``eos_accuracy``; ``loss``:
-        mean loss on the answer and [EOS] positions."""
+        """``accuracy``: exact match (every answer digit right, and with a scratchpad every step too; teacher-forced
+        argmax, which equals greedy decoding's exact match of everything written); ``accuracy_len<n>`` and
+        ``n_len<n>``: exact match and number of the sums with ``n``-digit operands, per ``n`` in the data;
+        ``digit_i``: accuracy of the answer digit of place value ``10**i``; ``scratchpad_accuracy`` (with a
+        scratchpad): every step right; ``eos_accuracy``; ``loss``: mean loss on the target positions."""
         ok = digit_correct(preds, data)
         valid = data.fields["digit_case"][:, : ok.shape[1]].to(ok.device) >= 0
-        out = {"accuracy": (ok | ~valid).all(1).float().mean().item()}
+        exact = (ok | ~valid).all(1)
+        steps = scratchpad_correct(preds, data)
+        if steps is not None:
+            exact = exact & steps
+        out = {"accuracy": exact.float().mean().item()}
+        n_digits = data.fields["n_digits"].to(exact.device)
+        for m in sorted(set(n_digits.tolist())):
+            rows = n_digits == m
+            out[f"accuracy_len{m}"] = exact[rows].float().mean().item()
+            out[f"n_len{m}"] = int(rows.sum())
+        if steps is not None:
+            out["scratchpad_accuracy"] = steps.float().mean().item()
         for i in range(ok.shape[1]):
             m = valid[:, i]
             if bool(m.any()):
@@ -254,9 +330,12 @@ def carry_structure(a: Int[Tensor, "batch digit"], b: Int[Tensor, "batch digit"]
     return answer, kind, case, complexity
 
 
-def make_sums(a, b, n=None, *, reverse_answer: bool = True, reverse_operands: bool = False) -> TaskData:
+def make_sums(
+    a, b, n=None, *, reverse_answer: bool = True, reverse_operands: bool = False, scratchpad: bool = False
+) -> TaskData:
     """Integer-addition data from operand digits ``a, b [batch, digit]`` (units first; ``n [batch]`` digit counts,
-    default: all columns) or from lists of Python ints (``make_sums([99999], [1], [5])``)."""
+    default: all columns) or from lists of Python ints (``make_sums([99999], [1], [5])``); with ``scratchpad`` the
+    answer is preceded by the digit-wise sums and the carries (see the module's docstring)."""
     if not isinstance(a, Tensor):
         a, b, n = digits_of(a, b, n)
     a, b = torch.as_tensor(a, dtype=torch.long), torch.as_tensor(b, dtype=torch.long)
@@ -270,10 +349,13 @@ def make_sums(a, b, n=None, *, reverse_answer: bool = True, reverse_operands: bo
     if int(n.min()) < 1 or int(n.max()) > a.shape[1]:
         raise TaskError(f"digit counts must lie in 1..{a.shape[1]}, got {n.tolist()[:8]}")
     answer, kind, case, complexity = carry_structure(a, b, n)
+    carries = carries_of(a, b, n)
     bsz = a.shape[0]
-    t = seq_len(int(n.max()))
+    pad = 2 * n + 2 if scratchpad else torch.zeros_like(n)  # the scratchpad's tokens
+    t = int((seq_len(n) + pad).max())
     tokens = torch.full((bsz, t), PAD, dtype=torch.long)
     targets = torch.full((bsz, t), IGNORE, dtype=torch.long)
+    aux = torch.full((bsz, t), IGNORE, dtype=torch.long)
     for m in n.unique().tolist():
         rows = (n == m).nonzero().squeeze(1)
         ops = [a[rows, :m], b[rows, :m]]
@@ -284,31 +366,153 @@ def make_sums(a, b, n=None, *, reverse_answer: bool = True, reverse_operands: bo
         def col(v: int, k: int = len(rows)) -> Tensor:
             return torch.full((k, 1), v, dtype=torch.long)
 
-        seq = torch.cat([col(BOS), ops[0], col(PLUS), ops[1], col(EQ), ans, col(EOS)], 1)
+        steps = []
+        if scratchpad:  # units first: s_0 .. s_{m-1} + c_1 .. c_m =
+            steps = [(a[rows, :m] + b[rows, :m]) % 10, col(PLUS), carries[rows, 1 : m + 1], col(EQ)]
+        seq = torch.cat([col(BOS), ops[0], col(PLUS), ops[1], col(EQ), *steps, ans, col(EOS)], 1)
         tokens[rows, : seq.shape[1]] = seq
-        start = 2 * m + 3  # position of the first answer digit
-        targets[rows, start - 1 : start + m + 1] = seq[:, start : start + m + 2]
-    start = 2 * n + 3
+        first = 2 * m + 2  # the '=' whose prediction is the first token written
+        targets[rows, first : seq.shape[1] - 1] = seq[:, first + 1 :]
+        if reverse_operands:  # the carry out of place i, predicted at b's digit of place i
+            aux[rows, m + 2 : 2 * m + 2] = carries[rows, 1 : m + 1]
+    start = 2 * n + 3 + pad  # position of the first answer digit
     return TaskData(
         task=IntegerAddition.name,
         tokens=tokens,
         targets=targets,
         answer_pos=start - 1,
         labels=tokens[torch.arange(bsz), start],
-        lengths=seq_len(n),
-        vocab=VOCAB,
+        lengths=seq_len(n) + pad,
+        vocab=vocabulary(scratchpad=scratchpad),
         fields={
             "a": a,
             "b": b,
             "n_digits": n,
             "answer": answer,
+            "carries": carries,
             "pair_kind": kind,
             "digit_case": case,
             "complexity": complexity,
             "answer_start": start,
+            "scratch_start": 2 * n + 3,  # the first step (= answer_start without a scratchpad)
             "reverse_answer": torch.full((bsz,), int(reverse_answer)),
+            "reverse_operands": torch.full((bsz,), int(reverse_operands)),
+            "blanks": torch.zeros(bsz, dtype=torch.long),
         },
+        aux_targets=aux if reverse_operands else None,
     )
+
+
+def carries_of(a: Int[Tensor, "batch digit"], b: Int[Tensor, "batch digit"], n: Int[Tensor, " batch"]) -> Tensor:
+    """``[batch, digit + 1]``: the carry (0 or 1) into each place, units first (column 0 is 0; column ``n`` is the
+    answer's leading digit); 0 beyond ``n``."""
+    bsz, d = a.shape
+    out = torch.zeros(bsz, d + 1, dtype=torch.long)
+    for i in range(d):
+        out[:, i + 1] = ((a[:, i] + b[:, i] + out[:, i]) >= 10).long()
+    place = torch.arange(d + 1)
+    return torch.where(place[None] <= n[:, None], out, torch.zeros_like(out))
+
+
+def random_blanks(data: TaskData, p: float, gen: torch.Generator) -> Tensor:
+    """``[batch, pos]`` bool: a blank goes after position ``q`` (for ``q`` in ``1 .. 2n + 1``, the gaps of
+    ``a + b =``), each with probability ``p``."""
+    bsz, t = data.tokens.shape
+    draw = torch.rand(bsz, t, generator=gen) < p
+    pos = torch.arange(t)[None]
+    return draw & (pos >= 1) & (pos <= 2 * data.fields["n_digits"][:, None] + 1)
+
+
+def insert_blanks(data: TaskData, blanks: Tensor, vocab: Vocab) -> TaskData:
+    """``data`` with a blank token after every position where ``blanks [batch, pos]`` is set (only the gaps of
+    ``a + b =`` may hold one): tokens, targets and auxiliary targets move right past the blanks before them, and so
+    do the answer's positions."""
+    bsz, t = data.tokens.shape
+    blanks = blanks.to(torch.long)
+    shift = torch.cumsum(blanks, 1) - blanks  # blanks before position q: those after positions < q
+    count = blanks.sum(1)
+    width = t + int(count.max()) if bsz else t
+    new_pos = torch.arange(t)[None] + shift
+    rows = torch.arange(bsz)[:, None].expand(bsz, t)
+
+    def moved(x: Tensor | None, fill: int) -> Tensor | None:
+        if x is None:
+            return None
+        out = torch.full((bsz, width), fill, dtype=x.dtype)
+        out[rows, new_pos] = x
+        return out
+
+    tokens = moved(data.tokens, PAD)
+    b_rows, b_pos = blanks.nonzero(as_tuple=True)
+    tokens[b_rows, new_pos[b_rows, b_pos] + 1] = BLANK
+    fields = dict(data.fields)
+    fields["answer_start"] = data.fields["answer_start"] + count
+    fields["scratch_start"] = data.fields["scratch_start"] + count
+    fields["blanks"] = data.fields["blanks"] + count
+    return TaskData(
+        task=data.task,
+        tokens=tokens,
+        targets=moved(data.targets, IGNORE),
+        answer_pos=data.answer_pos + count,
+        labels=data.labels,
+        lengths=data.lengths + count,
+        fields=fields,
+        vocab=vocab,
+        aux_targets=moved(data.aux_targets, IGNORE),
+    )
+
+
+def read_sums(tokens: Int[Tensor, "batch pos"], *, reverse_operands: bool, reverse_answer: bool):
+    """Parse sentences back into Python ints: ``[(a, b, written answer, scratchpad answer or None)]``. Blanks are
+    skipped; the written answer is read from the tokens after the last ``=``; a scratchpad's answer is recomputed from
+    its steps, ``sum_i ((s_i + c_i) mod 10) 10^i + c_n 10^n``. A sentence that is not of the task's form raises a
+    TaskError."""
+    out = []
+    for row in tokens.tolist():
+        toks = [x for x in row if x not in (BLANK, PAD)]
+        if not toks or toks[0] != BOS or EOS not in toks:
+            raise TaskError(f"not an integer-addition sentence: {row}")
+        body = toks[1 : toks.index(EOS)]
+        parts, cur = [], []
+        for x in body:
+            if x in (PLUS, EQ):
+                parts.append(cur)
+                cur = []
+            else:
+                cur.append(x)
+        parts.append(cur)
+        if len(parts) not in (3, 5) or any(x > 9 for part in parts for x in part):
+            raise TaskError(f"not an integer-addition sentence: {row}")
+
+        def value(ds: list[int], units_first: bool) -> int:
+            ds = ds if units_first else ds[::-1]
+            return sum(d * 10**i for i, d in enumerate(ds))
+
+        a, b = value(parts[0], reverse_operands), value(parts[1], reverse_operands)
+        written = value(parts[-1], reverse_answer)
+        steps = None
+        if len(parts) == 5:
+            sums, carries = parts[2], [0] + parts[3]
+            steps = sum(((s + c) % 10) * 10**i for i, (s, c) in enumerate(zip(sums, carries))) + carries[
+                -1
+            ] * 10 ** len(sums)
+        out.append((a, b, written, steps))
+    return out
+
+
+def scratchpad_correct(preds: Int[Tensor, "batch pos"], data: TaskData) -> Tensor | None:
+    """``[batch]`` bool: every scratchpad token predicted right (teacher-forced), or None without a scratchpad."""
+    first, start = data.fields["scratch_start"], data.fields["answer_start"]
+    if not bool((start > first).any()):
+        return None
+    width = int((start - first).max())
+    cols = torch.arange(width, device=preds.device)[None]
+    pos = (first.to(preds.device) - 1)[:, None] + cols  # the positions whose predictions are the steps
+    inside = cols < (start - first).to(preds.device)[:, None]
+    pos = torch.where(inside, pos, torch.zeros_like(pos))
+    got = preds.gather(1, pos)
+    want = data.tokens.to(preds.device).gather(1, pos + 1)
+    return ((got == want) | ~inside).all(1)
 
 
 def digits_of(a: list[int], b: list[int], n: list[int] | None = None):

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from interp.errors import CheckpointError, ConfigError
 from interp.model import ModelSpec, build_model
+from interp.variants import canonical_attention, canonical_qkv
 
 POOLINGS = ("softmax", "linear:elu", "linear:relu", "additive")
 MASKED = (
@@ -278,7 +279,7 @@ def test_checkpoints_round_trip_and_verify_the_variants_parameters(tmp_path, tin
     tokens = tiny_task.dataset("val").tokens[:4]
     with torch.no_grad():
         torch.testing.assert_close(ck.model(tokens), m(tokens))
-    assert ck.spec.attention == attention and ck.spec.qkv == qkv
+    assert ck.spec.attention == canonical_attention(attention) and ck.spec.qkv == canonical_qkv(qkv)
     tensors = load_file(path)
     from safetensors import safe_open
 

@@ -26,7 +26,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder -> the subpackage of the one import name it holds (pyproject.toml's package-dir)
 FOLDERS = {"interp": "interp", "tasks": "interp.tasks", "analyses": "interp.analyses", "app": "interp.app"}
 FACE = {"interp/__init__.py"}
-GENERIC = sorted(p for p in [*ROOT.glob("interp/**/*.py"), *ROOT.glob("analyses/*.py"), *ROOT.glob("app/**/*.py")])
+GENERIC = sorted(
+    p
+    for p in [
+        *ROOT.glob("interp/**/*.py"),
+        *ROOT.glob("analyses/*.py"),
+        *ROOT.glob("analyses/hypotheses/*.py"),  # generic too: a subpackage of the generic analyses
+        *ROOT.glob("app/**/*.py"),
+    ]
+)
 
 
 def floor_of(module: str) -> int | None:

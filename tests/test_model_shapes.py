@@ -1,6 +1,7 @@
 """Every analysis suite, the CLI and the report on every shape the spec allows: one head (the
-thesis's d=2 model, which crashed `analyze` and `report`), 64 heads with a trained W_O (d=2, d_head=2), and two
-layers, for both shipped tasks; and a user's own plain HookedTransformer paired with a task."""
+thesis's d=2 model, which crashed `analyze` and `report`), 64 heads with a trained W_O (d=2, d_head=2), two
+layers, and a looped layer (two iterations with shared weights), for both shipped tasks; and a user's own plain
+HookedTransformer paired with a task."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ SHAPES = {
     "1-head": dict(n_layers=1, d_model=2, n_heads=1, d_head=2),
     "64-heads": dict(n_layers=1, d_model=2, n_heads=64, d_head=2, output_matrix="learned"),
     "2-layers": dict(n_layers=2, d_model=8, n_heads=4, d_head=2),
+    # a looped transformer: one layer applied twice with shared weights and input injection (interp.looping)
+    "looped": dict(n_layers=1, loops=2, d_model=8, n_heads=4, d_head=2),
 }
 
 
@@ -44,8 +47,12 @@ def shaped(task, shape, seed=0):
     return build_model(spec, device="cpu"), spec
 
 
+# the looped shape runs every analysis of the suites and the report once per iteration: in the slow set
+EVERY_SHAPE = [pytest.param(s, marks=pytest.mark.slow) if s == "looped" else s for s in SHAPES]
+
+
 @pytest.mark.parametrize("task_name", ["noisy-majority", "repeated-tokens"])
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", EVERY_SHAPE)
 def test_suite_and_report_on_every_shape(task_name, shape):
     task = small_task(task_name)
     model, _ = shaped(task, shape)
@@ -171,7 +178,7 @@ def test_a_saved_one_head_checkpoint_round_trips(tmp_path):
         assert torch.equal(back.model(tokens), model(tokens))
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", EVERY_SHAPE)
 def test_shapley_patching_and_population_on_every_shape(shape, tmp_path):
     """The analyses added after the restructuring on each shape: Shapley values (exact up to 24 heads, sampled for 64;
     efficiency holds), activation patching of every head (all heads at once restore the clean metric in one-layer

@@ -75,7 +75,7 @@ def test_register_a_task_class_and_build_it(parens):
     assert isinstance(task, parens.BalancedParens) and task.params()["train_size"] == 64
     assert registry.task_source("balanced-parens") == "interp.register_task in tests.test_registry"
     assert not registry.entry_point_only("balanced-parens")
-    with pytest.raises(TaskError, match="bad parameters for task 'balanced-parens'"):
+    with pytest.raises(TaskError, match="task 'balanced-parens' has no parameter 'no_such_parameter'; its parameters"):
         interp.get_task("balanced-parens", no_such_parameter=1)
 
 

@@ -217,7 +217,7 @@ def nm_page(shipped_report):
 
 def test_report_sections(shipped_page):
     name, text, page, _ = shipped_page
-    assert page.h2[0] == "Model card" and page.h2[-1] == "Attention patterns"
+    assert page.h2[0] == "Model card" and page.h2[-1] == "Attention patterns" and page.h2[-2] == "Circuit"
     try:
         from interp.analyses import suite_for
 

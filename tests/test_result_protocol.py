@@ -94,7 +94,7 @@ def _rt_results(ck):
         "PathPatching": path_patching(ck.model, clean, corrupted=corrupted),
         "HeadScores": head_scores(ck.model, toks),
         "AblationTest": ablation_induction_test(ck.model, toks, path="key"),
-        "Circuit": full_qk_circuit(ck.model, heads="L1H0", vocab=ck.task.vocab),
+        "CircuitMatrix": full_qk_circuit(ck.model, heads="L1H0", vocab=ck.task.vocab),
         "OVCopying": ov_copying(ck.model),
         "LogitDecomposition": logit_decomposition(ck.model, ck.task.dataset("test").select(slice(0, 4))),
         "CompositionScores": composition_scores(ck.model, n_baseline=50),
@@ -140,6 +140,16 @@ def _ia_results():
         "DigitAblation": component_ablation(ck.model, test),
         "AdditionAnalysis": analyze(ck),
     }
+
+
+def _hypothesis_results(ck):
+    """Interchange interventions and DAS of the noisy-majority hypothesis ``diff`` on the small model."""
+    from interp.analyses import suite_for
+    from interp.analyses.hypotheses import evaluate_hypothesis
+
+    hyp = suite_for(ck.task).hypotheses(ck.task)["diff"]
+    res = evaluate_hypothesis(ck.model, ck.task.dataset("test"), hypothesis=hyp, das=1, pairs=20, steps=3)
+    return {"CausalAbstraction": res}
 
 
 def _explorer_results(ck):
@@ -213,8 +223,36 @@ def _population_results(ck):
     }
 
 
+def _circuit_results(ck, tmp_path_factory):
+    import torch
+
+    from interp.analyses.circuit_discovery import discover_circuit
+    from interp.analyses.circuit_graph import computational_graph
+    from interp.analyses.circuit_population import population_circuits
+    from interp.analyses.repeated_tokens import corrupted_pair
+    from interp.checkpoint import save_checkpoint
+
+    clean, corrupted = corrupted_pair(ck.task, 4, kind="key")
+    sweep = tmp_path_factory.mktemp("sweep")
+    (sweep / "runs").mkdir()
+    rows = []
+    for seed in (0, 1):  # a two-run sweep directory of the shipped model and a perturbed copy
+        m = load_checkpoint("repeated-tokens", device="cpu").model
+        with torch.no_grad():
+            m.W_O.mul_(1.0 + 0.1 * seed)
+        path = save_checkpoint(m, ck.task, sweep / "runs" / f"r{seed}.safetensors")
+        rows.append({"name": f"r{seed}", "seed": seed, "checkpoint": f"runs/{path.name}",
+                     "accuracy": {"test": 1.0 - 0.1 * seed}})  # fmt: skip
+    (sweep / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {
+        "Circuit": discover_circuit(ck.model, clean, corrupted=corrupted, method="eap", curve_points=6),
+        "ComputationalGraph": computational_graph(ck.model),
+        "PopulationCircuits": population_circuits(sweep, clean, corrupted=corrupted, method="eap", top_n=4),
+    }
+
+
 @pytest.fixture(scope="module")
-def results(nm, rt):
+def results(nm, rt, tmp_path_factory):
     from interp.analyses.generic_suite import analyze as generic_analyze
 
     return {
@@ -224,6 +262,8 @@ def results(nm, rt):
         **_ia_results(),
         **_population_results(nm),
         **_explorer_results(nm),
+        **_hypothesis_results(nm),
+        **_circuit_results(rt, tmp_path_factory),
         "TaskSummary": generic_analyze(nm),  # the generic suite's, as for a task that registered no suite
     }
 

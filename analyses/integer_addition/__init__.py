@@ -1,7 +1,7 @@
 """The integer-addition task's own analyses (Ibrahimli 2024, Compositional Generalization in Transformers; Fraknói
 2024, §4): accuracy by carry case, by answer digit and by operand length (length generalisation), per-component
-ablation per answer digit and carry case, and the task's
-``analyze``/``report`` suite."""
+ablation per answer digit and carry case, greedy decoding (the final answer of a scratchpad model), the sub-task
+probes of the compositionality gap, and the task's ``analyze``/``report`` suite."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from interp.errors import TaskError
 from interp.evaluation import check_batch_size, predictions_and_loss
 from interp.results import Result, jsonable
 from interp.task import TaskData, check_model_task
-from interp.tasks.integer_addition import case_name, complexity_name, digit_correct, seq_len
+from interp.tasks.integer_addition import case_name, complexity_name, digit_correct, scratchpad_correct
 
 from ..answer_cache import check_model_data
 from . import require_task_data
@@ -208,7 +208,8 @@ def accuracy_by_length(
     device: str | None = None,
 ) -> LengthAccuracy:
     """Exact match on ``n`` uniform random sums of each operand length in ``lengths`` (the same test sets for every
-    model of the same task parameters and seed); lengths whose sums do not fit the model's context give None."""
+    model of the same task parameters and seed; with a scratchpad every written step must be right too, as in the
+    task's ``accuracy``); lengths whose sums do not fit the model's context give None."""
     from interp.tasks import get_task
 
     check_device(model, device)
@@ -220,7 +221,7 @@ def accuracy_by_length(
     params = task.params()
     exact, digits = [], []
     for L in lengths:
-        if seq_len(L) > model.cfg.n_ctx:
+        if task.sentence_length(L) > model.cfg.n_ctx:
             exact.append(None)
             digits.append(None)
             continue
@@ -228,7 +229,10 @@ def accuracy_by_length(
             task.name, **{**params, "test_digits": [L, L], "test_size": n, "max_digits": max(L, params["max_digits"])}
         )
         data = t.dataset("test", seed)
-        ok = _correct(model, data, batch_size)
-        exact.append(ok.all(1).float().mean().item())
+        preds = predictions_and_loss(model, data, batch_size=batch_size)["preds"]
+        ok = digit_correct(preds, data.to(preds.device)).cpu()
+        steps = scratchpad_correct(preds, data.to(preds.device))  # a scratchpad's steps count too, as in the metrics
+        whole = ok.all(1) if steps is None else ok.all(1) & steps.cpu()
+        exact.append(whole.float().mean().item())
         digits.append(ok.float().mean(0).tolist())
     return LengthAccuracy(lengths, exact, digits, n, tuple(task.digits))

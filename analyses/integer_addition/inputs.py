@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from interp.errors import TokenError
-from interp.tasks.integer_addition import make_sums
 
 if TYPE_CHECKING:
     from interp.task import TaskData
@@ -34,10 +33,4 @@ def typed_example(task: IntegerAddition, toks: list[str]) -> TaskData:
     n = max(len(ops[0]), len(ops[1]))
     units = [[int(t) for t in (op if task.reverse_operands else op[::-1])] for op in ops]  # units first
     a, b = ([u[i] if i < len(u) else 0 for i in range(n)] for u in units)
-    return make_sums(
-        torch.tensor([a]),
-        torch.tensor([b]),
-        torch.tensor([n]),
-        reverse_answer=task.reverse_answer,
-        reverse_operands=task.reverse_operands,
-    )
+    return task.sums(torch.tensor([a]), torch.tensor([b]), torch.tensor([n]))

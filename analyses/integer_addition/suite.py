@@ -167,4 +167,17 @@ def add_report_sections(ckpt, report, progress: bool = False) -> None:
     )
 
 
-SUITE = FunctionSuite("integer-addition", analyze, add_report_sections, typed_fn=inputs.typed_example)
+def _hypotheses(task):
+    """The task's hypotheses (``interp hypothesis``), imported when asked for."""
+    from .hypotheses import hypotheses
+
+    return hypotheses(task)
+
+
+SUITE = FunctionSuite(
+    "integer-addition",
+    analyze,
+    add_report_sections,
+    typed_fn=inputs.typed_example,
+    hypotheses_fn=_hypotheses,
+)

@@ -205,6 +205,18 @@ def finish_run(out, snapshot_dir, device=None) -> dict:
     return write_progress(out, snapshot_dir, device=device)
 
 
+def _hypotheses(task):
+    """The task's hypotheses (``interp hypothesis``), imported when asked for."""
+    from .hypotheses import hypotheses
+
+    return hypotheses(task)
+
+
 SUITE = FunctionSuite(
-    "modular-addition", analyze, add_report_sections, finish_fn=finish_run, typed_fn=inputs.typed_example
+    "modular-addition",
+    analyze,
+    add_report_sections,
+    finish_fn=finish_run,
+    typed_fn=inputs.typed_example,
+    hypotheses_fn=_hypotheses,
 )

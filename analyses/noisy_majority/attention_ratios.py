@@ -2,13 +2,19 @@
 ``w02 = A(= -> 0) / A(= -> 2)`` per head.
 
 Measured on data (:func:`measured_attention_ratios`), precisely: for sequence ``b`` and head ``h`` let
-``Abar_c(b)`` be the *mean attention per token* that the ``=`` query gives to the tokens ``c``
+``Abar_c(b)`` be the *mean attention per token* that the ``=`` query gives to the tokens ``c`` it can see
 (``sum over positions t holding c of A(= -> t)``, divided by the number ``n_c`` of such tokens). Then
 ``w01(b) = Abar_0(b) / Abar_1(b)`` for every sequence with ``n0, n1 > 0`` (``w02`` likewise with
 ``n0, n2 > 0``), and the reported ``w01`` is their geometric mean over those sequences,
 ``exp(mean_b log w01(b))`` (ratios are multiplicative, and the geometric mean keeps ``w`` and ``1/w``
-symmetric). Everything is computed in log space from ``log_softmax`` of the attention scores, so ratios
-like ``e^30`` do not overflow or underflow.
+symmetric); ``n01``/``n02`` count them. Everything is computed in log space from ``log_softmax`` of the
+attention scores, so ratios like ``e^30`` do not overflow or underflow.
+
+Under a sparse mask (:mod:`interp.attention`: a window, dilated, global or random keys) the ``=`` query sees only
+some positions, so "the tokens ``c`` it can see" are those at the positions its layer's mask lets it see, and a
+sequence whose mask hides every 0 (or every 1) from the query has no ``w01(b)``: it is left out of the mean (it
+would give ``log 0``, and one such sequence made the mean NaN), and ``n01`` says how many sequences remain, per
+layer. Without a mask every token before the query is seen, and nothing changes.
 
 In a one-layer model without positional embedding every ``0`` token gets the same score from the ``=``
 query, so ``w01(b)`` is the same for every sequence and equals the exact value from the QK circuit
@@ -24,10 +30,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.attention import ADDITIVE, layer_attention, pair_scores
+from interp.attention import ADDITIVE, layer_attention, pair_scores, sync
 from interp.device import check_device
 from interp.errors import ConfigError, TaskError
 from interp.heads import all_heads, head_label
@@ -60,7 +66,9 @@ def task_token_ids(vocab, tokens=DIGITS + (QUERY,)) -> list[int]:
 @dataclass
 class AttentionRatios(Result):
     """``w01[l, h]``, ``w02[l, h]`` measured on data (geometric means) and, where it exists, exactly from QK.
-    ``log_w01``/``log_w02`` are the per-sequence natural logs (NaN where undefined)."""
+    ``log_w01``/``log_w02`` are the per-sequence natural logs (NaN where undefined); ``n01[l, h]``/``n02[l, h]`` the
+    number of sequences each geometric mean is over (those in which the ``=`` query sees both classes; fewer than
+    ``n_sequences`` only under a sparse mask, see the module doc)."""
 
     w01: Float[Tensor, "layer head"]
     w02: Float[Tensor, "layer head"]
@@ -68,6 +76,9 @@ class AttentionRatios(Result):
     log_w02: Float[Tensor, "batch layer head"]
     exact_w01: Float[Tensor, "layer head"] | None = None
     exact_w02: Float[Tensor, "layer head"] | None = None
+    n01: Int[Tensor, "layer head"] | None = None
+    n02: Int[Tensor, "layer head"] | None = None
+    n_sequences: int | None = None
 
     @property
     def heads(self) -> list[str]:
@@ -81,6 +92,8 @@ class AttentionRatios(Result):
             "w02": self.w02.flatten(),
             "exact": self.exact_w01 is not None,
         }
+        if self.n01 is not None:
+            d.update(n01=self.n01.flatten(), n02=self.n02.flatten(), n_sequences=self.n_sequences)
         if self.exact_w01 is not None:
             d.update(
                 exact_w01=self.exact_w01.flatten(),
@@ -102,6 +115,10 @@ class AttentionRatios(Result):
         )
         if d["exact"]:
             res.exact_w01, res.exact_w02 = floats(d["exact_w01"]).view(shape), floats(d["exact_w02"]).view(shape)
+        if "n01" in d:
+            res.n01 = torch.tensor(d["n01"], dtype=torch.long).view(shape)
+            res.n02 = torch.tensor(d["n02"], dtype=torch.long).view(shape)
+            res.n_sequences = d["n_sequences"]
         return res
 
     def text(self) -> str:
@@ -113,6 +130,14 @@ class AttentionRatios(Result):
             if self.exact_w01 is not None:
                 line += f"{float(self.exact_w01.flatten()[i]):>12.4g}{float(self.exact_w02.flatten()[i]):>12.4g}"
             lines.append(line)
+        if self.n01 is not None and (
+            bool((self.n01 < self.n_sequences).any()) or bool((self.n02 < self.n_sequences).any())
+        ):
+            for l in range(self.n01.shape[0]):
+                lines.append(
+                    f"  layer {l}: w01 over {int(self.n01[l, 0])} of {self.n_sequences} sequences, w02 over "
+                    f"{int(self.n02[l, 0])} (the others hide a class from the '=' query under the sparse mask)"
+                )
         return "\n".join(lines)
 
     def max_relative_difference(self) -> float | None:
@@ -197,22 +222,38 @@ def ratio_figure(w01, w02, names, color=None, title: str = ""):
     return fig
 
 
-def class_log_attention(cache: AnswerCache, token_ids: list[int]) -> tuple[Tensor, Tensor]:
-    """``log Abar_c[b, l, h, c]`` (log mean attention per token of each class ``c``; -inf when absent) and
-    the counts ``n[b, c]`` of each class before the answer query."""
+def class_log_attention(
+    cache: AnswerCache, token_ids: list[int], visible: Bool[Tensor, "batch layer key"] | None = None
+) -> tuple[Tensor, Tensor]:
+    """``log Abar_c[b, l, h, c]`` (log mean attention per seen token of each class ``c``; -inf when absent) and the
+    counts ``n[b, l, c]`` of each class the answer query sees: the tokens before it, or, with ``visible`` (the keys
+    each layer's mask lets the query see, :func:`visible_keys`), those it may see."""
     if cache.log_attn is None:
         raise TaskError("the cache has no attention rows; build it with attention=True")
     t = cache.log_attn.shape[-1]
     tokens = cache.tokens[:, :t]
-    before = torch.arange(t, device=tokens.device)[None] <= cache.answer_pos[:, None]
+    before = torch.arange(t, device=tokens.device)[None] <= cache.answer_pos[:, None]  # [b, t]
+    seen = before[:, None, :].expand(-1, cache.log_attn.shape[1], -1) if visible is None else visible & before[:, None]
     out, counts = [], []
     for tok in token_ids:
-        is_c = (tokens == tok) & before  # [b, t]
-        n = is_c.sum(-1)
-        la = cache.log_attn.masked_fill(~is_c[:, None, None, :], float("-inf")).logsumexp(-1)
-        out.append(la - n.clamp(min=1).log()[:, None, None].to(la.dtype))
+        is_c = (tokens == tok)[:, None, :] & seen  # [b, l, t]
+        n = is_c.sum(-1)  # [b, l]
+        la = cache.log_attn.masked_fill(~is_c[:, :, None, :], float("-inf")).logsumexp(-1)
+        out.append(la - n.clamp(min=1).log()[:, :, None].to(la.dtype))
         counts.append(n)
     return torch.stack(out, -1), torch.stack(counts, -1)
+
+
+def visible_keys(model: HookedTransformer, cache: AnswerCache) -> Bool[Tensor, "batch layer key"] | None:
+    """Whether each sequence's answer query sees key ``t`` under each layer's sparse mask (causal and inside the
+    mask; :meth:`interp.attention.LayerAttention.allowed`), or None where no layer has a mask (every key before the
+    query is seen)."""
+    layers = [layer_attention(model, l) for l in range(model.cfg.n_layers)]
+    if not any(a.masks for a in layers):
+        return None
+    t = cache.log_attn.shape[-1]
+    pos = cache.answer_pos.to(cache.log_attn.device)
+    return torch.stack([a.allowed(t, t, cache.log_attn.device)[pos] for a in layers], 1)
 
 
 def measured_attention_ratios(
@@ -231,15 +272,26 @@ def measured_attention_ratios(
 def _measured(model: HookedTransformer, data, batch_size: int | None = None) -> AttentionRatios:
     cache = as_cache(model, data, attention=True, batch_size=batch_size)
     ids = task_token_ids(cache.vocab or VOCAB)
-    la, n = class_log_attention(cache, ids[:3])
+    _, present = class_log_attention(cache, ids[:3])  # every token before the query: what the data holds
+    if not bool(((present[..., 0] > 0) & (present[..., 1] > 0)).any()) or not bool(
+        ((present[..., 0] > 0) & (present[..., 2] > 0)).any()
+    ):
+        raise TaskError("the data has no sequence with both 0s and 1s (or 0s and 2s); ratios are undefined")
+    la, n = class_log_attention(cache, ids[:3], visible_keys(model, cache))
     nan = torch.tensor(float("nan"), device=la.device, dtype=la.dtype)
-    ok01 = ((n[:, 0] > 0) & (n[:, 1] > 0))[:, None, None]
-    ok02 = ((n[:, 0] > 0) & (n[:, 2] > 0))[:, None, None]
+    ok01 = ((n[..., 0] > 0) & (n[..., 1] > 0))[:, :, None].expand(la.shape[:3])  # [b, l, h]
+    ok02 = ((n[..., 0] > 0) & (n[..., 2] > 0))[:, :, None].expand(la.shape[:3])
     log_w01 = torch.where(ok01, la[..., 0] - la[..., 1], nan)
     log_w02 = torch.where(ok02, la[..., 0] - la[..., 2], nan)
-    if not bool(ok01.any()) or not bool(ok02.any()):
-        raise TaskError("the data has no sequence with both 0s and 1s (or 0s and 2s); ratios are undefined")
-    return AttentionRatios(w01=log_w01.nanmean(0).exp(), w02=log_w02.nanmean(0).exp(), log_w01=log_w01, log_w02=log_w02)
+    return AttentionRatios(
+        w01=log_w01.nanmean(0).exp(),
+        w02=log_w02.nanmean(0).exp(),
+        log_w01=log_w01,
+        log_w02=log_w02,
+        n01=ok01.sum(0).cpu(),
+        n02=ok02.sum(0).cpu(),
+        n_sequences=int(la.shape[0]),
+    )
 
 
 def query_key_scores(model: HookedTransformer, *, vocab=None) -> Float[Tensor, "head vocab"]:
@@ -269,6 +321,7 @@ def query_key_scores(model: HookedTransformer, *, vocab=None) -> Float[Tensor, "
         )
     vocab = vocab or VOCAB
     eq = task_token_ids(vocab)[3]
+    sync(model)  # low-rank W_Q/W_K from their current factors
     attn = model.blocks[0].attn
     with torch.inference_mode():
         x = token_inputs(model, list(range(model.cfg.d_vocab)))  # [vocab, d]

@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.attention import sync
 from interp.device import check_device
 from interp.errors import ConfigError, InterpError
 from interp.heads import head_label, one_head
@@ -43,6 +44,7 @@ def value_vectors(
     if layer != 0:
         raise ConfigError(f"value vectors per token exist only for layer-0 heads; got {head_label(layer, h)}")
     ids = task_token_ids(vocab or VOCAB, tuple(tokens))
+    sync(model)  # a low-rank W_V from its current factors
     attn = model.blocks[0].attn
     with torch.inference_mode():
         return token_inputs(model, ids) @ attn.W_V[h] + attn.b_V[h]

@@ -5,7 +5,7 @@ The **grade** is based on the head's separation accuracy A_s alone (the thesis's
 probe can read the answer from the head's output; the thesis finds good heads above 95% and bad ones near 50%):
 ``good``: A_s >= 0.95; ``partial``: 0.70 <= A_s < 0.95; ``bad``: A_s < 0.70. A probe can read the answer from
 heads the model does not use (even from the heads of an untrained model, whose outputs still mix the digits'
-value vectors by their counts), so the summary warns when the model itself is at chance, and the learned
+value vectors by their counts), so the summary warns when the model itself is at or below chance, and the learned
 accuracy beside the grade says what the head does for the model.
 
 The **attention words** come from the measured ratios with a tolerance band of a factor 2 around 1 (ratios
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 GOOD, PARTIAL = 0.95, 0.70
 BAND = 2.0  # ratios within a factor BAND of 1 read as "alike"
 W02_IGNORED = 10.0
-AT_CHANCE = 0.02  # a model within this of chance accuracy is "at chance"
+AT_CHANCE = 0.02  # a model at most this above chance accuracy (or below it) is "at or below chance"
 LEARNED_PAIRS = "Learned accuracy of head pairs (Figure 5)"
 SEPARATION_PAIRS = "Separation accuracy of head pairs (Figure 4)"
 NUMERIC = ("learned_accuracy", "separation_accuracy", "roc_auc", "w01", "w02", "exact_w01", "exact_w02")
@@ -185,11 +185,12 @@ class HeadSummary(Result):
 
     @property
     def warning(self) -> str | None:
-        """Set when the model itself is at chance: the grades then describe probes, not what the model uses."""
+        """Set when the model itself is at or below chance (at most ``AT_CHANCE`` above it): the grades then describe
+        probes, not what the model uses."""
         if self.model_accuracy <= self.chance + AT_CHANCE:
             return (
-                f"the model's accuracy {self.model_accuracy:.3f} is at chance ({self.chance:.3f}): the grades say "
-                "what a linear probe reads from each head's output, not what this model uses"
+                f"the model's accuracy {self.model_accuracy:.3f} is at or below chance ({self.chance:.3f}): the grades "
+                "say what a linear probe reads from each head's output, not what this model uses"
             )
         return None
 

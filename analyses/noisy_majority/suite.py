@@ -316,6 +316,13 @@ def add_training_census_section(directory, report, progress: bool = False) -> No
     )
 
 
+def _hypotheses(task):
+    """The task's hypotheses (``interp hypothesis``), imported when asked for."""
+    from .hypotheses import hypotheses
+
+    return hypotheses(task)
+
+
 SUITE = FunctionSuite(
     "noisy-majority",
     analyze,
@@ -323,4 +330,5 @@ SUITE = FunctionSuite(
     add_sweep_sections,
     typed_fn=inputs.typed_example,
     corruptions_fn=inputs.corruptions,
+    hypotheses_fn=_hypotheses,
 )

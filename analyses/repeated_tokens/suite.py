@@ -328,6 +328,13 @@ def add_patching_sections(model: HookedTransformer, task: Task, report, prev=Non
     report.result(paths)
 
 
+def _hypotheses(task):
+    """The task's hypotheses (``interp hypothesis``), imported when asked for."""
+    from .hypotheses import hypotheses
+
+    return hypotheses(task)
+
+
 SUITE = FunctionSuite(
     "repeated-tokens",
     analyze,
@@ -335,4 +342,5 @@ SUITE = FunctionSuite(
     typed_fn=inputs.typed_example,
     corruptions_fn=inputs.corruptions,
     probes_fn=inputs.probes,
+    hypotheses_fn=_hypotheses,
 )

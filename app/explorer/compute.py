@@ -14,12 +14,13 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.ablation import ablation_hooks
-from interp.analyses.circuits import Circuit, full_ov_circuit, full_qk_circuit, positional_qk_circuit
+from interp.analyses.circuits import CircuitMatrix, full_ov_circuit, full_qk_circuit, positional_qk_circuit
 from interp.analyses.generic_suite import random_repeat_probes
 from interp.analyses.pattern_scores import HeadScores
 from interp.analyses.separation_accuracies import SeparationAccuracy
 from interp.analyses.shapley import EXACT_UP_TO, ShapleyResult
 from interp.analyses.shapley import shapley_values as shapley_values_of
+from interp.attention import layer_attention
 from interp.device import model_device
 from interp.heads import Head, head_label, parse_head
 
@@ -192,16 +193,30 @@ def score_probes(suite: Suite, task: Task, n_ctx: int) -> tuple[Int[Tensor, "bat
     return random_repeat_probes(task.vocab, n_ctx)
 
 
-def head_circuits(model: HookedTransformer, head: Head, vocab: Vocab) -> list[Circuit]:
-    """The head's full QK and OV circuits, and its positional QK circuit where the model has learned positions."""
-    circuits = [full_qk_circuit(model, heads=head, vocab=vocab), full_ov_circuit(model, heads=head, vocab=vocab)]
+def head_circuits(model: HookedTransformer, head: Head, vocab: Vocab) -> list[CircuitMatrix | dict]:
+    """The head's full QK and OV circuits, and its positional QK circuit where the model has learned positions. A QK
+    circuit that is undefined for the head's layer (linear or additive pooling: its scores are no bilinear ``q·k``)
+    is ``{"name": ..., "undefined": why}`` in its place, so the panel shows what is defined and says what is not."""
     learned = model.cfg.positional_embedding_type in ("standard", "shortformer")
-    if learned and bool(model.W_pos.detach().abs().max() > 0):
+    positional = learned and bool(model.W_pos.detach().abs().max() > 0)
+    pooling = layer_attention(model, head[0]).pooling
+    if pooling != "softmax":
+        why = (
+            f"undefined for layer {head[0]}'s {pooling} pooling: its weights are φ(q)·φ(k), normalised, not exp(q·k)"
+            if pooling.startswith("linear")
+            else f"undefined for layer {head[0]}'s {pooling} pooling: its scores are v·tanh(q + k), not q·k"
+        )
+        qk = [{"name": f"full QK circuit of {head_label(*head)}", "undefined": why}]
+        if positional:
+            qk.append({"name": f"positional QK circuit of {head_label(*head)}", "undefined": why})
+        return [qk[0], full_ov_circuit(model, heads=head, vocab=vocab), *qk[1:]]
+    circuits = [full_qk_circuit(model, heads=head, vocab=vocab), full_ov_circuit(model, heads=head, vocab=vocab)]
+    if positional:
         circuits.append(positional_qk_circuit(model, heads=head))
     return circuits
 
 
-def circuit_view(circuit: Circuit, direct_only: bool) -> dict:
+def circuit_view(circuit: CircuitMatrix, direct_only: bool) -> dict:
     """A circuit for the page: its top-left ``CIRCUIT_MAX`` corner as float32 bytes (NaN above the diagonal of a
     causal one), its labels and titles; ``direct_only`` marks a later-layer head's circuit, which goes through the
     embedding only."""

@@ -342,6 +342,10 @@ function render({ model, el }) {
   }
 
   function circuitView(c) {
+    if (c.undefined) {  // a circuit the head's layer does not define (a QK circuit under linear or additive pooling)
+      return h("div", { class: "ix-circ" }, h("div", { class: "ix-ctitle" }, c.name),
+        h("div", { class: "ix-muted" }, c.undefined));
+    }
     const [r, k] = c.shape;
     const m = floats(c.data);
     let max = 0;

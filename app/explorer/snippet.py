@@ -22,10 +22,12 @@ def snippet(s: Session, v: Views, checkpoint: str | None) -> str:
         lines += _patching(s)
     if s.head is not None:
         head = v.head_view.get("head") or _label(s.head)
-        lines += [
-            f"qk = analyses.full_qk_circuit(model, heads={head!r}, vocab=task.vocab)",
-            f"ov = analyses.full_ov_circuit(model, heads={head!r}, vocab=task.vocab)",
-        ]
+        defined = all("undefined" not in c for c in v.head_view.get("circuits", []) if "QK" in c.get("name", ""))
+        if defined:
+            lines.append(f"qk = analyses.full_qk_circuit(model, heads={head!r}, vocab=task.vocab)")
+        else:
+            lines.append(f"# no QK circuit: {head}'s layer pools with linear or additive scores, not q·k")
+        lines.append(f"ov = analyses.full_ov_circuit(model, heads={head!r}, vocab=task.vocab)")
     return "\n".join(lines) + "\n"
 
 

@@ -213,7 +213,9 @@ class Views:
         """The head's circuits as the page gets them, computed once per head."""
         if head not in self.circuits:
             circuits = head_circuits(self.s.model, head, self.s.task.vocab)
-            self.circuits[head] = [circuit_view(c, direct_only=head[0] > 0) for c in circuits]
+            self.circuits[head] = [
+                c if isinstance(c, dict) else circuit_view(c, direct_only=head[0] > 0) for c in circuits
+            ]
         return self.circuits[head]
 
     def compute(self, what: str) -> None:
