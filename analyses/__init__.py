@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from interp.errors import removed_names
+
 if TYPE_CHECKING:
     from interp.suite import Suite
     from interp.task import Task
@@ -182,10 +184,23 @@ _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = [*sorted(_WHERE), "suite_for"]  # noqa: PLE0604 (names computed from the table above)
 
 
+_REMOVED = {
+    "shapley_of": "shapley_values(model, data, method='exact', ...)",
+    "exact_shapley": "CoalitionValues.shapley() (CoalitionValues(heads, values, value) wraps a bare vector), or "
+    "shapley_values(model, data, method='exact', ...)",
+    "sampled_shapley": "shapley_values(model, data, method='sampled', samples=, seed=, antithetic=, ...)",
+    **dict.fromkeys(
+        ("learned_accuracy_loop", "path_patching_loop", "variant_metric"),
+        "moved to interp.analyses.reference (the tests' oracles)",
+    ),
+}
+_removed = removed_names("interp.analyses", _REMOVED)
+
+
 def __getattr__(name):
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'analyses' has no attribute {name!r}")
+    return _removed(name)
 
 
 def __dir__():

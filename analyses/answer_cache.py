@@ -29,7 +29,7 @@ from interp.device import check_device
 from interp.errors import InterpError, TaskError
 from interp.evaluation import check_batch_size, check_finite_parameters, check_tokens, map_chunks
 from interp.query_forward import query_attention, resolve_method
-from interp.task import TaskData, check_model_task, check_nonempty
+from interp.task import TaskData, check_labels, check_model_task, check_nonempty
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -64,7 +64,8 @@ class AnswerCache:
 
 def check_model_data(model: HookedTransformer, data: object, task: Task | None = None) -> None:
     """Refuse, before any work: something that is not task data, empty data, data of another task than ``task``,
-    a model whose vocabulary does not fit the data's task, tokens the model cannot take, and a model with a NaN or
+    a model whose vocabulary does not fit the data's task, tokens the model cannot take, labels it cannot predict
+    (outside ``[0, d_vocab_out)``: every accuracy would be a silent 0), and a model with a NaN or
     infinite parameter."""
     if not isinstance(data, TaskData):
         raise TaskError(f"expected task data (interp.task.TaskData), got {type(data).__name__}")
@@ -81,6 +82,9 @@ def check_model_data(model: HookedTransformer, data: object, task: Task | None =
                 "is it a model of another task?"
             )
     check_tokens(model, data.tokens, task.vocab if task is not None else data.vocab)
+    check_labels(
+        data.labels, model.cfg.d_vocab_out, f"the model's output vocabulary (d_vocab_out {model.cfg.d_vocab_out})"
+    )
     check_finite_parameters(model)
 
 

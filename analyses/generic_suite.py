@@ -49,7 +49,7 @@ def random_repeat_probes(vocab: Vocab, n_ctx: int) -> tuple[Int[Tensor, "batch p
     drawn from the task's output tokens (outside the task's own distribution), as long as a context of ``n_ctx``
     tokens allows; with what they are in words. None where the context is too short for a repeat."""
     if n_ctx < MIN_CONTEXT:
-        return None, f"not defined: a context of {n_ctx} tokens holds no repeat"
+        return None, f"not defined here: a context of {n_ctx} tokens holds no repeat"
     rep = min((n_ctx - 1) // 2, PROBE_REPEAT)
     tokens = repeated_random_tokens(PROBE_SEQS, rep, vocab.n_out, bos=vocab.bos, seed=0)
     return tokens, (
@@ -104,7 +104,7 @@ class TaskSummary(Result):
         lines.append(aligned(["split", *keys], [[s, *(f"{m[k]:.4f}" for k in keys)] for s, m in self.metrics.items()]))
         lines.append(
             f"\neach head alone ({self.ablation}-ablation of the others) on the first {self.n_examples} {self.split} "
-            f"examples; all heads {self.all_heads:.4f}; head scores on {self.scores_on}:"
+            f"examples; all heads {self.all_heads:.4f}; {self.scores_phrase()}:"
         )
         cols = ["head", "alone", *(SCORES if self.scores is not None else ())]
         body = [
@@ -112,6 +112,11 @@ class TaskSummary(Result):
         ]
         lines.append(aligned(cols, body))
         return "\n".join(lines)
+
+    def scores_phrase(self, what: str = "head scores") -> str:
+        """``what`` and what the scores were measured on, or, where they are not defined, why (a sentence either
+        way: ``scores_on`` is a description of the probes or the reason)."""
+        return f"{what} on {self.scores_on}" if self.scores is not None else f"{what}: {self.scores_on}"
 
     def figure(self):
         """Each head's learned accuracy alone, layer by head."""
@@ -134,7 +139,7 @@ class TaskSummary(Result):
             rows,
             list(rows[0]) if rows else ["head"],
             formats={k: ".3f" for k in (rows[0] if rows else {}) if k != "head"},
-            caption=f"Per head: learned accuracy alone ({self.split}), pattern scores on {self.scores_on}",
+            caption=f"Per head: learned accuracy alone ({self.split}), {self.scores_phrase('pattern scores')}",
         )
 
 
@@ -180,7 +185,8 @@ def add_report_sections(ckpt: Checkpoint, report: Report, progress: bool = False
     report.section(
         "Head scores",
         "Induction, previous-token, duplicate-token and BOS attention of every head (Olsson et al., In-context "
-        f"Learning and Induction Heads), measured on {summary.scores_on}.",
+        "Learning and Induction Heads)"
+        + (f", measured on {summary.scores_on}." if summary.scores is not None else f": {summary.scores_on}."),
     )
     report.add_html(summary.table_html())
 

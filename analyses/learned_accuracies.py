@@ -87,12 +87,15 @@ def _mean_z(model: HookedTransformer, data, batch_size: int | None = None) -> Te
 
 @dataclass
 class LearnedAccuracy(Result):
-    """Accuracy per head subset with the other heads ablated. ``accuracy[s]`` belongs to ``subsets[s]``."""
+    """Accuracy per head subset with the other heads ablated. ``accuracy[s]`` belongs to ``subsets[s]``.
+    ``method``: how the logits were computed (``"fast"`` or ``"hooks"``, what ``method="auto"`` resolved to; None
+    where not recorded)."""
 
     subsets: list[Subset]
     accuracy: Float[Tensor, " subset"]
     ablation: str
     n_examples: int
+    method: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -120,6 +123,7 @@ class LearnedAccuracy(Result):
             {
                 "ablation": self.ablation,
                 "n_examples": self.n_examples,
+                "method": self.method,
                 "subsets": [[head_label(*h) for h in s] for s in self.subsets],
                 "accuracy": self.accuracy,
             }
@@ -128,7 +132,11 @@ class LearnedAccuracy(Result):
     @classmethod
     def from_dict(cls, d: dict) -> LearnedAccuracy:
         return cls(
-            [tuple(head_of(h) for h in s) for s in d["subsets"]], floats(d["accuracy"]), d["ablation"], d["n_examples"]
+            [tuple(head_of(h) for h in s) for s in d["subsets"]],
+            floats(d["accuracy"]),
+            d["ablation"],
+            d["n_examples"],
+            d.get("method"),
         )
 
     def text(self, top: int = 10) -> str:
@@ -178,15 +186,17 @@ def learned_accuracy(
     ``data``: task data, or an :class:`AnswerCache` of it (reused by the fast method; the hook method uses the data
     it was computed from). ``ablation``: ``"zero"`` or ``"mean"`` (the ablated heads output their mean ``z`` at the
     answer positions of ``reference``, default ``data``). ``method``: ``"fast"``, ``"hooks"`` or ``"auto"`` (fast
-    when the model allows). ``batch_size``: sequences per forward of the hook method, counting the copies of the
-    batch per subset (None: from the memory budget)."""
+    when the model allows, :func:`interp.query_forward.supports_query_forward`: one layer, attention only, for zero
+    and mean ablation alike; the result's ``method`` says which ran). ``batch_size``: sequences per forward of the
+    hook method, counting the copies of the batch per subset (None: from the memory budget)."""
     check_inputs(model, data, task=task, device=device, batch_size=batch_size)
     parsed = subsets_of(model, heads)
-    logits = _subset_logits(model, data, parsed, ablation, reference, method, batch_size)
+    used = _resolved_method(model, data, method)
+    logits = _subset_logits(model, data, parsed, ablation, reference, used, batch_size)
     check_finite_logits(logits, "the answer logits under these ablations")
     labels = data.labels.to(logits.device)
     acc = (logits.argmax(-1) == labels[None]).float().mean(-1)
-    return LearnedAccuracy(parsed, acc, ablation, len(data))
+    return LearnedAccuracy(parsed, acc, ablation, len(data), used)
 
 
 def learned_accuracy_of(model: HookedTransformer, data: TaskData | AnswerCache, *, heads: object, **kw) -> float:
@@ -235,9 +245,7 @@ def _subset_logits(
     if ablation not in ABLATIONS:
         raise InterpError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
     cache = data if isinstance(data, AnswerCache) else None
-    if cache is not None and method == "auto":  # a cache serves the fast path; a deep model runs the cache's data
-        method = "fast" if supports_query_forward(model) or cache.data is None else "hooks"
-    method = resolve_method(model, method)
+    method = _resolved_method(model, data, method)
     if method == "hooks" and cache is not None:
         if cache.data is None:
             raise InterpError("an AnswerCache can only be evaluated with method='fast'; pass the task data for 'hooks'")
@@ -255,6 +263,15 @@ def _subset_logits(
         cache = cache if cache is not None else as_cache(model, data, attention=False, batch_size=batch_size)
         return cached_subset_logits(model, cache, masks, z_ref)
     return hooked_subset_logits(model, data, masks, z_ref, batch_size)
+
+
+def _resolved_method(model: HookedTransformer, data, method: str) -> str:
+    """``"fast"`` or ``"hooks"``: what ``method`` (``"auto"`` included) runs on ``data``. The ablation does not
+    enter: the fast path recombines cached head outputs with a mask, and a mean-ablated head's output is its mean
+    ``z`` through ``W_O``, so zero and mean ablation take the same path."""
+    if isinstance(data, AnswerCache) and method == "auto":  # a cache serves the fast path; a deep model runs its data
+        return "fast" if supports_query_forward(model) or data.data is None else "hooks"
+    return resolve_method(model, method)
 
 
 def cached_subset_logits(

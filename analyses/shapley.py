@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from interp.errors import InterpError
+from interp.errors import InterpError, removed_names
 
 from .coalitions import coalition_evaluator
 from .shapley_result import ShapleyResult, moebius, shapley_of_values, shapley_transform, zeta
@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     from interp.task import Task
 
 __all__ = ["ShapleyResult", "moebius", "shapley_transform", "shapley_values", "zeta"]
+__getattr__ = removed_names(
+    "interp.analyses.shapley",
+    {
+        "shapley_of": "shapley_values(model, data, method='exact', ...)",
+        "exact_shapley": "CoalitionValues.shapley(), or shapley_values(model, data, method='exact', ...)",
+        "shapley": "CoalitionValues.shapley() (CoalitionValues(heads, values, value) wraps a bare vector)",
+        "sampled_shapley": "shapley_values(model, data, method='sampled', samples=, seed=, antithetic=, ...)",
+    },
+)
 
 METHODS = ("auto", "exact", "sampled")
 EXACT_UP_TO = 16  # heads: method="auto" computes exact values up to this many (2**16 coalitions), samples beyond
@@ -53,6 +62,11 @@ def shapley_values(
     """The Shapley value of each head of ``heads`` (one set; default every head) for the coalition value ``value``
     on ``data`` (:func:`analyses.coalitions.coalition_values` describes ``value``, ``train``, ``ablation``,
     ``reference``, ``solver``, ``C`` and ``batch_size``).
+
+    The heads of ``heads`` are the players; every other head of the model stays ablated in every coalition (v(S) is
+    the value with all heads outside S ablated, non-players included), so v(all players) is the value of the players
+    alone, not the whole model's, and the values add up to v(players) - v(no head). No option keeps the non-players
+    switched on: make a head a player to count its context.
 
     ``method``: ``"exact"`` (v of all 2**n coalitions and the Moebius transform: Shapley and Banzhaf values and
     pairwise interactions; at most 24 heads), ``"sampled"`` (``samples`` random permutations, ``antithetic`` pairs,

@@ -20,7 +20,7 @@ __version__ = "0.2.0"
 _WHERE = {
     # the core (this package)
     "Checkpoint": "interp.checkpoint",
-    "save_checkpoint": "interp.checkpoint",
+    "save_checkpoint": "interp.loading",
     "read_checkpoint": "interp.checkpoint",
     "train": "interp.training",
     "TrainConfig": "interp.training",

@@ -96,7 +96,8 @@ def save_checkpoint(
     not rebuild exactly is refused before anything is written (a CheckpointError naming the difference: a hook
     attached, a module or parameter the configuration does not create, a config value that is not JSON, a parameter
     the spec fixes that holds another value, other logits), and so is a model whose vocabulary sizes do not fit the
-    task's. ``training`` is the provenance recorded with it."""
+    task's. ``training`` is the provenance recorded with it. (This module knows no task: ``interp.save_checkpoint``,
+    :func:`interp.loading.save_checkpoint`, also refuses a task whose parameters do not rebuild it.)"""
     from .task import check_model_task
 
     try:

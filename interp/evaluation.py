@@ -15,7 +15,7 @@ from .device import model_device
 from .errors import ConfigError, InterpError, TokenError
 from .model import extendable
 from .query_forward import logits_at, supports_query_forward
-from .task import IGNORE, Task, TaskData, check_model_task, check_nonempty
+from .task import IGNORE, Task, TaskData, check_model_task, check_nonempty, task_dataset
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -181,7 +181,10 @@ def evaluate_splits(
     model: HookedTransformer, task: Task, splits=None, seed: int | None = None, *, full_forward: bool = False
 ) -> dict[str, dict[str, float]]:
     """Metrics per split, e.g. ``{"train": {...}, "val": {...}, "test": {...}}``."""
-    return {s: evaluate(model, task, task.dataset(s, seed), full_forward=full_forward) for s in (splits or task.splits)}
+    return {
+        s: evaluate(model, task, task_dataset(task, s, seed), full_forward=full_forward)
+        for s in (splits or task.splits)
+    }
 
 
 def target_positions(data) -> Tensor | None:

@@ -36,7 +36,7 @@ def parse_head(spec: object, n_layers: int, n_heads: int) -> Head:
             parts = tuple(spec)
         except TypeError:
             parts = ()
-        if len(parts) != 2 or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in parts):
+        if len(parts) != 2 or not all(_is_int(x) for x in parts):
             raise HeadError(
                 f"cannot parse head {spec!r}; expected (layer, head) with two integers or a name like 'L0H3'"
             )
@@ -84,7 +84,54 @@ def is_head(spec: object) -> bool:
         parts = tuple(spec)
     except TypeError:
         return False
-    return len(parts) == 2 and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in parts)
+    return len(parts) == 2 and all(_is_int(x) for x in parts)
+
+
+def _is_int(x: object) -> bool:
+    """An integer where a layer or head index is meant: a Python or NumPy integer (not a bool) or a 0-d integer
+    tensor (``torch.tensor(3)``, e.g. an element of a tensor of indices)."""
+    if isinstance(x, numbers.Integral):
+        return not isinstance(x, bool)
+    import torch
+
+    return (
+        isinstance(x, torch.Tensor)
+        and x.dim() == 0
+        and not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool)
+    )
+
+
+def _nested_mask(heads: object):
+    """``heads`` as a float tensor where it is a nested list or tuple of numbers two or three levels deep (a mask
+    written in plain Python, ``[[1, 0, 1], [1, 1, 1]]``), else None."""
+    import torch
+
+    def plain(x: object, depth: int):
+        if isinstance(x, (list, tuple)):
+            if depth >= 3 or not x:
+                raise ValueError
+            return [plain(y, depth + 1) for y in x]
+        if depth < 2:
+            raise ValueError
+        if isinstance(x, torch.Tensor) and x.dim() == 0 and not x.dtype.is_complex:
+            return float(x)
+        if isinstance(x, numbers.Real):
+            return float(x)
+        raise ValueError
+
+    if not isinstance(heads, (list, tuple)):
+        return None
+    try:
+        return torch.tensor(plain(heads, 0))
+    except (ValueError, TypeError):  # not numbers, or ragged
+        return None
+
+
+def _pairs(x: object) -> list:
+    """The innermost sequences of a nested list (the rows of a mask, or the heads of a list of heads)."""
+    if isinstance(x, (list, tuple)) and x and isinstance(x[0], (list, tuple)):
+        return [p for y in x for p in _pairs(y)]
+    return [x]
 
 
 def parse_head_sets(heads: object, n_layers: int, n_heads: int, *, default: str = "all") -> list[tuple[Head, ...]]:
@@ -97,7 +144,11 @@ def parse_head_sets(heads: object, n_layers: int, n_heads: int, *, default: str 
     - a list of sets (``[["L0H1"], ["L0H1", "L0H2"], []]``): one set each (a list whose elements all parse as
       heads is one set, so ``[(0, 1), (0, 2)]`` is one set of two heads; ``[]`` is one empty set);
     - a mask ``[n_layers, n_heads]`` (one set) or ``[subset, n_layers, n_heads]`` (0 or 1 values; 1 = in the set),
-      its heads in layer order.
+      its heads in layer order: a tensor, or nested Python lists (or tuples) of numbers (``[[1, 0, 1], [1, 1, 1]]``).
+      Where such a list also reads as (layer, head) pairs (integers on a model with two heads per layer) and the two
+      readings name other heads, it is refused as ambiguous, unless its pairs are tuples (then they are heads).
+
+    An integer index may be a 0-d integer tensor (``(torch.tensor(0), torch.tensor(1))``).
 
     Heads are checked against the model's shape and a set may not name a head twice; anything else is a HeadError
     saying what is expected."""
@@ -122,6 +173,26 @@ def parse_head_sets(heads: object, n_layers: int, n_heads: int, *, default: str 
         return [tuple((int(l), int(h)) for l, h in m.nonzero().tolist()) for m in mask.cpu()]
     if is_head(heads):
         return [(parse_head(heads, n_layers, n_heads),)]
+    mask = _nested_mask(heads)
+    if mask is None:
+        return _listed_sets(heads, n_layers, n_heads)
+    try:
+        listed = _listed_sets(heads, n_layers, n_heads)
+    except HeadError:  # not heads: a mask, checked as a tensor's (its shape, 0 and 1)
+        return parse_head_sets(mask, n_layers, n_heads)
+    fits = tuple(mask.shape[-2:]) == (n_layers, n_heads) and bool(((mask == 0) | (mask == 1)).all())
+    differ = fits and [set(s) for s in parse_head_sets(mask, n_layers, n_heads)] != [set(s) for s in listed]
+    if differ and not all(isinstance(p, tuple) for p in _pairs(heads)):
+        raise HeadError(
+            f"heads={heads!r} reads both as (layer, head) pairs and as a head mask [{n_layers}, {n_heads}], "
+            "naming other heads; write the heads as tuples ((0, 1)) or names ('L0H1'), or the mask as a tensor "
+            "(torch.tensor(...))"
+        )
+    return listed
+
+
+def _listed_sets(heads: object, n_layers: int, n_heads: int) -> list[tuple[Head, ...]]:
+    """:func:`parse_head_sets` of a list of heads or a list of head sets."""
     try:
         items = list(heads)  # type: ignore[call-overload]
     except TypeError:

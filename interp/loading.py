@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import CheckpointError
+from .errors import CheckpointError, InterpError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
     from .checkpoint import Checkpoint
+    from .model import ModelSpec
     from .task import Task
 
 
@@ -94,6 +95,32 @@ def load_checkpoint(
     return read_checkpoint(
         checkpoint_file(path_or_name), get_task, device=device, expect_task=expect_task, task_params=task_params
     )
+
+
+def save_checkpoint(
+    model: HookedTransformer,
+    task: Task,
+    path,
+    *,
+    training: dict[str, Any] | None = None,
+    spec: ModelSpec | None = None,
+) -> Path:
+    """``interp.save_checkpoint``: :func:`interp.checkpoint.save_checkpoint` (the file and its checks) after the check
+    that loading makes of the task: a registered task whose name and parameters (``task.params()``) do not rebuild it
+    with the registry's ``get_task`` is refused, before anything is written, with a CheckpointError naming the task's
+    own error (an unregistered task cannot be rebuilt at load either, which :func:`load_checkpoint` says)."""
+    from .checkpoint import save_checkpoint as write_checkpoint
+    from .registry import get_task, task_names
+
+    if task.name in task_names():
+        try:
+            get_task(task.name, **task.params())
+        except InterpError as e:
+            raise CheckpointError(
+                f"cannot save {path}: its task's parameters do not rebuild task {task.name!r} (loading would refuse "
+                f"it): {e}"
+            ) from None
+    return write_checkpoint(model, task, path, training=training, spec=spec)
 
 
 def load(path_or_name, device: str | None = None) -> tuple[HookedTransformer, Task]:

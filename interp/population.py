@@ -43,7 +43,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
-from .checkpoint import save_checkpoint
 from .compiled import compiled_step
 from .configs import SELF_SCORED, check_snapshot_every
 from .determinism import deterministic
@@ -54,6 +53,7 @@ from .evaluation import target_positions
 from .files import AtomicFile
 from .halving import HEAD_PARAMS, Halving, Scorer
 from .initialisation import initialise
+from .loading import save_checkpoint
 from .model import ModelSpec, build_model
 from .objectives import check_lm_targets, eval_pads, lm_targets
 from .population_paths import _position_losses, forward_of, position_losses, prefix_step
@@ -63,6 +63,7 @@ from .query_forward import supports_query_forward
 from .resume_file import check_identity, read_resume_file, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
+from .task import task_dataset
 from .training import TrainConfig, snapshot_directory, snapshot_name, snapshot_training
 from .variants import parse_attention
 
@@ -955,7 +956,7 @@ def _train_population(
     snapshot = _snapshot_writer(outs, snapshot_every)
     pop = _Population(task, specs, cfgs, device, head_scorer, compile)
     cfg, K = pop.cfg, pop.K
-    train_data, val_data = task.dataset("train").to(device), task.dataset(validation_split(task)).to(device)
+    train_data, val_data = task_dataset(task, "train").to(device), task_dataset(task, validation_split(task)).to(device)
     if cfg.objective == "lm":
         check_lm_targets(task, train_data)
     d_vocab = pop.models[0].cfg.d_vocab
@@ -1036,7 +1037,7 @@ def _train_population(
     _kept, final = pop.kept()
     split_metrics, examples = {}, {}
     for split in task.splits:
-        data = task.dataset(split).to(device)
+        data = task_dataset(task, split).to(device)
         examples[split] = len(data)
         split_metrics[split] = _val_metrics(
             task,

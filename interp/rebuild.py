@@ -243,7 +243,13 @@ def check_rebuilds(model: HookedTransformer, spec: ModelSpec | None, config: dic
             + (f": extra {extra[:5]}" if extra else "")
             + (f", missing {missing[:5]}" if missing else "")
         )
-    bad = [k for k in sd if sd[k].shape != sd_built[k].shape or sd[k].dtype != sd_built[k].dtype]
+    params = {n for n, _ in model.named_parameters()}
+    bad = [
+        k
+        for k in sd
+        if sd[k].shape != sd_built[k].shape
+        or (sd[k].dtype != sd_built[k].dtype and (k in params or not _survives_cast(sd[k], sd_built[k].dtype)))
+    ]
     if bad:
         k = bad[0]
         raise _refuse(
@@ -279,6 +285,17 @@ def check_rebuilds(model: HookedTransformer, spec: ModelSpec | None, config: dic
     )
     rebuilt.load_state_dict(sd, strict=True)
     _check_logits(model, rebuilt, how)
+
+
+def _survives_cast(buffer: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a buffer's values are the same in ``dtype``, the dtype the rebuilt model keeps it in. TransformerLens'
+    constant buffers (``IGNORE``, the masked score) keep the dtype they were created in when the config's ``dtype``
+    is given, but follow ``model.to(dtype)``; loading copies the file's values into the rebuilt model's buffers, so a
+    buffer is rebuilt exactly where its values survive that cast (the logits check covers the rest)."""
+    back = buffer.to(dtype).to(buffer.dtype)
+    if buffer.is_floating_point() or buffer.is_complex():
+        return bool(torch.isclose(back, buffer, rtol=0, atol=0, equal_nan=True).all())
+    return torch.equal(back, buffer)
 
 
 def _check_logits(model: HookedTransformer, rebuilt: HookedTransformer, how: str) -> None:

@@ -22,6 +22,7 @@ This module is the core's (floor 1): it names no task and imports no task, analy
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,6 +43,11 @@ HOWTO = (
 )
 
 
+# a task's name: it becomes part of paths (sweep folders, checkpoint names) and of one-line messages, so no '/',
+# '..' path, whitespace, newline or non-ASCII character
+NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+
+
 @dataclass(frozen=True)
 class TaskPlugin:
     """A registered task: its ``name`` (what checkpoints, the command line and ``get_task`` call it), ``make``
@@ -57,8 +63,11 @@ class TaskPlugin:
     aliases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name or self.name != self.name.strip() or " " in self.name:
-            raise TaskError(f"a task's name must be a non-empty string without spaces, got {self.name!r}")
+        if not isinstance(self.name, str) or not NAME_RULE.fullmatch(self.name):
+            raise TaskError(
+                "a task's name is ASCII letters, digits, '-', '_' and '.', starting with a letter or digit (it names "
+                f"files, folders and command-line arguments), got {self.name!r}"
+            )
         if not callable(self.make):
             raise TaskError(f"task {self.name!r}: make must be a Task class or a factory, got {self.make!r}")
         suite = self.suite

@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .errors import TaskError, TokenError
+from .errors import InterpError, TaskError, TokenError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -182,6 +182,36 @@ def check_model_task(model: HookedTransformer, task: Task) -> None:
         )
 
 
+def check_labels(labels: Tensor, n_out: int, what: str) -> None:
+    """Refuse labels no prediction can equal (outside ``[0, n_out)``, ``what`` naming that range): every accuracy
+    on them would be a silent 0. One TokenError naming the first offending label, its example and the range."""
+    if labels.numel() == 0:
+        return
+    bad = ((labels < 0) | (labels >= n_out)).nonzero()
+    if len(bad):
+        i = int(bad[0, 0])
+        raise TokenError(
+            f"label {int(labels[i])} (example {i}) is outside {what}: labels must lie in [0, {n_out}) "
+            f"({len(bad)} of {labels.numel()} labels do not)"
+        )
+
+
+def task_dataset(task: Task, split: str, seed: int | None = None) -> TaskData:
+    """``task.dataset(split, seed)`` for the toolkit's own callers (training, evaluation, the explorer): an error the
+    task's code raises there becomes one TaskError naming the task, the split and that error (chained, so its
+    traceback stays reachable), not a traceback from inside someone else's code. The toolkit's own errors pass
+    through as they are."""
+    try:
+        return task.dataset(split) if seed is None else task.dataset(split, seed)
+    except InterpError:
+        raise
+    except Exception as e:
+        raise TaskError(
+            f"task {getattr(task, 'name', type(task).__name__)!r} could not build its {split!r} split: "
+            f"{type(e).__name__}: {' '.join(str(e).split())}"
+        ) from e
+
+
 def check_nonempty(data: TaskData, what: str = "the data") -> None:
     """Refuse empty task data with one clear line (instead of an error deep inside torch)."""
     if len(data) == 0:
@@ -220,8 +250,7 @@ def task_data(
         raise TaskError(f"answer positions must lie in [0, {t - 1}], got {answer_pos.tolist()[:8]}")
     if vocab is not None:
         vocab.check_ids(tokens)
-        if b and (int(labels.min()) < 0 or int(labels.max()) >= (vocab.n_out or len(vocab))):
-            raise TaskError(f"labels must be output token ids in [0, {(vocab.n_out or len(vocab)) - 1}]")
+        check_labels(labels, vocab.n_out or len(vocab), "the vocabulary's output tokens")
     if targets is None:
         targets = torch.full_like(tokens, IGNORE)
         targets[torch.arange(b, device=tokens.device), answer_pos] = labels

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .attention import attention_of, is_plain
-from .checkpoint import save_checkpoint
 from .configs import TrainConfig, check_snapshot_every
 from .curriculum import Curriculum, parse_curriculum
 from .curriculum import batches as curriculum_batches
@@ -50,6 +49,7 @@ from .fast_attention import fast_attention, has_fast_path
 from .files import AtomicFile
 from .halving import Halving, Scorer
 from .initialisation import initialise
+from .loading import save_checkpoint
 from .model import ModelSpec, build_model, trainable_parameters
 from .objectives import check_lm_targets, lm_targets
 from .options import options
@@ -58,7 +58,7 @@ from .query_forward import logits_at, supports_query_forward
 from .resume_file import check_identity, read_resume_file, read_resume_metadata, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
-from .task import IGNORE, Task, TaskData
+from .task import IGNORE, Task, TaskData, task_dataset
 from .variants import Attention
 
 if TYPE_CHECKING:
@@ -378,10 +378,10 @@ def _train(
     halving = record.halving
     if halving is not None:
         halving.start(model, opt)
-    train_data = task.dataset("train").to(device)
+    train_data = task_dataset(task, "train").to(device)
     if cfg.objective == "lm":
         check_lm_targets(task, train_data)
-    val_data = task.dataset(validation_split(task)).to(device)
+    val_data = task_dataset(task, validation_split(task)).to(device)
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
     _check_recipe(model, cfg)
@@ -432,7 +432,7 @@ def _train(
     if record.kept != "last":
         model.load_state_dict(state.best_state)
     model.eval()
-    final = {s: task.dataset(s) for s in task.splits}
+    final = {s: task_dataset(task, s) for s in task.splits}
     metrics = {
         s: _evaluate(model, task, data.to(device), cfg) if cfg.padding == "left" else evaluate(model, task, data)
         for s, data in final.items()

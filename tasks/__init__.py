@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from interp.errors import removed_names
 from interp.loading import checkpoint_aliases, checkpoint_file, load, load_checkpoint, read_metadata
 from interp.registry import get_task, task_names
 
@@ -24,6 +25,17 @@ __all__ = [
     "shipped_checkpoints",
     "task_names",
 ]
+
+__getattr__ = removed_names(
+    "interp.tasks",
+    {
+        "TASKS": "a task registers with an entry point in the group 'interp.tasks' of its package, or with "
+        "interp.register_task(YourTask) in Python (docs/own-task.md); the registered names are interp.registry."
+        "task_names()",
+        "CHECKPOINT_ALIASES": "each task's TaskPlugin(aliases=...); all of them: interp.loading.checkpoint_aliases() "
+        "(also interp.tasks.checkpoint_aliases())",
+    },
+)
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"  # the shipped tasks' checkpoints folder (their PLUGINs')
 

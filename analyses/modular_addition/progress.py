@@ -136,7 +136,7 @@ def merge_progress(history: list[dict], rows: list[dict]) -> list[dict]:
 def write_progress(checkpoint_path, snapshot_dir, device: str | None = None) -> dict:
     """Recompute the progress measures from a run's snapshots with the final model's key frequencies and write them
     into the checkpoint's history (the file is rewritten atomically; the weights are unchanged)."""
-    from interp.checkpoint import save_checkpoint
+    from interp.loading import save_checkpoint
     from interp.tasks import load_checkpoint
 
     ck = load_checkpoint(checkpoint_path, device=device)

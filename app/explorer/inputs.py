@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from interp.errors import TaskError, TokenError
+from interp.errors import TaskError, TokenError, removed_names
 from interp.typed_input import token_strings
 
 if TYPE_CHECKING:
@@ -17,6 +17,23 @@ if TYPE_CHECKING:
     from interp.task import Task, TaskData
 
 __all__ = ["check_lined_up", "corruption_kinds", "resample", "token_strings", "typed_example"]
+
+_TYPED = (
+    "each task's suite types its own input (interp.analyses.<task>.inputs.typed_example); "
+    "interp.app.explorer.inputs.typed_example(task, text) asks the task's suite"
+)
+_KINDS = (
+    "each task's suite lists its corruptions (Suite.corruptions(task)); "
+    "interp.app.explorer.inputs.corruption_kinds(task) names them"
+)
+__getattr__ = removed_names(
+    "interp.app.explorer.inputs",
+    {
+        "TYPED": _TYPED,
+        "PAIR_KINDS": _KINDS,
+        "OWN_KINDS": _KINDS,
+    },
+)
 EVERY_TASK = ("resample", "typed")  # the corruptions the explorer offers every task, after the task's own
 
 
