@@ -180,7 +180,7 @@ function render({ model, el }) {
   const circAllBtn = h("button", { class: "ix-btn ix-small", text: "all edges on" });
   const circEl = h("div", { class: "ix-circuit-view", "data-testid": "circuit" });
   root.append(h("section", { class: "ix-sec" },
-    h("h4", {}, "Circuit ", h("span", { class: "ix-muted" }, "the model's graph on the input and its corruption, on the full model; edges coloured by their EAP score (blue: removing it lowers the logit difference, red: raises it); click an edge to switch it off or on, a node for its edges")),
+    h("h4", {}, "Circuit ", h("span", { class: "ix-muted" }, "the model's graph on the input and its corruption, on the full model; edges coloured by their EAP score (red: removing the edge lowers the logit difference, blue: raises it; width: |score|; dashed grey: off); click an edge to switch it off or on, a node for its edges")),
     h("div", { class: "ix-row" }, circBtn, circAllBtn), circEl));
   circBtn.addEventListener("click", () => send({ type: "compute", what: "circuit" }));
   circAllBtn.addEventListener("click", () => send({ type: "edges_off", edges: [] }));
