@@ -199,3 +199,16 @@ def test_the_view_follows_a_new_input_and_needs_a_corruption(opened, small_task)
     w.example = ("test", INDEX)
     w.edges_off = []
     assert w.circuit is not None
+
+
+def test_the_snippet_reproduces_the_circuit_view(opened):
+    """The exported Python gives the scores and the logit difference shown (no edge off, and two off)."""
+    w, model = opened[:2]
+    for off in ([], [e["edge"] for e in w.circuit.top(2)]):
+        w.edges_off = off
+        ns: dict = {"model": model}
+        exec(w.snippet(), ns)
+        torch.testing.assert_close(ns["scores"], w.circuit.scores, rtol=0, atol=0)
+        got = float(ns["circuit_metrics"](ns["ctx"], ns["keep"][None])[0])
+        assert got == pytest.approx(w.circuit.circuit, abs=ATOL)
+    w.edges_off = []
