@@ -212,3 +212,44 @@ def test_the_snippet_reproduces_the_circuit_view(opened):
         got = float(ns["circuit_metrics"](ns["ctx"], ns["keep"][None])[0])
         assert got == pytest.approx(w.circuit.circuit, abs=ATOL)
     w.edges_off = []
+
+
+def test_grouped_query_attention_and_a_post_norm_model(small_task):
+    """Grouped-query attention: key and value receivers per key/value head (``L1KV0.k``) are nodes of their own;
+    the scores and a circuit with edges off equal ``discover_circuit``'s. A post-norm model has no such graph: the
+    circuit view says so in one line and the rest of the explorer works."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    common = {
+        "d_model": 16,
+        "n_heads": 4,
+        "d_head": 4,
+        "n_ctx": small_task.n_ctx,
+        "d_vocab": len(small_task.vocab),
+        "d_vocab_out": small_task.vocab.n_out,
+        "attn_only": True,
+        "seed": 0,
+        "device": "cpu",
+    }
+    model = HookedTransformer(HookedTransformerConfig(n_layers=2, n_key_value_heads=2, **common))
+    w = interp.explore(model, small_task, batch_size=BATCH, index=INDEX)
+    w.corruption = "flip"
+    w.edges_off = ["L0H1->L1KV0.k", "input->logits"]
+    clean = small_task.dataset("test").select([INDEX])
+    ref = analyses.discover_circuit(model, clean, corrupted=analyses.flip_answer(clean, seed=0), method="eap", top_n=0)
+    torch.testing.assert_close(w.circuit.scores, ref.scores, rtol=0, atol=0)
+    assert {"name": "L1KV0", "layer": 1, "kind": "head"} in w.circuit_view["nodes"]
+    assert {"node": "L1KV0", "input": "k"} in w.circuit_view["receivers"]
+    keep = torch.ones(ref.graph.n_edges, dtype=torch.bool)
+    keep[[ref.graph.edge_index("L0H1->L1KV0.k"), ref.graph.edge_index("input->logits")]] = False
+    ctx = analyses.circuit_scores.prepare(model, clean, corrupted=analyses.flip_answer(clean, seed=0))
+    assert w.circuit.circuit == pytest.approx(float(analyses.circuit_scores.circuit_metrics(ctx, keep[None])[0]))
+
+    post = HookedTransformer(
+        HookedTransformerConfig(n_layers=1, normalization_type="RMS", use_normalization_before_and_after=True, **common)
+    )
+    w = interp.explore(post, small_task, batch_size=BATCH, index=INDEX)
+    w.corruption = "flip"
+    w.compute("circuit")
+    assert w.circuit is None and "pre-norm" in w.circuit_view["error"] and "\n" not in w.circuit_view["error"]
+    assert w.patching is not None and w.status["error"] == ""
