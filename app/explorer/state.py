@@ -30,11 +30,12 @@ from .inputs import EVERY_TASK, check_lined_up, resample, typed_example
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
+    from interp.analyses.circuit_graph import ComputationalGraph
     from interp.suite import Corruption, Suite
     from interp.task import Task, TaskData
 
 ABLATIONS = ("zero", "mean")
-Changed = dict[str, bool]  # what a change touches: input, mask, batch, head, patch, circuit, edges
+Changed = dict[str, bool]  # what a change touches: input, mask, batch, head, patch, edges
 
 
 def as_text(value: object) -> str:
@@ -74,7 +75,7 @@ class Session:
         self.sender: Head | None = None
         self.circuit_on = False  # whether the circuit view was asked for (it then follows every new input pair)
         self.edges_off: list[int] = []  # the circuit view's edges switched off (indices of the model's graph)
-        self._graph = None
+        self._graph: ComputationalGraph | None = None
         self.split = split if split is not None else ("test" if "test" in task.splits else task.splits[-1])
         self.check_split(self.split)
         self.index, self.source, self.typed = 0, "example", ""
@@ -309,7 +310,7 @@ class Session:
         self.sender = None if value is None else self.parse_sender(value)
         return {"patch": True}
 
-    def graph(self):
+    def graph(self) -> ComputationalGraph:
         """The model's computational graph (:func:`analyses.computational_graph`), built once."""
         if self._graph is None:
             self._graph = graph_of(self.model)
