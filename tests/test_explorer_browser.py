@@ -73,6 +73,12 @@ def _expected_click():
 def lab(tmp_path_factory):
     """A JupyterLab page with the explorer running in a notebook: ``(page, browser, notebook path, shots dir,
     blocked requests, page errors)``."""
+    yield from jupyter_lab(tmp_path_factory, CELL, ".ix [data-testid=accuracy][data-n]")
+
+
+def jupyter_lab(tmp_path_factory, cell: str, ready: str):
+    """A headless JupyterLab running the notebook cell ``cell`` until the selector ``ready`` shows in its output;
+    yields ``(page, browser, notebook path, shots dir, blocked requests, page errors)`` (the ``lab`` fixture's)."""
     try:
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
         from playwright.sync_api import sync_playwright
@@ -95,7 +101,7 @@ def lab(tmp_path_factory):
     work.mkdir()
     shots.mkdir()
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(CELL)]
+    nb.cells = [nbformat.v4.new_code_cell(cell)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "explore.ipynb")
     settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
@@ -173,7 +179,7 @@ def lab(tmp_path_factory):
                     break
                 except PlaywrightTimeout:  # the cell did not start: press again
                     print("the cell did not start; running it again")
-            page.wait_for_selector(".ix [data-testid=accuracy][data-n]", timeout=180_000)
+            page.wait_for_selector(ready, timeout=180_000)
             yield page, browser, work / "explore.ipynb", shots, blocked, errors
             browser.close()
     finally:

@@ -175,6 +175,16 @@ function render({ model, el }) {
   corrIn.addEventListener("keydown", (e) => { if (e.key === "Enter") corrBtn.click(); });
   senderSel.addEventListener("change", () => send({ type: "sender", head: senderSel.value || null }));
 
+  // circuit
+  const circBtn = h("button", { class: "ix-btn", text: "score the edges (EAP)", title: "edge attribution patching of every edge between the input and its corruption" });
+  const circAllBtn = h("button", { class: "ix-btn ix-small", text: "all edges on" });
+  const circEl = h("div", { class: "ix-circuit-view", "data-testid": "circuit" });
+  root.append(h("section", { class: "ix-sec" },
+    h("h4", {}, "Circuit ", h("span", { class: "ix-muted" }, "the model's graph on the input and its corruption, on the full model; edges coloured by their EAP score (red: removing the edge lowers the logit difference, blue: raises it; width: |score|; dashed grey: off); click an edge to switch it off or on, a node for its edges")),
+    h("div", { class: "ix-row" }, circBtn, circAllBtn), circEl));
+  circBtn.addEventListener("click", () => send({ type: "compute", what: "circuit" }));
+  circAllBtn.addEventListener("click", () => send({ type: "edges_off", edges: [] }));
+
   // export
   const snippetEl = h("pre", { class: "ix-code", "data-testid": "snippet" });
   const stateEl = h("pre", { class: "ix-code" });
@@ -464,6 +474,108 @@ function render({ model, el }) {
     put(patchEl, ...parts);
   }
 
+  // ---- the circuit view: an SVG graph, nodes in columns by layer, each head with its q, k, v inputs as ports ----
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs = {}, ...children) {
+    const el = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) el.setAttribute(k, v);
+    for (const c of children) if (c) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    return el;
+  }
+  let circSel = null;  // {edge: name} or {node: name}: what the circuit panel describes (the page's own choice)
+
+  function circuitLayout(v) {
+    const mlp = v.nodes.some((n) => n.kind === "mlp");
+    const col = (n) => n.kind === "input" ? 0 : n.kind === "logits" ? 1 + (v.nodes.filter((m) => m.kind !== "input" && m.kind !== "logits")
+      .reduce((a, m) => Math.max(a, m.layer), 0) + 1) * (mlp ? 2 : 1) : 1 + n.layer * (mlp ? 2 : 1) + (n.kind === "mlp" ? 1 : 0);
+    const cols = {};
+    for (const n of v.nodes) (cols[col(n)] = cols[col(n)] || []).push(n);
+    const nCols = Math.max(...Object.keys(cols).map(Number)) + 1;
+    const tallest = Math.max(...Object.values(cols).map((c) => c.length));
+    const bh = tallest > 24 ? 14 : 26, gap = tallest > 24 ? 4 : 10, bw = 56, colW = 150;
+    const H = Math.max(120, tallest * (bh + gap) + 20), W = nCols * colW;
+    const pos = {};
+    for (const [c, list] of Object.entries(cols)) {
+      const top = (H - list.length * (bh + gap) + gap) / 2;
+      list.forEach((n, i) => { pos[n.name] = { x: 20 + Number(c) * colW, y: top + i * (bh + gap), n }; });
+    }
+    return { pos, bh, bw, W: W - colW + bw + 40, H };
+  }
+
+  function drawCircuit() {
+    const v = get("circuit_view");
+    circAllBtn.style.display = v.edges_off && v.edges_off.length ? "" : "none";
+    if (!v.on) { put(circEl, h("div", { class: "ix-muted" }, "choose a corrupted input, then score the edges")); return; }
+    if (v.error || !v.nodes) { put(circEl, h("div", { class: "ix-error" }, v.error || "")); return; }
+    const L = circuitLayout(v);
+    const { pos, bh, bw } = L;
+    let max = 0;
+    for (const e of v.edges) if (e.score !== null) max = Math.max(max, Math.abs(e.score));
+    const port = (r) => {
+      const rec = v.receivers[r];
+      const p = pos[rec.node];
+      const y = rec.input === "q" ? p.y + bh * 0.2 : rec.input === "k" ? p.y + bh * 0.5 : rec.input === "v" ? p.y + bh * 0.8 : p.y + bh / 2;
+      return [p.x, y];
+    };
+    const graphEl = svg("svg", { class: "ix-csvg", width: L.W, height: L.H, viewBox: `0 0 ${L.W} ${L.H}`, "data-testid": "circuit-graph" });
+    const edgeLayer = svg("g", {});
+    for (const e of v.edges) {
+      const s = pos[v.senders[e.s]];
+      const [x1, y1] = [s.x + bw, s.y + bh / 2];
+      const [x2, y2] = port(e.r);
+      const dx = Math.max(30, (x2 - x1) / 2);
+      const d = `M${x1},${y1} C${x1 + dx},${y1} ${x2 - dx},${y2} ${x2},${y2}`;
+      const t = e.score === null ? 0 : max ? e.score / max : 0;
+      const c = e.off ? "#9aa0a6" : css(rdbu(t < 0 ? -1 : 1));
+      const selected = circSel && (circSel.edge === e.name || circSel.node === v.senders[e.s] || circSel.node === v.receivers[e.r].node);
+      const g = svg("g", { class: "ix-edge" + (e.off ? " ix-edge-off" : ""), "data-edge": e.name, "data-score": e.score },
+        svg("title", {}, `${e.name}: score ${e.score === null ? "undefined" : sgn(e.score, 4)}${e.off ? " (off)" : ""}; click to switch it ${e.off ? "on" : "off"}`),
+        svg("path", { d, fill: "none", stroke: c, "stroke-width": e.off ? 1.2 : 0.8 + 3.2 * Math.abs(t), "stroke-opacity": e.off ? 0.7 : selected ? 1 : 0.15 + 0.85 * Math.abs(t),
+          "stroke-dasharray": e.off ? "4 3" : null }),
+        svg("path", { d, fill: "none", stroke: "transparent", "stroke-width": 8, class: "ix-ehit" }));
+      g.addEventListener("click", () => { circSel = { edge: e.name }; send({ type: "edge", edge: e.name }); });
+      edgeLayer.append(g);
+    }
+    graphEl.append(edgeLayer);
+    for (const [name, p] of Object.entries(pos)) {
+      const isHead = p.n.kind === "head";
+      const g = svg("g", { class: "ix-cnode", "data-node": name },
+        svg("title", {}, `${name}: click for its edges`),
+        svg("rect", { x: p.x, y: p.y, width: bw, height: bh, rx: 4, fill: circSel && circSel.node === name ? "#fff3c4" : "#f3f4f6", stroke: "#888" }),
+        svg("text", { x: p.x + bw / 2, y: p.y + bh / 2 + 4, "text-anchor": "middle", "font-size": bh > 20 ? 11 : 9 }, name));
+      if (isHead && bh > 20) for (const [k, f] of [["q", 0.2], ["k", 0.5], ["v", 0.8]]) {
+        g.append(svg("text", { x: p.x + 2, y: p.y + bh * f + 3, "font-size": 7, fill: "#888" }, k));
+      }
+      g.addEventListener("click", () => { circSel = { node: name }; drawCircuit(); });
+      graphEl.append(g);
+    }
+    const pr = v.prediction, fp = v.full_prediction;
+    const predText = (p) => p.top.map(([t, x]) => `${t} ${fmt(x, 3)}`).join(", ");
+    const numbers = h("table", { class: "ix-table ix-scores", "data-testid": "circuit-numbers" }, h("tbody", {},
+      scoreRow("edges off", `${v.n_off} of ${v.n_edges}`, v.edges.length < v.n_edges ? `the ${v.edges.length} drawn: the largest |score| and every edge off` : ""),
+      scoreRow(`logit("${v.clean_label}") − logit("${v.corrupted_label}")`, h("span", { "data-testid": "circuit-left" }, fmt(v.left, 4)), `full model ${fmt(v.full, 4)}, every edge off ${fmt(v.empty, 4)}`),
+      scoreRow("faithfulness of what is left", h("span", { "data-testid": "circuit-faithfulness" }, v.faithfulness === null ? "undefined" : fmt(v.faithfulness, 4)),
+        "(left − every edge off) / (full − every edge off); a removed edge carries the corrupted run's sender output"),
+      scoreRow("prediction with the edges off", h("span", { "data-testid": "circuit-prediction", class: pr.correct ? "ix-ok" : "ix-bad" }, predText(pr)), `full model: ${predText(fp)}`)));
+    let detail = h("div", { class: "ix-muted" }, "click an edge to switch it off or on, a node for its edges");
+    if (circSel && circSel.edge) {
+      const e = v.edges.find((x) => x.name === circSel.edge);
+      if (e) detail = h("div", { "data-testid": "circuit-selected" }, h("b", {}, e.name), ` · EAP score ${e.score === null ? "undefined" : sgn(e.score, 4)} · `,
+        h("span", { class: e.off ? "ix-bad" : "ix-ok" }, e.off ? "off" : "on"),
+        h("button", { class: "ix-btn ix-small", onclick: () => send({ type: "edge", edge: e.name }) }, e.off ? "switch on" : "switch off"));
+    } else if (circSel && circSel.node) {
+      const name = circSel.node;
+      const mine = v.edges.filter((e) => v.senders[e.s] === name || v.receivers[e.r].node === name);
+      const total = mine.reduce((a, e) => a + (e.score || 0), 0);
+      const names = mine.map((e) => e.name);
+      const allOff = mine.length > 0 && mine.every((e) => e.off);
+      const rest = (v.edges_off || []).filter((x) => !names.includes(x));
+      detail = h("div", { "data-testid": "circuit-selected" }, h("b", {}, name), ` · ${mine.length} edges drawn, their scores sum to ${sgn(total, 4)} · `,
+        h("button", { class: "ix-btn ix-small", onclick: () => send({ type: "edges_off", edges: allOff ? rest : [...rest, ...names] }) }, allOff ? "switch its edges on" : "switch its edges off"));
+    }
+    put(circEl, h("div", { class: "ix-scroll" }, graphEl), detail, numbers);
+  }
+
   function drawExport() {
     const v = get("export_view");
     snippetEl.textContent = v.snippet || "";
@@ -498,7 +610,7 @@ function render({ model, el }) {
   }
 
   const views = { info: drawInfo, controls: drawControls, input_view: drawInput, prediction_view: drawPrediction,
-    accuracy_view: drawAccuracy, patterns_view: drawPatterns, head_view: drawHead, patch_view: drawPatch,
+    accuracy_view: drawAccuracy, patterns_view: drawPatterns, head_view: drawHead, patch_view: drawPatch, circuit_view: drawCircuit,
     export_view: drawExport, status: drawStatus };
   for (const [name, fn] of Object.entries(views)) on(`change:${name}`, fn);
   drawInfo();

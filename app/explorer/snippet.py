@@ -20,6 +20,8 @@ def snippet(s: Session, v: Views, checkpoint: str | None) -> str:
     lines = ["import interp", "from interp import analyses", "", *_data(s, checkpoint), *_input(s), *_mask(s, v)]
     if s.corruption is not None:
         lines += _patching(s)
+        if v.circuit_result is not None:
+            lines += _circuit(s, v)
     if s.head is not None:
         head = v.head_view.get("head") or _label(s.head)
         defined = all("undefined" not in c for c in v.head_view.get("circuits", []) if "QK" in c.get("name", ""))
@@ -109,3 +111,17 @@ def _patching(s: Session) -> list[str]:
             f"senders=[{_label(s.sender)!r}])"
         )
     return lines
+
+
+def _circuit(s: Session, v: Views) -> list[str]:
+    """The circuit view: every edge's EAP score on the input pair, and the logit difference with the edges off."""
+    return [
+        "import torch",
+        "from interp.analyses.circuit_scores import circuit_metrics, edge_attribution, prepare",
+        "ctx = prepare(model, example, corrupted=corrupted, ablation='patch', metric='logit_diff')",
+        "scores = edge_attribution(ctx)  # every edge's EAP score, as analyses.discover_circuit(method='eap') gives",
+        f"edges_off = {s.edges_off_names()!r}",
+        "keep = torch.ones(ctx.graph.n_edges, dtype=torch.bool)",
+        "keep[[ctx.graph.edge_index(e) for e in edges_off]] = False",
+        f"print(circuit_metrics(ctx, keep[None]))  # the logit difference shown: {v.circuit_result.circuit:.6g}",
+    ]

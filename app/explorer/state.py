@@ -24,17 +24,19 @@ from interp.heads import Head, all_heads, head_label, parse_head
 from interp.query_forward import supports_query_forward
 from interp.task import task_dataset
 
+from .circuit import graph_of, parse_edges
 from .compute import keep_mask
 from .inputs import EVERY_TASK, check_lined_up, resample, typed_example
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
+    from interp.analyses.circuit_graph import ComputationalGraph
     from interp.suite import Corruption, Suite
     from interp.task import Task, TaskData
 
 ABLATIONS = ("zero", "mean")
-Changed = dict[str, bool]  # what a change touches: input, mask, batch, head, patch
+Changed = dict[str, bool]  # what a change touches: input, mask, batch, head, patch, edges
 
 
 def as_text(value: object) -> str:
@@ -72,6 +74,9 @@ class Session:
         self.corrupted: TaskData | None = None
         self.resampled: int | None = None
         self.sender: Head | None = None
+        self.circuit_on = False  # whether the circuit view was asked for (it then follows every new input pair)
+        self.edges_off: list[int] = []  # the circuit view's edges switched off (indices of the model's graph)
+        self._graph: ComputationalGraph | None = None
         self.split = split if split is not None else ("test" if "test" in task.splits else task.splits[-1])
         self.check_split(self.split)
         self.index, self.source, self.typed = 0, "example", ""
@@ -305,6 +310,23 @@ class Session:
     def set_sender(self, value: object) -> Changed:
         self.sender = None if value is None else self.parse_sender(value)
         return {"patch": True}
+
+    def graph(self) -> ComputationalGraph:
+        """The model's computational graph (:func:`analyses.computational_graph`), built once."""
+        if self._graph is None:
+            self._graph = graph_of(self.model)
+        return self._graph
+
+    def set_edges_off(self, value: object) -> Changed:
+        """Switch off the circuit view's edges named in ``value`` (``[]``: every edge on); opens the circuit view."""
+        self.edges_off = parse_edges(self.graph(), value)
+        self.circuit_on = True
+        return {"edges": True}
+
+    def edges_off_names(self) -> list[str]:
+        """The edges switched off, as names in the graph's order."""
+        names = self.graph().edge_names if self.edges_off else []
+        return [names[e] for e in self.edges_off]
 
     def set_corruption(self, kind: object, text: str) -> Changed:
         """Choose the corrupted input (None, ``""`` or ``"none"``: no patching); a bad choice raises before anything

@@ -18,6 +18,7 @@ from interp.errors import InterpError
 from interp.evaluation import predictions_and_loss
 from interp.heads import Head, head_label
 
+from .circuit import CircuitSession, circuit_page
 from .compute import (
     SHAPLEY_EXACT_MAX,
     answer_prediction,
@@ -40,6 +41,9 @@ from .compute import (
 from .results import MAX_ROWS, Prediction
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
+    from interp.analyses.circuit_discovery import Circuit
     from interp.task import TaskData
 
     from .state import Session
@@ -73,6 +77,11 @@ class Views:
         self.fwd: dict[str, Any] = {}
         self.acc: LearnedAccuracy | None = None
         self.head_view: dict = {}
+        self.cview: CircuitSession | None = None  # the circuit view's input pair: EAP scores, empty circuit
+        self.circuit_result: Circuit | None = None  # the circuit left with the edges off
+        self.circuit_logits: Tensor | None = None  # the answer position's logits with the edges off
+        self.circuit_data: dict = {}
+        self.circuit_error = ""
 
     # -- the numbers -----------------------------------------------------------------------------------------------
 
@@ -162,6 +171,44 @@ class Views:
             self.patch = self.path = None
             self.patch_error = one_line(e)
 
+    def circuit(self) -> None:
+        """The circuit view of the current input pair (once it was asked for): every edge's EAP score, then the run
+        with the edges off. Without a corruption (or one that does not fit) the view holds a one-line note."""
+        s = self.s
+        self.cview = None
+        self.circuit_error = ""
+        if not s.circuit_on:
+            self.circuit_edges()
+            return
+        if s.corruption is None or s.corrupted is None or self.patch is None:
+            self.circuit_error = self.patch_error or (
+                "the circuit view scores edges between the input and its corruption: choose a corrupted input"
+            )
+        else:
+            try:
+                self.cview = CircuitSession(s.model, s.clean, s.corrupted)
+            except InterpError as e:
+                self.circuit_error = one_line(e)
+        self.circuit_edges()
+
+    def circuit_edges(self) -> None:
+        """The run with the edges off (the scores of the pair stay): the prediction, the logit difference and the
+        faithfulness of what is left."""
+        s = self.s
+        if self.cview is None:
+            self.circuit_result = self.circuit_logits = None
+            self.circuit_data = {}
+            return
+        c, logits = self.cview.circuit(s.edges_off)
+        self.circuit_result, self.circuit_logits = c, logits
+        self.circuit_data = circuit_page(self.cview, c, logits, s.edges_off, list(s.task.vocab.tokens))
+
+    def circuit_view(self) -> dict:
+        """The circuit panel: whether it is open, the edges off, its one-line note, and what
+        :func:`.circuit.circuit_page` gives."""
+        s = self.s
+        return {"on": s.circuit_on, "error": self.circuit_error, "edges_off": s.edges_off_names(), **self.circuit_data}
+
     def head_panel(self) -> None:
         """The open head's panel: its learned accuracy alone and with it toggled, its direct logit contribution, its
         pattern scores, separation accuracy and Shapley value (those two once computed on request) and its
@@ -231,8 +278,11 @@ class Views:
                 b["shapley"][s.ablation] = shapley_values(s.model, b["batch"], b["cache"], s.ablation, s.fast())
         elif what == "metrics":
             self.metrics = self.task_metrics()
+        elif what == "circuit":
+            s.circuit_on = True
+            self.circuit()
         else:
-            raise InterpError(f"unknown computation {what!r}; expected separation, shapley or metrics")
+            raise InterpError(f"unknown computation {what!r}; expected separation, shapley, metrics or circuit")
         if s.head is not None:
             self.head_panel()
 
@@ -400,4 +450,13 @@ class Views:
                 **self.patch.to_dict(),
             },
             "path_patching": None if self.path is None else self.path.to_dict(),
+            "circuit": None
+            if self.circuit_result is None
+            else {
+                "edges_off": s.edges_off_names(),
+                "logit_diff": finite_or_none(self.circuit_result.circuit),
+                "faithfulness": finite_or_none(self.circuit_result.faithfulness),
+                "full": finite_or_none(self.circuit_result.full),
+                "empty": finite_or_none(self.circuit_result.empty),
+            },
         }

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from IPython.display import HTML
     from transformer_lens import HookedTransformer
 
+    from interp.analyses.circuit_discovery import Circuit
     from interp.analyses.learned_accuracies import LearnedAccuracy
     from interp.analyses.patching import ActivationPatching, PathPatching
     from interp.suite import Suite
@@ -67,6 +68,7 @@ class Explorer(anywidget.AnyWidget):
     patterns_view = traitlets.Dict().tag(sync=True)
     head_view = traitlets.Dict().tag(sync=True)
     patch_view = traitlets.Dict().tag(sync=True)
+    circuit_view = traitlets.Dict().tag(sync=True)
     export_view = traitlets.Dict().tag(sync=True)
     status = traitlets.Dict().tag(sync=True)
 
@@ -216,7 +218,30 @@ class Explorer(anywidget.AnyWidget):
     def sender(self, value):
         self._refresh(self._session.set_sender(value))
 
+    @property
+    def edges_off(self) -> list[str]:
+        """The circuit view's edges switched off (names ``sender->receiver``, e.g. ``'L0H1->L1H0.k'``, in the
+        graph's order). Setting it opens the circuit view; ``[]`` turns every edge back on."""
+        return self._session.edges_off_names()
+
+    @edges_off.setter
+    def edges_off(self, value):
+        self._refresh(self._session.set_edges_off(value))
+
     # -- public numbers ----------------------------------------------------------------------------------------
+
+    @property
+    def circuit(self) -> Circuit | None:
+        """The circuit view as an :class:`analyses.Circuit`: every edge's EAP score on the input and its corruption,
+        ``kept`` the edges left on, ``circuit`` the logit difference with :attr:`edges_off` removed (patched from the
+        corrupted run), ``full`` / ``empty`` the model's and the empty circuit's, and its ``faithfulness``. None until
+        the view is opened (``w.compute("circuit")`` or setting :attr:`edges_off`) or without a corruption."""
+        return self._views.circuit_result
+
+    @property
+    def circuit_logits(self) -> Float[Tensor, " vocab_out"] | None:
+        """The answer position's logits with :attr:`edges_off` removed (None where :attr:`circuit` is None)."""
+        return self._views.circuit_logits
 
     @property
     def prediction(self) -> Prediction:
@@ -275,8 +300,9 @@ class Explorer(anywidget.AnyWidget):
     def compute(self, what: str) -> None:
         """Compute, for every head, what the panel shows only on request: ``"separation"`` (separation accuracy, the
         separators fitted on the first train examples and scored on the accuracy batch), ``"shapley"`` (Shapley values
-        of the learned accuracy on the batch: exact up to 16 heads, else sampled) or ``"metrics"`` (the task's own
-        metrics with the heads ablated)."""
+        of the learned accuracy on the batch: exact up to 16 heads, else sampled), ``"metrics"`` (the task's own
+        metrics with the heads ablated) or ``"circuit"`` (open the circuit view: every edge's EAP score on the input
+        and its corruption, :attr:`circuit`; it then follows each new input pair)."""
         t0 = time.perf_counter()
         self._views.compute(what)
         self.timings = {what: (time.perf_counter() - t0) * 1000}
@@ -354,6 +380,10 @@ class Explorer(anywidget.AnyWidget):
             timed("accuracy", v.accuracy)
         if input or patch:
             timed("patching", v.patching)
+        if (input or patch) and s.circuit_on:
+            timed("circuit", v.circuit)
+        elif changed.get("edges", False):
+            timed("circuit", v.circuit if v.cview is None else v.circuit_edges)
         if s.head is not None and (head or mask or batch or input):
             timed("head", v.head_panel)
         elif head:
@@ -386,6 +416,7 @@ class Explorer(anywidget.AnyWidget):
         if v.acc is not None:
             self.accuracy_view = v.accuracy_view()
         self.patch_view = v.patch_view()
+        self.circuit_view = v.circuit_view()
         if self._session.head is not None and v.head_view:
             self.head_view = {**v.head_view, "off": self._session.head in self._session.ablated}
         self.export_view = {"snippet": self.snippet()}
@@ -430,6 +461,12 @@ class Explorer(anywidget.AnyWidget):
             self._refresh(s.set_corruption(msg.get("kind"), str(msg.get("text", ""))))
         elif kind == "sender":
             self.sender = msg.get("head") or None
+        elif kind == "edge":
+            name = msg.get("edge")
+            names = self.edges_off
+            self.edges_off = [e for e in names if e != name] if name in names else [*names, name]
+        elif kind == "edges_off":
+            self.edges_off = msg.get("edges") or []
         elif kind == "compute":
             self.compute(str(msg.get("what")))
         elif kind == "export_state":
