@@ -329,6 +329,25 @@ def test_das_finds_a_planted_subspace():
     assert exact.iia[0] == 1.0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [*SHAPES, "user's HookedTransformer"])
+def test_das_of_the_whole_site_is_the_whole_interchange(small, shape):
+    """On every shape: DAS with k equal to the site's dimension rotates the whole site and swaps every coordinate,
+    which is patching the whole site, whatever rotation it learns; its held-out predictions, and those of random
+    subspaces of the same k, equal the whole site's row (the same pairs) exactly."""
+    model = shaped_model(small, shape)
+    cm = majority_model(small)
+    site = parse_site(f"L{model.cfg.n_layers - 1}H0@answer", model)
+    k = site.dim(model)
+    res = distributed_alignment_search(
+        model, small.dataset("test"), causal_model=cm, variable="diff", site=site, k=k, steps=3, n_random=2, seed=1
+    )
+    assert res.kinds == ["das", "random", "random", "whole"]
+    whole = res.correct[3]
+    for row in range(3):
+        assert torch.equal(res.correct[row], whole), (shape, res.kinds[row])
+
+
 # -- causal models, pairs, sites --------------------------------------------------------------------------------------
 
 
