@@ -39,7 +39,8 @@ def _kind(mode: int) -> str | None:
 
 def check_output_path(path, what: str = "a file", *, directory: bool = False) -> Path:
     """``path`` as a Path, where an output may be written there: a regular file (replaced) or a new name in an
-    existing directory; with ``directory=True`` a directory (or a symbolic link to one) or a new name. Anything else
+    existing directory; with ``directory=True`` a directory (or a symbolic link to one) or a new name, whose missing
+    parents are made with it (as ``mkdir -p``) where the nearest existing one is a directory. Anything else
     (an empty path, a FIFO, a device node, a socket, a symbolic link to a file, a directory where a file is
     expected, a file where a directory is) is an InterpError ``cannot write WHAT to PATH: it is ...``, raised before
     anything is created."""
@@ -78,6 +79,11 @@ def check_output_path(path, what: str = "a file", *, directory: bool = False) ->
             fail("it is a file; expected a directory (or a new name)")
         return p
     parent = p.parent if str(p.parent) else Path(".")
+    if directory:  # a new directory is made with its missing parents (mkdir -p): the nearest existing one must be one
+        ancestor = next((a for a in (parent, *parent.parents) if a.exists()), Path("."))
+        if not ancestor.is_dir():
+            fail(f"{ancestor} is not a directory")
+        return p
     if not parent.exists():
         fail(f"directory {parent} does not exist")
     if not parent.is_dir():

@@ -54,6 +54,7 @@ def test_minimal_transformer_head_is_perfect_alone(nm_task):
     assert res.accuracy[1].item() == pytest.approx((data.labels == FOUR).float().mean().item(), abs=1e-7)
 
 
+@pytest.mark.slow
 def test_all_heads_equal_plain_accuracy(nm_ckpt):
     model, task = nm_ckpt.model, nm_ckpt.task
     data = task.dataset("test").select(slice(0, 100))
@@ -75,6 +76,7 @@ def test_no_heads_equal_direct_path(nm_ckpt):
         assert got == pytest.approx(expected, abs=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
 def test_batched_paths_equal_slow_loop(nm_ckpt, small_test, ablation):
     model = nm_ckpt.model

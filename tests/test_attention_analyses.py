@@ -74,6 +74,7 @@ def trained(tmp_path_factory, small_task):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant,shape,full", CASES)
 def test_every_analysis_runs_on_the_variant(trained, variant, shape, full):
     from interp.analyses import (

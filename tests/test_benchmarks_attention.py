@@ -29,6 +29,7 @@ def _finite_positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
+@pytest.mark.slow
 def test_every_path_measured_and_written(bench, tmp_path):
     # 256 and 512 tokens: peaks at 128 tokens and fewer are within the resident-set counter's noise (about 0.5 MiB)
     out_file = tmp_path / "attention.json"
@@ -67,6 +68,7 @@ def test_every_path_measured_and_written(bench, tmp_path):
         assert comp["crossover"] in (None, 256, 512)
 
 
+@pytest.mark.slow
 def test_budget_skips_longer_lengths(bench):
     out = bench.main(["--min-len", "64", "--max-len", "128", "--repeats", "1", "--budget-s", "0", "--device", "cpu"])
     for name, r in out["paths"].items():

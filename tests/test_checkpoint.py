@@ -277,6 +277,7 @@ print("imported:", sorted(m for m in sys.modules if m.split(".")[0] in ("interp"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["noisy-majority", "repeated-tokens", "modular-addition"])
 def test_shipped_checkpoints_open_in_plain_transformer_lens(name, tmp_path):
     """A subprocess that never imports our packages rebuilds the model from the metadata's tl_config and the

@@ -122,6 +122,7 @@ def test_upgrade_keeps_the_tensors_and_refuses_a_second_time(tmp_path):
         upgrade_checkpoint(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(VERSION_1_CHECKSUMS))
 def test_every_edit_of_a_shipped_checkpoints_metadata_is_refused_in_one_line(tmp_path, name):
     """Each value of the model spec, the TransformerLens config, the task (its name and every parameter) and the

@@ -41,6 +41,7 @@ def test_help_does_not_import_torch():
     assert out.returncode == 0 and "train" in out.stdout and out.stdout.strip().endswith("False False")
 
 
+@pytest.mark.slow
 def test_train_then_eval_json_end_to_end(tmp_path, capsys):
     out = tmp_path / "m.safetensors"
     rc = main(
@@ -169,6 +170,7 @@ def test_bad_input_gives_one_line_and_nonzero_exit(args, message, capsys):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_errors_from_a_real_process_have_no_traceback():
     proc = run_cli("eval", "missing.safetensors")
     assert proc.returncode == 1

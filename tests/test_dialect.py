@@ -58,6 +58,7 @@ def nm(nm_ckpt):
     return nm_ckpt.model, nm_ckpt.task, nm_ckpt.task.dataset("test").select(slice(0, 40))
 
 
+@pytest.mark.slow
 def test_device_follows_the_model_and_another_is_refused(nm):
     model, _, data = nm
     calls = {
@@ -76,6 +77,7 @@ def test_device_follows_the_model_and_another_is_refused(nm):
             call(device="cuda")
 
 
+@pytest.mark.slow
 def test_batch_size_changes_memory_not_numbers(nm):
     model, _, data = nm
     heads = [["L0H1"], ["L0H8", "L0H9"], []]

@@ -421,6 +421,7 @@ def test_page_events_drive_the_state(nm):
     assert state["ablated"] == ["L0H1", "L0H7"] and state["input"]["source"] == "typed"
 
 
+@pytest.mark.slow
 def test_head_panel_numbers(nm):
     model, task = nm.model, nm.task
     w = interp.explore(nm, batch_size=BATCH)

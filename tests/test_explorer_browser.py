@@ -215,6 +215,7 @@ def _roundtrip(page, seq_before: str) -> float:
     return float(page.get_attribute(".ix", "data-roundtrip-ms"))
 
 
+@pytest.mark.slow
 def test_switching_a_head_off_by_clicking_updates_the_accuracy(lab):
     page, browser, _, shots, blocked, errors = lab
     head, expected, full = _expected_click()
@@ -278,6 +279,7 @@ def test_switching_a_head_off_by_clicking_updates_the_accuracy(lab):
     assert errors == [], f"page errors: {errors[:5]}"
 
 
+@pytest.mark.slow
 def test_a_saved_notebook_shows_the_static_snapshot_offline(lab):
     """JupyterLab saves the notebook with the widget's output; nbconvert's HTML of it, opened with the network off,
     shows the snapshot (input, prediction, accuracy, every head's pattern), not a broken widget."""

@@ -127,6 +127,7 @@ def test_keep_best_takes_the_highest_scores_ties_to_the_lower_head():
 # -- a run ------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_4_head_d8_run_halves_twice_and_keeps_a_one_head_state(svc_run):
     out, prov = svc_run
     h = prov["halving"]
@@ -177,6 +178,7 @@ def test_the_checkpoint_computes_the_masked_model_in_plain_transformer_lens(svc_
     assert float(acc) == prov["accuracy"]["test"]
 
 
+@pytest.mark.slow
 def test_resume_mid_halving_equals_the_uninterrupted_run(tmp_path, svc_run, task, spec):
     _, full = svc_run
     first, second = (s["epoch"] for s in full["halving"]["steps"])
@@ -286,6 +288,7 @@ def splits(task):
     return task.dataset("train"), task.dataset("val")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["svc", "learned", "shapley-svc", "shapley-learned", "random"])
 def test_each_strategy_keeps_the_heads_its_score_ranks_highest(strategy, trained, task, splits):
     train_data, val = splits
@@ -381,6 +384,7 @@ def test_figure_10_and_the_report_section(svc_run):
     assert full.sections[0].title == "Halving heads" and "Halving heads" not in [s.title for s in full.sections[1:]]
 
 
+@pytest.mark.slow
 def test_cli_trains_with_halving_and_resumes_with_its_options(tmp_path, capsys, task, spec, svc_run):
     from interp.app.cli import main
 

@@ -148,6 +148,7 @@ def test_shapley_pairs_are_read_by_sign_and_direction():
     assert "most redundant pairs: L0H0+L0H1 I = +1.0000" in loss
 
 
+@pytest.mark.slow
 def test_the_answer_loss_is_named_apart_from_evaluates_loss():
     from interp.analyses import coalition_values
     from interp.evaluation import evaluate
@@ -225,6 +226,7 @@ def test_long_shapley_work_says_how_long_first(capsys):
     assert "learned-accuracy of all 8,192 coalitions of 13 heads: about" in err
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
     out = tmp_path / "s.json"
     proc = subprocess.Popen(

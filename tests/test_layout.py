@@ -188,6 +188,7 @@ def test_exports_survive_importing_every_submodule():
     assert callable(interp.evaluate) and callable(analyses.repeated_random_tokens)
 
 
+@pytest.mark.slow
 def test_no_attributes_of_ours_on_models():
     pattern = re.compile(r"\binterp_(task|checkpoint|spec)\b")
     hits = [
@@ -331,6 +332,7 @@ def test_one_import_name():
             assert top not in {"tasks", "analyses", "app"}, f"{_rel(path)}:{line} imports {module}, not interp.{module}"
 
 
+@pytest.mark.slow
 def test_a_users_tasks_py_and_analyses_py_do_not_shadow_the_toolkit(tmp_path):
     """A notebook folder holding its own ``tasks.py`` and ``analyses.py`` (common names): the toolkit still loads,
     from Python and from the command line."""

@@ -91,6 +91,7 @@ def test_query_restricted_forward_equals_the_hooked_transformer(nm_task, overrid
     assert torch.allclose(fast, full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fast_evaluation_equals_full_forward_evaluation(nm_task):
     model = build_model(ModelSpec(**nm_task.default_spec()), device="cpu")
     _randomise(model, scale=1.0)

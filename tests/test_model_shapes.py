@@ -51,6 +51,7 @@ def shaped(task, shape, seed=0):
 EVERY_SHAPE = [pytest.param(s, marks=pytest.mark.slow) if s == "looped" else s for s in SHAPES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["noisy-majority", "repeated-tokens"])
 @pytest.mark.parametrize("shape", EVERY_SHAPE)
 def test_suite_and_report_on_every_shape(task_name, shape):
@@ -75,6 +76,7 @@ def test_suite_and_report_on_every_shape(task_name, shape):
             ]
 
 
+@pytest.mark.slow
 def test_the_issues_one_head_repro_through_the_cli(tmp_path, capsys):
     """`interp analyze m.safetensors` and `interp report m.safetensors` on a d=2, 1-head model (the issue's repro;
     trained for 2 epochs here to keep the test fast)."""
@@ -178,6 +180,7 @@ def test_a_saved_one_head_checkpoint_round_trips(tmp_path):
         assert torch.equal(back.model(tokens), model(tokens))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", EVERY_SHAPE)
 def test_shapley_patching_and_population_on_every_shape(shape, tmp_path):
     """The analyses added after the restructuring on each shape: Shapley values (exact up to 24 heads, sampled for 64;

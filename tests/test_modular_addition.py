@@ -295,6 +295,7 @@ def memorised(tmp_path_factory):
     return task, out, prov, info
 
 
+@pytest.mark.slow
 def test_short_run_memorises_with_snapshots_and_progress(memorised):
     from interp.tasks import load_checkpoint
 

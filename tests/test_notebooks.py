@@ -38,6 +38,7 @@ def test_notebook_is_committed_without_outputs(path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_id)
 def test_notebook_executes(path):
     import nbformat

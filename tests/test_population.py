@@ -52,6 +52,7 @@ def _population_equals_solo(tmp_path, task, spec, cfg, seeds, head_scorer=None):
     return pairs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seeds", [[5], [0, 1, 2], list(range(8))], ids=["K=1", "K=3", "K=8"])
 def test_each_batched_model_equals_its_seed_trained_alone(tmp_path, tiny_task, tiny_spec, tiny_cfg, seeds):
     pairs = _population_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg(epochs=4 if len(seeds) < 8 else 3), seeds)
@@ -106,6 +107,7 @@ def test_attention_only_dropout_population_equals_solo(tmp_path, tiny_task, tiny
     assert load_checkpoint(tmp_path / "pop0.safetensors", device="cpu").training["config"]["dropout_at"] == "attention"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
 def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     """compile=True (torch.compile of the token-count step) trains the same models as the eager code, to float
@@ -129,6 +131,7 @@ def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_c
         _compare(tmp_path / f"c{s}.safetensors", tmp_path / f"e{s}.safetensors", c, e)
 
 
+@pytest.mark.slow
 def test_learning_rates_patience_and_keep_last_per_model(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     from dataclasses import replace
 
@@ -149,6 +152,7 @@ def test_learning_rates_patience_and_keep_last_per_model(tmp_path, tiny_task, ti
     )
 
 
+@pytest.mark.slow
 def test_population_checkpoints_are_ordinary(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     import subprocess
     import sys
@@ -291,6 +295,7 @@ train_population(task, specs, cfgs, [d / f"m{s}.safetensors" for s in range(3)],
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout_at", ["attention", "embedding+attention"])
 def test_population_killed_with_sigkill_resumes_to_the_same_models(tmp_path, dropout_at):
     """A population killed with SIGKILL mid-training continues from its resume file (weights, Adam moments, random
@@ -389,6 +394,7 @@ def test_population_resume_file_of_another_population_is_refused(tmp_path, tiny_
         )
 
 
+@pytest.mark.slow
 def test_first_best_keeps_the_first_epoch_at_the_best_validation_accuracy(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     """keep="first-best": ties in validation accuracy go to the earlier epoch (no loss tie-break), in populations as
     in solo runs; the kept epoch is read off the history by a plain loop."""

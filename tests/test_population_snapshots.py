@@ -41,6 +41,7 @@ def _same_snapshots(a: Path, b: Path, atol: float) -> None:
         load_checkpoint(pa, device="cpu")  # an ordinary checkpoint
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout_at", ["attention", "embedding+attention"])
 def test_population_snapshots_equal_the_solo_runs(tmp_path, tiny_task, tiny_spec, tiny_cfg, dropout_at):
     """Each model of a population writes the snapshots its solo run writes: weights within 2e-5 (the tolerance of

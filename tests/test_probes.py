@@ -32,6 +32,7 @@ def tie_free(data):
     return data.select(data.fields["n0"] != data.fields["n1"])
 
 
+@pytest.mark.slow
 def test_equals_plain_sklearn_on_run_with_cache_features(nm_ckpt, shipped_split):
     """Features read here with TransformerLens' run_with_cache (hook_z at '='), fitted with a LinearSVC built
     here. Tolerance: the accuracies may differ by one test example (features agree to ~1e-6, a point could sit

@@ -230,6 +230,7 @@ def test_report_sections(shipped_page):
     assert table_with_caption(page, "Task")[0]["task"] == SHIPPED[name]
 
 
+@pytest.mark.slow
 def test_model_card_accuracy_matches_a_plain_forward(nm_page, nm_ckpt):
     """Recompute the test accuracy with TransformerLens' full forward and the argmax at the "=" position
     (the report evaluates with the exact query-restricted forward of interp.query_forward)."""
@@ -415,6 +416,7 @@ def test_model_card_and_views_of_an_untrained_checkpoint(small_checkpoint):
     assert all(torch.tensor(v["attention"]).shape[0] == 2 for v in views)
 
 
+@pytest.mark.slow
 def test_cli_subprocess_reports_a_missing_checkpoint_in_one_line(tmp_path):
     """The real command (one subprocess): exit status 1, one line on stderr, nothing written."""
     out = tmp_path / "r.html"

@@ -345,6 +345,7 @@ def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
     assert out.read_text() == "done"
 
 
+@pytest.mark.slow
 def test_sigterm_during_report_leaves_no_temp_file(tmp_path):
     out = tmp_path / "r.html"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

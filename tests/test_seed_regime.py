@@ -298,6 +298,7 @@ FORWARD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_population_equals_solo_runs_under_each_option(tmp_path, tiny_task, tiny_spec, tiny_cfg, name):
     from dataclasses import replace

@@ -84,6 +84,7 @@ def test_transform_equals_textbook_formula(n):
     torch.testing.assert_close(zeta(moebius(torch.tensor(v))), torch.tensor(v), atol=1e-12, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [3, 6])
 def test_transform_equals_shapiq(n):
     shapiq = pytest.importorskip("shapiq")
@@ -110,6 +111,7 @@ def test_bad_value_vector():
 # ---------------------------------------------------------------------------------- coalition values
 
 
+@pytest.mark.slow
 def test_shipped_learned_accuracy_exact_and_equal_to_ablation(nm_ckpt):
     """All 2**16 coalitions; 300 random ones against learned_accuracy (the batched subset path of ablation.py),
     and efficiency."""
@@ -167,6 +169,7 @@ def test_heads_subset_others_ablated(nm_ckpt):
     assert cv[["L0H8", "L0H1"]] == pytest.approx(float(ref[3]))
 
 
+@pytest.mark.slow
 def test_dla_equals_shapley_of_linear_logit_difference(nm_task, short):
     """One-layer attention-only model without LayerNorm, zero ablation, v = mean logit difference: v is additive
     over heads, so phi_h = head h's direct logit attribution, computed here from TransformerLens' cache."""
@@ -294,6 +297,7 @@ def _svc_agreement(model, task, n_coalitions, seed):
     return (fast - ref).abs() * len(test)
 
 
+@pytest.mark.slow
 def test_batched_svc_equals_sklearn(nm_ckpt):
     """Shipped model, full train split (7,500) and test split (1,000): the batched exact solver against one
     LinearSVC(C=1000, dual=False) per coalition, on 60 random coalitions: the same test accuracy within one test
@@ -336,6 +340,7 @@ def test_svc_weights_match_sklearn(nm_ckpt):
 # ------------------------------------------------------------------------------------------- CLI and report
 
 
+@pytest.mark.slow
 def test_cli_json(tmp_path, capsys):
     from interp.app.cli import main
 
@@ -395,6 +400,7 @@ def test_cli_sampled_and_errors(capsys):
     assert "'answer-loss'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_report_section(nm_ckpt):
     """The noisy-majority report's Shapley section: computed caption, table and figure."""
     from interp.analyses.noisy_majority.suite import _shapley_section, checkpoint_summary

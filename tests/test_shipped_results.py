@@ -57,6 +57,7 @@ def test_shipped_table1_has_every_cell_with_the_same_number_of_runs(directory):
     assert all(flat_row(r)[k] == v for r in rows for k, v in TABLES[directory].items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("directory", list(TABLES), ids=_table_id)
 def test_interp_table_prints_table1_from_the_shipped_results(directory):
     out = _interp_table(directory, "--json")
@@ -86,6 +87,7 @@ def test_interp_table_prints_table1_from_the_shipped_results(directory):
     assert text.returncode == 0 and "shapley-svc" in text.stdout and "[" in text.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("directory", list(TABLES), ids=_table_id)
 def test_interp_table_compare_of_the_shipped_table1_is_a_recount(directory):
     """`interp table DIR --compare`: each halving cell against the normal runs of its shape, from the recounted hits
@@ -135,6 +137,7 @@ MEASURED = sorted(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("directory", MEASURED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_interp_table_of_each_shipped_measurement_is_a_recount_of_its_rows(directory):
     """Every shipped measurement (the seed-regime hypotheses, the attention-variant questions) is printed by `interp

@@ -31,6 +31,7 @@ def summary(nm_ckpt):
     return json.loads(out.stdout, parse_constant=_strict)
 
 
+@pytest.mark.slow
 def test_analyze_json(summary, nm_ckpt):
     from interp.analyses.noisy_majority.attention_ratios import exact_attention_ratios
     from interp.evaluation import evaluate
@@ -73,6 +74,7 @@ def test_format_summary(nm_ckpt):
     assert "best pairs by learned accuracy" in text and "verdict" in text
 
 
+@pytest.mark.slow
 def test_report_sections(nm_ckpt):
     """The suite's sections on a small copy of the task (400 train, 150 test sequences) with the real builder."""
     from interp.analyses import suite_for

@@ -86,6 +86,7 @@ def test_analyze_json_shape(ckpt):
     assert "L1H" in text and "top K-composition pairs" in text and "causal test" in text
 
 
+@pytest.mark.slow
 def test_analyze_one_layer_and_cli(ckpt1, capsys):
     from interp.app.cli import main
 

@@ -48,6 +48,7 @@ def test_wilson_interval_known_values():
     assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     cfg = tiny_cfg(epochs=2)
     rows = run_sweep(
@@ -93,6 +94,7 @@ def test_sweep_rows_equal_solo_runs_and_rerun_skips(tmp_path, tiny_task, tiny_sp
     assert [t["lr"] for t in table] == [0.01, 0.003] and all(t["runs"] == 2 for t in table)
 
 
+@pytest.mark.slow
 def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task, capsys):
     # 8 runs of 4 epochs, killed as soon as the first row is written: the other 7 cannot finish within one poll
     args = [
@@ -170,6 +172,7 @@ def test_sweep_killed_with_sigkill_resumes_to_the_same_table(tmp_path, tiny_task
     assert table[0]["runs"] == 8 and 0 <= table[0]["share_test_at_1_low"] <= table[0]["share_test_at_1_high"] <= 1
 
 
+@pytest.mark.slow
 def test_ray_backend_on_a_real_local_cluster_equals_local(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     """Groups as Ray tasks on a real local Ray instance (2 CPUs): the same rows and weights as the local backend."""
     ray = pytest.importorskip("ray")
@@ -215,6 +218,7 @@ def test_ray_backend_on_a_real_local_cluster_equals_local(tmp_path, tiny_task, t
                 torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=0, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     from interp.analyses.halving import scorer
 

@@ -306,6 +306,7 @@ def test_census_equals_each_models_head_summary_and_resumes(sweep):
     assert sorted(surv.groups) == ["1-head models", "2-head models"] and len(surv.groups["2-head models"]) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_sweep_report_renders_offline_in_chromium(sweep, tmp_path, browser):
     out = tmp_path / "sweep.html"
@@ -400,6 +401,7 @@ def test_a_results_table_without_checkpoints_still_reports(sweep, tmp_path):
     assert "Table 1" in page and "Left out: 1 runs" in page
 
 
+@pytest.mark.slow
 def test_two_layer_runs_sweep_table_and_report(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     """Two-layer models are not batched (the token-count forward is one layer): a sweep trains them one at a time,
     and the table, the rows and the sweep report (with its census) take them like any other."""

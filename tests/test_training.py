@@ -38,6 +38,7 @@ def test_training_is_deterministic_for_a_seed(tmp_path, tiny_task, tiny_spec, ti
     assert c["history"] != a["history"]
 
 
+@pytest.mark.slow
 def test_multithreaded_training_of_the_seed_model_is_deterministic(tmp_path, tiny_cfg):
     """The 16-head model on its real data with two threads: without deterministic algorithms on, the
     backward's scatter-adds made two such runs differ after a few hundred steps."""

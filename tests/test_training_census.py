@@ -72,6 +72,7 @@ def snapshot_runs(tmp_path_factory, tiny_task, tiny_spec, tiny_cfg):
     return outs
 
 
+@pytest.mark.slow
 def test_census_over_training_against_plain_transformer_lens(snapshot_runs):
     from interp.analyses.noisy_majority.census import run_heads
     from interp.analyses.noisy_majority.training_census import TrainingCensus, census_over_training
@@ -219,6 +220,7 @@ def test_the_training_census_docstring_names_every_key_a_run_gets():
         assert f"``{key}``" in TrainingCensus.__doc__, key
 
 
+@pytest.mark.slow
 def test_sweep_report_shows_heads_over_training_only_with_snapshots(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     from interp.analyses.noisy_majority.training_census import CACHE
     from interp.app.report import build_sweep_report
@@ -240,6 +242,7 @@ def test_sweep_report_shows_heads_over_training_only_with_snapshots(tmp_path, ti
     assert "2 runs with snapshots, 4 snapshots" in page
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "runs", "heads", "snapshots"),
     [("census_over_training_d2.json", 80, 1, 30), ("census_over_training_adam_d8.json", 100, 4, 18)],

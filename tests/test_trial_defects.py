@@ -438,6 +438,7 @@ def test_the_lm_objective_on_a_task_with_input_only_tokens_is_refused_before_tra
 
 
 # -- signals at start-up ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_signal_in_the_first_half_second_is_one_line(tmp_path):
     """Before: SIGINT while the command line was still importing printed a traceback (exit 1), and SIGTERM killed
     the process before its handler was installed. Now from the first line of the toolkit's entry point on, both give
@@ -566,6 +567,7 @@ def test_a_model_below_chance_is_said_to_be_at_or_below_chance():
 
 
 # -- the sweep report and --compare-by --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_sweep_report_names_the_recipe_and_the_differences():
     """Before: the report of the Adam-with-L2 Table 1 never said its runs used Adam, and lacked --compare's
     differences. (Its two new parts, on the shipped rows; the whole page: the slow test below.)"""
@@ -591,6 +593,7 @@ def test_the_whole_sweep_report_names_the_recipe_and_the_differences():
     assert "minus normal" in html and "Newcombe" in html
 
 
+@pytest.mark.slow
 def test_compare_by_any_configuration_key(capsys):
     """interp table --compare-by KEY compares the cells that differ only in KEY (here the attention variant, against
     softmax, its default), with Newcombe intervals; an unknown KEY is refused naming it."""
@@ -617,3 +620,17 @@ def test_compare_is_compare_by_strategy():
 
     frame = shipped_frame(SHIPPED_TABLES[1])
     assert strategy_differences(frame) == config_differences(frame, key="strategy", baseline="normal")
+
+
+def test_a_new_sweep_directory_may_have_missing_parents(tmp_path):
+    """A sweep's --out is a directory made with its parents (``--out sweeps/parens`` in a fresh folder), while a
+    file's folder must exist; a file on the way is refused for both, in one line."""
+    from interp.errors import InterpError
+    from interp.files import check_output_path
+
+    assert check_output_path(tmp_path / "sweeps" / "a" / "b", "the sweep", directory=True) == tmp_path / "sweeps/a/b"
+    with pytest.raises(InterpError, match="does not exist"):
+        check_output_path(tmp_path / "runs" / "x.safetensors", "the checkpoint")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(InterpError, match=r"f is not a directory"):
+        check_output_path(tmp_path / "f" / "new" / "dir", "the sweep", directory=True)
