@@ -197,6 +197,7 @@ def test_pick_examples_prefers_short_sequences_with_distinct_labels(nm_task):
 
 
 # -- the reports of the shipped checkpoints (built once per session, shared with test_browser.py) ----------
+# the shipped reports take ~40 s to build on 2 cores: the tests that read them run with -m slow
 SHIPPED = {"noisy-majority": "noisy-majority", "repeated-tokens": "repeated-tokens"}  # checkpoint -> task
 
 
@@ -215,6 +216,7 @@ def nm_page(shipped_report):
     return text, parse(text), seconds
 
 
+@pytest.mark.slow
 def test_report_sections(shipped_page):
     name, text, page, _ = shipped_page
     assert page.h2[0] == "Model card" and page.h2[-1] == "Attention patterns" and page.h2[-2] == "Circuit"
@@ -258,6 +260,7 @@ def test_model_card_accuracy_matches_a_plain_forward(nm_page, nm_ckpt):
     assert prov["seed"] == str(nm_ckpt.training["seed"])
 
 
+@pytest.mark.slow
 def test_attention_views_show_every_head_and_the_models_patterns(shipped_page):
     """Each view's tokens, encoded again and run through the model, give the patterns in the page."""
     from interp.tasks import load_checkpoint
@@ -279,6 +282,7 @@ def test_attention_views_show_every_head_and_the_models_patterns(shipped_page):
         torch.testing.assert_close(torch.tensor(props["attention"]), expected, atol=6e-6, rtol=0)  # 5 decimals
 
 
+@pytest.mark.slow
 def test_report_is_offline_by_inspection(shipped_page):
     """No tag refers to anything outside the file; a CSP forbids fetching; each library is inlined once."""
     _, text, page, _ = shipped_page
