@@ -571,3 +571,25 @@ def test_the_shipped_population_summary_is_a_recount_of_its_runs():
             assert (got["low"], got["high"]) == pytest.approx(wilson_interval(k, len(rows)))
     assert sum(r["probe_accuracy"] >= 1.0 for r in fail) == 18  # the docs' answer: every failing run carries the count
     assert sum(r["readout_best_threshold"] >= 1.0 for r in fail) == 10
+
+
+def test_das_learns_one_subspace_per_seed(nm_ckpt):
+    """A seed fixes the learned subspace, whatever the global generator holds (the orthogonal parametrization
+    completes its weight from it); a hypothesis given by name is refused, saying where the shipped ones are."""
+    import interp
+    from interp.analyses import suite_for
+    from interp.errors import ConfigError
+
+    model, task = nm_ckpt.model, nm_ckpt.task
+    data = task.dataset("test").select(slice(0, 200))
+    found = suite_for(task).hypotheses(task)
+    bases = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        res = interp.analyses.hypotheses.evaluate_hypothesis(
+            model, data, hypothesis=found["diff"], das=1, pairs=60, steps=3, seed=4
+        )
+        bases.append(res.das[0]["basis"])
+    assert torch.equal(bases[0], bases[1])
+    with pytest.raises(ConfigError, match=r"hypotheses\(task\)\[name\]"):
+        interp.analyses.hypotheses.evaluate_hypothesis(model, data, hypothesis="diff")

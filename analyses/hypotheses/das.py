@@ -164,7 +164,11 @@ def distributed_alignment_search(
     rot = torch.nn.Linear(dim, k, bias=False).to(device=dev, dtype=torch.float32)
     with torch.no_grad():
         rot.weight.copy_(torch.randn(k, dim, generator=gen).to(dev))
-    torch.nn.utils.parametrizations.orthogonal(rot)
+    # the parametrization completes a non-square weight from the global generator: seed it too, so that a seed
+    # gives one learned subspace (without this, each process learned another)
+    with torch.random.fork_rng(devices=[dev] if torch.device(dev).type == "cuda" else []):
+        torch.manual_seed(int(seed))
+        torch.nn.utils.parametrizations.orthogonal(rot)
     opt = torch.optim.Adam(rot.parameters(), lr=lr)
     n_tr = len(tbase)
     per = min(pairs_per_step, n_tr)

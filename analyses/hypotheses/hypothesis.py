@@ -51,7 +51,7 @@ def evaluate_hypothesis(
     model: HookedTransformer,
     data: TaskData,
     *,
-    hypothesis: Hypothesis,
+    hypothesis: Hypothesis | str,  # a name is refused, saying where the shipped hypotheses are
     sites: Sequence[object] | None = None,
     das: int | None = None,
     train: TaskData | None = None,
@@ -67,6 +67,11 @@ def evaluate_hypothesis(
     distributed alignment search of a ``k``-dimensional subspace at its DAS site (or, where ``sites`` are given,
     at each of them), trained on pairs of ``train`` (default: the other half of ``data``); all rows on the same
     held-out pairs of ``data``."""
+    if not isinstance(hypothesis, Hypothesis):
+        raise ConfigError(
+            f"hypothesis must be a Hypothesis, got {type(hypothesis).__name__} {hypothesis!r}; a task's shipped ones: "
+            "interp.analyses.suite_for(task).hypotheses(task)[name] (e.g. ['diff'])"
+        )
     data = check_inputs(model, data, device, batch_size)
     cm, var = hypothesis.causal_model, hypothesis.variable
     given = sites is not None
