@@ -109,7 +109,10 @@ class CausalAbstraction(Result):
     def row(self, label: str) -> int:
         if label not in self.labels:
             raise KeyError(f"no row {label!r}; the rows are {self.labels}")
-        return self.labels.index(label)
+        at = [i for i, x in enumerate(self.labels) if x == label]
+        if len(at) > 1:  # e.g. two different subspaces of one site with the same k: a label cannot tell them apart
+            raise KeyError(f"{label!r} labels rows {at} (different subspaces of one site); read them by row: .iia[i]")
+        return at[0]
 
     def __getitem__(self, label: str) -> float:
         """The IIA of the row labelled ``label``."""
