@@ -1,7 +1,7 @@
 """Do succeeding and failing noisy-majority runs use different circuits? The circuits of the 100 seeds of Table 1's
 d = 8, a = 4 cell under the Adam-with-L2 recipe (docs/seed-regime.md), trained into a sweep directory.
 
-    OMP_NUM_THREADS=1 python examples/circuits/population.py /work/runs/t1-d8-normal [--examples 64]
+    OMP_NUM_THREADS=1 python examples/circuits/population.py runs/t1-d8-normal [--examples 64]
 
 Writes examples/results/circuits/population_noisy_majority.json and docs/circuits/population_noisy_majority.png:
 each run's exact per-edge patching scores, its circuit (smallest top-k with faithfulness 0.9), the circuit types
