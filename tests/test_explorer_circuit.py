@@ -19,7 +19,9 @@ from interp.errors import InterpError
 from interp.tasks import get_task
 
 SHAPES = {
+    "1 head": {"n_layers": 1, "d_model": 4, "n_heads": 1, "d_head": 4},
     "1 layer, 2 heads": {"n_layers": 1, "d_model": 8, "n_heads": 2, "d_head": 4},
+    "64 heads, learned W_O": {"n_layers": 1, "d_model": 8, "n_heads": 64, "d_head": 2, "output_matrix": "learned"},
     "2 layers with MLP": {
         "n_layers": 2,
         "d_model": 16,
@@ -120,8 +122,8 @@ def task_token(w, i: int) -> str:
 
 def test_removing_one_edge_equals_a_plain_run_with_hooks(opened):
     """``L{last}H0->logits`` off: the residual stream entering the unembedding gets the corrupted run's head output
-    minus the clean one; ``input->L0H1.k`` off: head 1's key input in layer 0 gets the corrupted embedding minus
-    the clean one (TransformerLens' split q/k/v inputs)."""
+    minus the clean one; ``input->L0H{h}.k`` off (h = 1, or 0 on a one-head model): head h's key input in layer 0
+    gets the corrupted embedding minus the clean one (TransformerLens' split q/k/v inputs)."""
     w, model, clean, corrupted = opened
     last = model.cfg.n_layers - 1
     ap = int(clean.answer_pos[0])
@@ -142,10 +144,11 @@ def test_removing_one_edge_equals_a_plain_run_with_hooks(opened):
     assert w.circuit.circuit == pytest.approx(logit_diff(ref, clean, corrupted), abs=ATOL)
 
     emb = kc[names[1]] - cc[names[1]]
+    h = min(1, model.cfg.n_heads - 1)
 
     def add_key(x, hook):
         x = x.clone()
-        x[:, :, 1] += emb
+        x[:, :, h] += emb
         return x
 
     model.cfg.use_split_qkv_input = True
@@ -154,7 +157,7 @@ def test_removing_one_edge_equals_a_plain_run_with_hooks(opened):
             ref = model.run_with_hooks(clean.tokens, fwd_hooks=[("blocks.0.hook_k_input", add_key)])[0, ap]
     finally:
         model.cfg.use_split_qkv_input = False
-    w.edges_off = ["input->L0H1.k"]
+    w.edges_off = [f"input->L0H{h}.k"]
     torch.testing.assert_close(w.circuit_logits, ref, rtol=0, atol=ATOL)
     w.edges_off = []
 
