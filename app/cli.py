@@ -16,7 +16,7 @@ from typing import Any
 
 from interp.errors import CheckpointWarning, ConfigError, InterpError, TaskError
 
-from .signals import INTERRUPTED, interrupted
+from .signals import INTERRUPTED, handled, interrupted
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1069,10 +1069,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handler = COMMANDS[args.command]
 
-    try:  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed (interp.app.entry sets it earlier)
-        previous = signal.signal(signal.SIGTERM, interrupted)
+    previous = None
+    try:  # SIGTERM: unwind like Ctrl-C, so half-written temp files are removed (unless interp.app.entry set it)
+        if not handled(signal.getsignal(signal.SIGTERM)):
+            previous = signal.signal(signal.SIGTERM, interrupted)
     except ValueError:  # not the main thread: leave signals alone
-        previous = None
+        pass
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", CheckpointWarning)

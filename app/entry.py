@@ -5,7 +5,9 @@ Importing the command line and the libraries behind it takes a noticeable part o
 in that time printed a traceback from inside whatever was being imported, while a SIGTERM killed the process
 unannounced. This module imports nothing but ``signal``, ``sys`` and :mod:`interp.app.signals`, so from its first
 line on both are handled as a later interruption is: ``interp: interrupted`` on stderr, exit 130, no traceback. Only
-the interpreter's own start-up, before any line of the toolkit runs, is out of its reach.
+the interpreter's own start-up, before any line of the toolkit runs, is out of its reach. The process's own command
+line ends by :func:`~interp.app.signals.exit_now` (nothing raised into whatever is running); a caller's
+``main(argv)`` unwinds by :func:`~interp.app.signals.interrupted` and gets 130 back.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from .signals import INTERRUPTED, interrupted, received
+from .signals import INTERRUPTED, exit_now, interrupted, received
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,15 +23,19 @@ def main(argv: list[str] | None = None) -> int:
     command (``argv`` None: ``sys.argv``), an interrupted run ends the process here with exit code 130
     (:func:`_exit_now`); with ``argv`` given it returns 130."""
     previous = {}
+    handler = exit_now if argv is None else interrupted
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, interrupted)
+            previous[sig] = signal.signal(sig, handler)
     except ValueError:  # not the main thread: leave signals alone
         pass
     try:
         from .cli import main as run
 
         rc = run(argv)
+        if received:  # the interrupt was swallowed on its way up (a library's `except BaseException`)
+            print("interp: interrupted", file=sys.stderr)
+            rc = INTERRUPTED
     except KeyboardInterrupt:
         print("interp: interrupted", file=sys.stderr)
         rc = INTERRUPTED

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -47,6 +49,8 @@ from interp.sweep_directory import (
 )
 from interp.task import Task
 from interp.training import TrainConfig, resume_path, train
+
+from .signals import cleanups
 
 ScorerFor = Callable[[str], Any]
 
@@ -372,7 +376,11 @@ def _run_on_ray(
         raise ConfigError("the ray backend needs Ray: pip install 'ray>=2.9'") from None
     started_here = not ray.is_initialized()
     if started_here:
+        ours = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        if ours is not None:  # Ray installs its own SIGTERM handler (a stack dump, exit 1): keep the command's
+            signal.signal(signal.SIGTERM, ours)
+        cleanups.append(ray.shutdown)  # an interrupted process stops the cluster it started
     try:
         remote = ray.remote(num_cpus=1)(_ray_train_group)
         pending = {
@@ -388,3 +396,5 @@ def _run_on_ray(
     finally:
         if started_here:
             ray.shutdown()
+            if ray.shutdown in cleanups:
+                cleanups.remove(ray.shutdown)

@@ -15,6 +15,7 @@ itself is never replaced) or a new name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -91,6 +92,17 @@ def check_output_path(path, what: str = "a file", *, directory: bool = False) ->
     return p
 
 
+_OPEN_TEMPS: set[Path] = set()  # the temp files of AtomicFiles not yet committed or discarded, in this process
+
+
+def discard_open_temps() -> None:
+    """Remove the temp files of every output still being written (for a process about to end on a signal)."""
+    for tmp in list(_OPEN_TEMPS):
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        _OPEN_TEMPS.discard(tmp)
+
+
 class AtomicFile:
     """An output path checked (:func:`check_output_path`) and reserved up front; :meth:`commit` fills it and renames
     it into place. Used as a context manager, the temp file is removed if nothing was committed."""
@@ -107,6 +119,7 @@ class AtomicFile:
             self._fail(f"{e.strerror or e} in {parent}")
         os.close(fd)
         self.tmp = Path(tmp)
+        _OPEN_TEMPS.add(self.tmp)
 
     def _fail(self, why: str):
         raise InterpError(f"cannot write {self.what} to {self.path}: {why}")
@@ -131,6 +144,7 @@ class AtomicFile:
     def discard(self) -> None:
         if self.tmp is not None:
             self.tmp.unlink(missing_ok=True)
+            _OPEN_TEMPS.discard(self.tmp)
             self.tmp = None
 
     def __enter__(self) -> AtomicFile:

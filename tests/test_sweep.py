@@ -261,3 +261,40 @@ def test_halving_runs_in_a_sweep_and_failures_score_zero(tmp_path, tiny_task, ti
     specs, cfgs = seed_population(tiny_task, tiny_spec, cfg.__class__(**{**cfg.__dict__, "halving": "svc"}), [1])
     with pytest.raises(ConfigError, match="head scorer"):  # the core trainer cannot score heads by itself
         train_population(tiny_task, specs, cfgs, [tmp_path / "x.safetensors"], device="cpu", progress=False)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_ray_sweep_and_its_cluster(tmp_path):
+    """Before: Ray's own SIGTERM handler (installed by ``ray.init``) replaced the command's, so SIGTERM printed a
+    stack dump and exit 1. Now the command keeps its handler: one line, exit 130, and the local cluster it started
+    (GCS, raylet, workers) is stopped with it. (While ``ray.init`` itself runs, Ray's handler is in charge: the
+    signal is sent once the cluster has started.)"""
+    pytest.importorskip("ray")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "interp.app", "sweep", "noisy-majority", "--seeds", "0..3", "--batch", "1"]
+    command += ["--epochs", "400", "--backend", "ray", "--quiet", "--out", str(tmp_path / "sweep")]
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+
+    def session(name: str) -> list[str]:
+        found = subprocess.run(["pgrep", "-s", str(proc.pid), name], capture_output=True, text=True)
+        return found.stdout.split()
+
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None and "Started a local Ray" not in log.read_text():
+            time.sleep(0.5)
+        time.sleep(3)  # the cluster's workers take the first runs
+        assert proc.poll() is None, log.read_text()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        err = log.read_text()
+        time.sleep(3)
+        left = session(".")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interp: interrupted" and "SIGTERM received" not in err
+    assert not left, f"processes of the sweep still alive: {left}"
