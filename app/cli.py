@@ -887,7 +887,10 @@ def cmd_hypothesis(args) -> int:
         found = suite_for(task).hypotheses(task)
         listing = "; ".join(f"{k} ({h.about})" if h.about else k for k, h in found.items()) or "none"
         if args.name is None:
-            print(f"hypotheses of {task.name}: {listing}")
+            if args.json:
+                print(json.dumps({"task": task.name, "hypotheses": {k: h.about for k, h in found.items()}}))
+            else:
+                print(f"hypotheses of {task.name}: {listing}")
             return 0
         if args.name not in found:
             raise ConfigError(f"unknown hypothesis {args.name!r} for task {task.name}; its hypotheses: {listing}")

@@ -545,6 +545,35 @@ def test_the_command_line(tmp_path, capsys):
     assert "out of range" in capsys.readouterr().err
 
 
+def test_the_listing_as_json_and_a_site_with_an_empty_position(capsys):
+    """``interp hypothesis CKPT --json`` without a name lists the hypotheses as JSON (it printed text); a site
+    written with '@' and nothing after it is refused (it meant the readout position silently)."""
+    from interp.app.cli import main
+
+    assert main(["hypothesis", "noisy-majority", "--json", "--device", "cpu"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert listing["task"] == "noisy-majority" and set(listing["hypotheses"]) == {"diff", "sign"}
+    assert main(["hypothesis", "noisy-majority", "diff", "--site", "L0H3@", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "names no position after '@'" in err and "L0H3@answer" in err and err.count("\n") == 1
+
+
+def test_the_text_says_when_the_network_disagrees_with_the_causal_model(nm_ckpt):
+    """IIA counts a pair the network gets wrong even unpatched as a failure of the alignment: the text says so when
+    the network gives the causal model's output on under 90% of bases or sources, and not otherwise."""
+    from dataclasses import replace
+
+    from interp.analyses import suite_for
+    from interp.analyses.hypotheses import evaluate_hypothesis
+
+    ck = nm_ckpt
+    hyp = suite_for(ck.task).hypotheses(ck.task)["diff"]
+    res = evaluate_hypothesis(ck.model, ck.task.dataset("test"), hypothesis=hyp, sites=["L0H8"], pairs=20)
+    assert res.base_accuracy == 1.0 and "disagrees" not in res.text()
+    wrong = replace(res, base_prediction=1 - res.base_prediction)
+    assert wrong.base_accuracy == 0.0 and "the network disagrees with the causal model's output" in wrong.text()
+
+
 def test_the_shipped_population_summary_is_a_recount_of_its_runs():
     """examples/results/hypotheses/population_d8.json (docs/hypotheses.md's population answer): the failing runs, the
     shares and their Wilson intervals, recounted here from the per-run numbers."""

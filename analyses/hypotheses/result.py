@@ -232,6 +232,11 @@ class CausalAbstraction(Result):
             f"{self.n_pairs} pairs{(' ' + how) if how else ''}; the network gives the causal model's output on "
             f"{self.base_accuracy:.3f} of bases and {self.source_accuracy:.3f} of sources"
         )
+        if min(self.base_accuracy, self.source_accuracy) < 0.9:
+            lines.append(
+                "note: the network disagrees with the causal model's output on many inputs, so IIA also counts pairs "
+                "the model gets wrong without any intervention (compare with the 'no patch' column)"
+            )
         cells = []
         for r in self.rows():
             cells.append(

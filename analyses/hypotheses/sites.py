@@ -133,8 +133,10 @@ def parse_site(spec: object, model: HookedTransformer, position=None) -> Site:
         return Site("z", spec[0], (spec[1],), position).check(model)
     if not isinstance(spec, str):
         raise ConfigError(f"cannot read site {spec!r}; expected text such as 'L0H3@answer', a head (0, 3) or a Site")
-    text, _, pos_text = spec.strip().partition("@")
-    pos = _position_text(pos_text) if pos_text else position
+    text, at, pos_text = spec.strip().partition("@")
+    if at and not pos_text.strip():
+        raise ConfigError(f"site {spec!r} names no position after '@'; expected e.g. '{text.strip()}@answer'")
+    pos = _position_text(pos_text) if at else position
     text = text.strip()
     m = _RESID_RE.match(text)
     if m:
