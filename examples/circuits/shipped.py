@@ -4,7 +4,9 @@ figure and faithfulness curve; for noisy majority also each head's learned accur
 (learned-accuracy value, sampled permutations) beside the heads the circuit keeps; for integer addition the edges
 into the MLPs and logits (the carry paths).
 
-    OMP_NUM_THREADS=1 python examples/circuits/shipped.py [--examples 32]
+    OMP_NUM_THREADS=1 python examples/circuits/shipped.py [--examples 32] [--only CHECKPOINT ...]
+
+``--only`` recomputes the named checkpoints and keeps the other rows of shipped.json as they are.
 
 Writes examples/results/circuits/shipped/<checkpoint>-<method>.json (each Circuit, loadable with Circuit.load),
 shipped.json (the summary docs/circuits.md quotes) and, where Chromium is installed, the figures as PNG under
@@ -67,11 +69,12 @@ def heads_of(edges: list[str]) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--examples", type=int, default=32)
+    p.add_argument("--only", nargs="+", choices=SHIPPED, help="recompute these rows only, keep the others")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     (OUT / "shipped").mkdir(parents=True, exist_ok=True)
-    summary = {}
-    for name in SHIPPED:
+    summary = json.loads((OUT / "shipped.json").read_text()) if args.only else {}
+    for name in args.only or SHIPPED:
         ck = load_checkpoint(name)
         clean, corrupted, what = circuit_inputs(ck.task, args.examples, device=model_device(ck.model))
         row = {"inputs": what}
@@ -97,8 +100,11 @@ def main(argv=None) -> int:
         if name == "noisy-majority":
             row["heads"] = noisy_majority_heads(ck)
         summary[name] = row
-    summary["environment"] = {"threads": torch.get_num_threads(), "load_average": os.getloadavg(),
-                              "examples": args.examples}  # fmt: skip
+    environment = {"threads": torch.get_num_threads(), "load_average": os.getloadavg(), "examples": args.examples}
+    if args.only:
+        summary.setdefault("recomputed", {}).update({name: environment for name in args.only})
+    else:
+        summary["environment"] = environment
     (OUT / "shipped.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0
 
