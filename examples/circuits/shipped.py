@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         summary[name] = row
     environment = {"threads": torch.get_num_threads(), "load_average": os.getloadavg(), "examples": args.examples}
     if args.only:
-        summary.setdefault("recomputed", {}).update({name: environment for name in args.only})
+        summary.setdefault("recomputed", {}).update(dict.fromkeys(args.only, environment))
     else:
         summary["environment"] = environment
     (OUT / "shipped.json").write_text(json.dumps(summary, indent=1) + "\n")
