@@ -271,3 +271,33 @@ def test_sweep_and_table_cli_on_one_head_models(tmp_path, capsys):
     assert main(["table", str(tmp_path / "sw"), "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
     assert table[0]["runs"] == 2
+
+
+@pytest.mark.parametrize("shape", EVERY_SHAPE)
+def test_the_circuit_and_hypothesis_commands_on_every_shape(shape, tmp_path, capsys):
+    """``interp circuit`` and ``interp hypothesis`` on a saved checkpoint of each shape: the JSON they print equals
+    the Python functions' results on the same inputs (the circuit's edges and scores; the hypothesis's IIA rows)."""
+    from interp.analyses import suite_for
+    from interp.analyses.circuit_discovery import Circuit, discover_circuit
+    from interp.analyses.hypotheses import CausalAbstraction, evaluate_hypothesis
+    from interp.app.circuit_inputs import circuit_inputs
+    from interp.app.cli import main
+
+    task = small_task("noisy-majority")
+    model, spec = shaped(task, shape)
+    path = save_checkpoint(model, task, tmp_path / f"{shape}.safetensors", spec=spec)
+    capsys.readouterr()
+    args = ["--examples", "8", "--top-n", "3", "--curve-points", "0", "--json", "--threads", "1", "--device", "cpu"]
+    assert main(["circuit", str(path), *args]) == 0
+    got = Circuit.from_dict(json.loads(capsys.readouterr().out))
+    clean, corrupted, _ = circuit_inputs(task, 8, device="cpu")
+    want = discover_circuit(model, clean, corrupted=corrupted, top_n=3, curve_points=0)
+    assert got.graph.edge_names == want.graph.edge_names and got.edges == want.edges
+    assert torch.allclose(got.scores, want.scores, rtol=0, atol=1e-6)
+
+    site = f"L{spec.n_layers - 1}H0"
+    assert main(["hypothesis", str(path), "diff", "--site", site, "--pairs", "16", "--json", "--device", "cpu"]) == 0
+    got = CausalAbstraction.from_dict(json.loads(capsys.readouterr().out))
+    hyp = suite_for(task).hypotheses(task)["diff"]
+    want = evaluate_hypothesis(model, task.dataset("test"), hypothesis=hyp, sites=[site], pairs=16)
+    assert got.labels == want.labels and torch.equal(got.correct, want.correct)
