@@ -106,6 +106,7 @@ def _rt_results(ck):
 
 
 def _ma_results():
+    from interp.analyses.modular_addition.algorithms import algorithm_diagnostics, population_algorithms
     from interp.analyses.modular_addition.exhaustive import ablation_table, attention_split
     from interp.analyses.modular_addition.fourier import embedding_norms, neuron_frequencies, neuron_logit_map
     from interp.analyses.modular_addition.progress import find_phases
@@ -122,6 +123,8 @@ def _ma_results():
         "AblationTable": ablation_table(m, task=t, neuron_frequencies=nf),
         "Phases": find_phases(ck.training["history"]),
         "ModularAdditionAnalysis": analyze(ck),
+        "AlgorithmDiagnostics": algorithm_diagnostics(m, task=t),
+        "PopulationAlgorithms": population_algorithms([m, m], task=t, key_frequencies=False),
     }
 
 
