@@ -115,6 +115,10 @@ def _ma_results():
     ck = load_checkpoint("modular-addition", device="cpu")
     m, t = ck.model, ck.task
     nf = neuron_frequencies(m, task=t)
+    small_task = get_task("modular-addition", p=7, fraction=0.5)
+    small = build_model(
+        ModelSpec(**{**small_task.default_spec(), "d_model": 8, "n_heads": 2, "d_head": 4}), device="cpu"
+    )
     return {
         "FrequencyNorms": embedding_norms(m, task=t),
         "NeuronFrequencies": nf,
@@ -124,7 +128,7 @@ def _ma_results():
         "Phases": find_phases(ck.training["history"]),
         "ModularAdditionAnalysis": analyze(ck),
         "AlgorithmDiagnostics": algorithm_diagnostics(m, task=t),
-        "PopulationAlgorithms": population_algorithms([m, m], task=t, key_frequencies=False),
+        "PopulationAlgorithms": population_algorithms([small, small], task=small_task),
     }
 
 
