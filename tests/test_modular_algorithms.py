@@ -161,8 +161,9 @@ def test_constant_attention_model_is_exactly_symmetric():
 
 def test_population_equals_each_model_alone():
     task = get_task("modular-addition", p=7, fraction=0.5)
-    models = [small_model(task, seed=s) for s in range(3)]
+    models = [small_model(task, seed=s) for s in range(2)]
     pop = population_algorithms(models, task=task)
+    assert all(isinstance(k, list) for k in pop.key_frequencies)
     for i, m in enumerate(models):
         one = algorithm_diagnostics(m, task=task)
         assert float(pop.gradient_symmetricity[i]) == pytest.approx(one.gradient_symmetricity, abs=1e-9)
@@ -171,10 +172,10 @@ def test_population_equals_each_model_alone():
     back = PopulationAlgorithms.from_dict(pop.to_dict())
     assert back.to_dict() == pop.to_dict()
     c = pop.counts()
-    assert sum(row["runs"] for row in c["per_algorithm"].values()) == 3
+    assert sum(row["runs"] for row in c["per_algorithm"].values()) == 2
     lo, hi = c["per_algorithm"]["neither"]["share_wilson95"]
     assert 0 <= lo <= c["per_algorithm"]["neither"]["share"] <= hi <= 1
-    assert pop.figure() is not None and "algorithms of 3 runs" in pop.text()
+    assert pop.figure() is not None and "algorithms of 2 runs" in pop.text()
     with pytest.raises(ConfigError, match="task="):
         population_algorithms(models)
     with pytest.raises(ConfigError, match="different widths"):

@@ -93,6 +93,12 @@ def main(argv=None) -> int:
         "key_frequency_count_vs_gradient_symmetricity_spearman": spearman(
             n_keys, [float(v) for v in algos.gradient_symmetricity]
         ),
+        "circuit_size_vs_distance_irrelevance_spearman": spearman(
+            [float(x) for x in circuits.sizes], [float(v) for v in algos.distance_irrelevance]
+        ),
+        "circuit_size_vs_gradient_symmetricity_spearman": spearman(
+            [float(x) for x in circuits.sizes], [float(v) for v in algos.gradient_symmetricity]
+        ),
         "circuit_inputs": what,
         "circuit_rule": "exact per-edge patching, smallest top-k with faithfulness 0.9",
         "circuit_types": circuits.circuit_types(),
@@ -119,7 +125,7 @@ def main(argv=None) -> int:
     png(algos.figure(), OUT.parents[2] / "docs" / "circuits" / f"{NAME}.png", 620, 480)
     print(algos.text())
     print(circuits.text())
-    print(json.dumps({k: out[k] for k in out if k.startswith("key_frequency")}, indent=1))
+    print(json.dumps({k: out[k] for k in out if k.endswith("_spearman")}, indent=1))
     for k, v in comparisons.items():
         print(k, json.dumps({x: y for x, y in v.items() if x != "per_class"}))
     return 0
