@@ -108,12 +108,26 @@ class PopulationCircuits(Result):
         return out
 
     def compare(self, threshold: float = 1.0, permutations: int = 10000, seed: int = 0) -> dict:
-        """Runs with test accuracy ``>= threshold`` against the others: the mean L1 distance between the two
-        groups' profiles minus the mean within them, its permutation p-value (labels shuffled), and per class the
-        mean kept count in each group with 95% bootstrap intervals; sizes and faithfulness likewise."""
-        ok = torch.tensor([a >= threshold for a in self.accuracy])
-        if ok.all() or not ok.any():
+        """Runs with test accuracy ``>= threshold`` (``succeeded``) against the others (``failed``):
+        :meth:`compare_groups`, with the threshold recorded."""
+        ok = [a >= threshold for a in self.accuracy]
+        if all(ok) or not any(ok):
             raise ConfigError(f"every run is on one side of accuracy {threshold}: nothing to compare")
+        out = self.compare_groups(ok, ("succeeded", "failed"), permutations=permutations, seed=seed)
+        return {"threshold": threshold, **out}
+
+    def compare_groups(
+        self, group: list[bool], labels: tuple[str, str] = ("in", "out"), permutations: int = 10000, seed: int = 0
+    ) -> dict:
+        """Runs where ``group`` is true against the others (named by ``labels``): the mean L1 distance between the
+        two groups' profiles minus the mean within them, its permutation p-value (labels shuffled), and per class
+        the mean kept count in each group with 95% bootstrap intervals; sizes and faithfulness likewise."""
+        if len(group) != len(self.names):
+            raise ConfigError(f"group has {len(group)} entries for {len(self.names)} runs")
+        ok = torch.tensor([bool(g) for g in group])
+        if ok.all() or not ok.any():
+            raise ConfigError(f"every run is in one group ({labels[0] if ok.all() else labels[1]}): nothing to compare")
+        yes, no = labels
         P = self.profile
         D = torch.cdist(P.double(), P.double(), p=1)  # integer distances: every sum below is exact in float64
 
@@ -141,19 +155,18 @@ class PopulationCircuits(Result):
 
         per_class = []
         for j, c in enumerate(self.classes):
-            per_class.append({"class": c, "succeeded": boot(P[ok, j]), "failed": boot(P[~ok, j])})
+            per_class.append({"class": c, yes: boot(P[ok, j]), no: boot(P[~ok, j])})
         faith = torch.tensor(self.faithfulness)
         sizes = torch.tensor(self.sizes)
         return {
-            "threshold": threshold,
-            "succeeded": int(ok.sum()),
-            "failed": int((~ok).sum()),
+            yes: int(ok.sum()),
+            no: int((~ok).sum()),
             "distance_between_minus_within": observed,
             "permutation_p": p,
             "permutations": permutations,
             "per_class": per_class,
-            "size": {"succeeded": boot(sizes[ok]), "failed": boot(sizes[~ok])},
-            "faithfulness": {"succeeded": boot(faith[ok]), "failed": boot(faith[~ok])},
+            "size": {yes: boot(sizes[ok]), no: boot(sizes[~ok])},
+            "faithfulness": {yes: boot(faith[ok]), no: boot(faith[~ok])},
         }
 
     def to_dict(self) -> dict:

@@ -106,6 +106,7 @@ def _rt_results(ck):
 
 
 def _ma_results():
+    from interp.analyses.modular_addition.algorithms import algorithm_diagnostics, population_algorithms
     from interp.analyses.modular_addition.exhaustive import ablation_table, attention_split
     from interp.analyses.modular_addition.fourier import embedding_norms, neuron_frequencies, neuron_logit_map
     from interp.analyses.modular_addition.progress import find_phases
@@ -114,6 +115,10 @@ def _ma_results():
     ck = load_checkpoint("modular-addition", device="cpu")
     m, t = ck.model, ck.task
     nf = neuron_frequencies(m, task=t)
+    small_task = get_task("modular-addition", p=7, fraction=0.5)
+    small = build_model(
+        ModelSpec(**{**small_task.default_spec(), "d_model": 8, "n_heads": 2, "d_head": 4}), device="cpu"
+    )
     return {
         "FrequencyNorms": embedding_norms(m, task=t),
         "NeuronFrequencies": nf,
@@ -122,6 +127,8 @@ def _ma_results():
         "AblationTable": ablation_table(m, task=t, neuron_frequencies=nf),
         "Phases": find_phases(ck.training["history"]),
         "ModularAdditionAnalysis": analyze(ck),
+        "AlgorithmDiagnostics": algorithm_diagnostics(m, task=t),
+        "PopulationAlgorithms": population_algorithms([small, small], task=small_task),
     }
 
 
