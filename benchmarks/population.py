@@ -4,7 +4,8 @@ functional_call of the same K HookedTransformers, with torch.optim over the stac
 checkout of this code (``--before DIR``, e.g. a worktree of the commit before a change), all in one run.
 
     .venv/bin/python benchmarks/population.py [--models 100] [--position-models 30] [--repeats 3]
-        [--configs counts-2,counts-8,counts-32,positions,positions-counter,prefix-counts] [--before DIR]
+        [--configs counts-2,counts-8,counts-32,counts-32-counter,positions,positions-counter,prefix-counts]
+        [--before DIR]
         [--sides ours,solo,vmap-query,vmap-tl] [--no-compile]
 
 The configurations (the thesis's noisy majority, 7,500 training sentences, batch 128, 59 steps per epoch; Adam with
@@ -12,6 +13,8 @@ L2 weight decay, Table 1's recipe):
 
 - ``counts-D``: d_model D (2, 8, 32) with D/2 heads of d_head 2 (1 head at d = 2), dropout on the attention output
   (torch masks): the token-count forward (``interp.population_paths.forward_of``), K = ``--models`` models;
+  ``counts-32-counter`` the same with counter masks (no per-model mask draws: what the path costs without the
+  torch masks' floor);
 - ``positions`` / ``positions-counter``: d = 32, 16 heads, dropout on the embedding and the attention output (the
   thesis's placement), torch or counter masks: the per-position forward, K = ``--position-models``;
 - ``prefix-counts``: d = 8, 4 heads, the language-model objective, counter masks: the prefix-count forward, K =
@@ -36,7 +39,10 @@ time ``--steps`` training steps after one warm-up step, scaled to 59 steps per e
 (their validation included). Each configuration's FLOP floor is counted from the shapes (multiply-adds of the
 least arithmetic its forward needs, at the sentences' own lengths, times 3 for the backward, times 2 FLOP per
 multiply-add; the script's ``floor_flops`` says what is counted) and divided by the rate one core reaches on a
-1024 x 1024 x 1024 single-precision product, measured in the same run. Each rate is printed as the median and the
+1024 x 1024 x 1024 single-precision product, measured in the same run. Torch-masked configurations also print
+their masks' floor: the draws each model takes from its own generator per epoch (``torch_mask_draws``, the same as
+its solo run's) times one draw's CPU time (``bernoulli_``, measured in the same run), which no batching removes
+while each model has to equal its solo run. Each rate is printed as the median and the
 range (min-max) over ``--repeats`` repeats, in wall seconds and in the worker's CPU seconds (user + system), which
 other work on a shared machine disturbs less; the ratios are of CPU seconds.
 """
@@ -55,7 +61,15 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ("counts-2", "counts-8", "counts-32", "positions", "positions-counter", "prefix-counts")
+CONFIGS = (
+    "counts-2",
+    "counts-8",
+    "counts-32",
+    "counts-32-counter",
+    "positions",
+    "positions-counter",
+    "prefix-counts",
+)
 SIDES = ("ours", "solo", "vmap-query", "vmap-tl")
 STEPS_PER_EPOCH = 59  # ceil(7,500 / 128)
 
@@ -91,7 +105,8 @@ def _recipe(config: str):
     if config.startswith("counts-"):
         d = int(config.split("-")[1])
         spec = ModelSpec(**{**base, "d_model": d, "n_heads": max(1, d // 2), "d_head": 2})
-        cfg = TrainConfig(dropout_at="attention", optimizer="adam")
+        rng = "counter" if config.endswith("counter") else "torch"
+        cfg = TrainConfig(dropout_at="attention", dropout_rng=rng, optimizer="adam")
         return task, spec, cfg, "models"
     if config.startswith("positions"):
         spec = ModelSpec(**{**base, "d_model": 32, "n_heads": 16, "d_head": 2})
@@ -125,6 +140,7 @@ def _worker(args) -> None:
 
         def run(epochs: int, tmp: Path) -> tuple[float, float]:
             c = replace(cfg, epochs=epochs)
+            tmp = Path(tempfile.mkdtemp(dir=tmp))  # a fresh folder: a solo run does not replace a checkpoint
             w0, c0 = time.perf_counter(), _cpu()
             if args.side == "solo":
                 train(
@@ -236,7 +252,7 @@ def floor_flops(config: str) -> float:
     data = get_task("noisy-majority").dataset("train")
     n, positions = len(data), int(data.lengths.sum())
     V, out = 7, 8
-    d = {"counts-2": 2, "counts-8": 8, "counts-32": 32, "prefix-counts": 8}.get(config, 32)
+    d = {"counts-2": 2, "counts-8": 8, "prefix-counts": 8}.get(config, 32)
     H, e = max(1, d // 2), 2
     per_target = H * V * e + H * V + d * out
     if config.startswith("counts-"):
@@ -246,6 +262,43 @@ def floor_flops(config: str) -> float:
     else:
         macs = positions * 2 * (2 * H * d) + 2 * n * (d * H * e * 2 + d * out)
     return 2 * 3 * macs
+
+
+def torch_mask_draws(config: str) -> int:
+    """Dropout draws per model-epoch that a torch-masked configuration takes from its model's generator, as its solo
+    run draws them (the population draws the same numbers, to equal it; 0 for counter masks): the attention output
+    ``[batch, 2, d_model]`` per step, and for ``positions`` also the embedding ``[batch, the batch's longest
+    sentence, d_model]`` (counted in seed 0's data order)."""
+    import torch
+
+    task, spec, cfg, _ = _recipe(config)
+    if cfg.dropout_rng != "torch" or not cfg.dropout:
+        return 0
+    data = task.dataset("train")
+    n, d = len(data), spec.d_model
+    draws = n * 2 * d  # the attention output at the 2 targets
+    if "embedding" in cfg.dropout_sites:
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+        for start in range(0, n, cfg.batch_size):
+            idx = perm[start : start + cfg.batch_size]
+            draws += len(idx) * int(data.lengths[idx].max()) * d
+    return draws
+
+
+def _draw_seconds() -> float:
+    """CPU seconds per dropout draw of one thread: ``bernoulli_(0.9, generator=g)`` into a ``[128, 2, 32]`` tensor
+    (one step's attention-output mask of one d = 32 model), best of 5 runs of 200 calls."""
+    import torch
+
+    torch.set_num_threads(1)
+    g, x = torch.Generator().manual_seed(0), torch.empty(128, 2, 32)
+    best = float("inf")
+    for _ in range(5):
+        t = time.process_time()
+        for _ in range(200):
+            x.bernoulli_(0.9, generator=g)
+        best = min(best, (time.process_time() - t) / (200 * x.numel()))
+    return best
 
 
 def _peak_flops() -> float:
@@ -345,14 +398,17 @@ def main() -> None:
         if not (Path(args.before) / "interp" / "population.py").is_file():
             parser.error(f"--before {args.before}: not a checkout of this repository (no interp/population.py)")
         sides = ["ours", "before"] + [s for s in sides if s != "ours"]
-    peak = _peak_flops()
-    print(f"one thread, 1024^3 sgemm: {peak / 1e9:.1f} GFLOP/s (the floors' rate); load average {os.getloadavg()}")
+    peak, draw = _peak_flops(), _draw_seconds()
+    print(
+        f"one thread, 1024^3 sgemm: {peak / 1e9:.1f} GFLOP/s (the floors' rate); one dropout draw (bernoulli_): "
+        f"{draw * 1e9:.2f} ns; load average {os.getloadavg()}"
+    )
     results: dict[str, dict[str, dict[str, list[float]]]] = {}
     for r in range(args.repeats):
         for c in configs:
             for s in sides:
-                if s.startswith("vmap") and c.startswith("positions-counter"):
-                    continue  # the vmap sides have no dropout: positions-counter would repeat positions
+                if s.startswith("vmap") and c.endswith("-counter"):
+                    continue  # the vmap sides have no dropout: a counter configuration would repeat its torch one
                 rate = _run_side(args, c, s)
                 for k, v in rate.items():
                     results.setdefault(c, {}).setdefault(s, {}).setdefault(k, []).append(v)
@@ -373,6 +429,9 @@ def main() -> None:
         solo = statistics.median(by_side["solo"]["cpu"]) if "solo" in by_side else None
         before = statistics.median(by_side["before"]["cpu"]) if "before" in by_side else None
         print(f"{c:18s} {'floor':10s} {'':>26s} {floor:26.5f} ({floor_flops(c) / 1e6:.0f} MFLOP)")
+        draws = torch_mask_draws(c)
+        if draws:  # what no batching removes while each model equals its solo run
+            print(f"{c:18s} {'masks':10s} {'':>26s} {draws * draw:26.5f} ({draws / 1e6:.2f} M torch draws)")
         for s, rates in by_side.items():
             cpu = statistics.median(rates["cpu"])
             print(
@@ -381,7 +440,7 @@ def main() -> None:
                 f"{(before / cpu if before else float('nan')):9.2f}"
             )
     if args.json:
-        Path(args.json).write_text(json.dumps({"peak_flops": peak, "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"peak_flops": peak, "draw_seconds": draw, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -348,13 +348,14 @@ def _weighted_count_logits(
     H, Q, Vp = QK.shape[1:]
     e = vals.shape[-1]
     Ew = (QK - QK.amax(-1, keepdim=True)).exp()  # [K, H, Q, Vp], at most 1
-    # [K, H x e, Q x Vp]: each head's weighted values, and its denominators repeated over its d_head outputs (so
-    # the division below, and its gradient, are plain elementwise passes over [query, head x d_head])
+    # [K, Q x Vp, H x e + H]: each head's weighted values and its denominator, side by side, so one product gives
+    # both (the denominators once per head, H columns, not repeated over d_head: 3/4 of the two products' work)
     numer = (Ew[:, :, None] * vals.transpose(-1, -2)[:, :, :, None]).reshape(K, H * e, Q * Vp)
-    denom = Ew[:, :, None].expand(K, H, e, Q, Vp).reshape(K, H * e, Q * Vp)
+    table = torch.cat([numer, Ew.reshape(K, H, Q * Vp)], 1).transpose(1, 2)
     onehot = F.one_hot(query_idx.reshape(K, N), Q).to(counts.dtype)  # [K, N, Q]
     X = (onehot[..., None] * counts.reshape(K, N, 1, Vp)).reshape(K, N, Q * Vp)
-    z = torch.bmm(X, numer.transpose(1, 2)) / torch.bmm(X, denom.transpose(1, 2))  # [K, N, H x e]
+    both = torch.bmm(X, table)  # [K, N, H x e + H]
+    z = (both[..., : H * e].view(K, N, H, e) / both[..., H * e :, None]).view(K, N, H * e)
     if identity_w_o:
         out = z
     else:
@@ -477,13 +478,6 @@ def _mask_heads(
             else:
                 for t in (P[n_], opt.exp_avg[n_], opt.exp_avg_sq[n_]):
                     t[k].mul_(m[k])
-
-
-def _dropout_mask(shape, p: float, gen: torch.Generator, device, out: Tensor | None = None) -> Tensor:
-    """What ``F.dropout(x, p)`` multiplies ``x`` by on the CPU: ``bernoulli(1 - p) / (1 - p)``, drawn from ``gen``
-    as the solo run's dropout draws it (into ``out``, a contiguous CPU tensor of ``shape``, where given)."""
-    noise = (torch.empty(shape) if out is None else out).bernoulli_(1 - p, generator=gen)
-    return noise.div_(1 - p).to(device)
 
 
 class _Adam:
@@ -776,9 +770,9 @@ class _Population:
             out_mask = position_mask(rows, self.train_qpos[idx], d, p)
         elif p:
             out_mask = torch.empty(self.K, idx.shape[1], qidx.shape[-1], d)
-            for m, g in enumerate(self.drop_gens):
-                _dropout_mask(out_mask.shape[1:], p, g, "cpu", out=out_mask[m])
-            out_mask = out_mask.to(self.device)
+            for m, g in enumerate(self.drop_gens):  # each model's own draws; the scale in one pass below
+                out_mask[m].bernoulli_(1 - p, generator=g)
+            out_mask = out_mask.div_(1 - p).to(self.device)  # what F.dropout multiplies by on the CPU
         targets = self.train_targets.index_select(0, idx.flatten()).view(*idx.shape, -1)
         P = self.forward_params(self.P)
         args = (P, qidx, cnt, counted.queries, counted.present, self.attn_scale, out_mask, targets, self.norm)

@@ -32,3 +32,34 @@ def test_bad_counts_are_a_usage_error_before_any_training(argv, message):
     assert done.returncode == 2, done.stderr
     assert f"population.py: error: {message}" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("population_bench", ROOT / "benchmarks" / "population.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_torch_masks_floor_counts_the_solo_runs_draws():
+    """The masks' floor counts what a solo run of seed 0 draws from its generator per epoch: the attention output
+    ``[batch, 2, d_model]`` of every sentence, and under embedding dropout each batch padded to its longest sentence
+    (counted here from the batches of seed 0's order, as the training loop cuts them); counter masks draw nothing
+    from a generator."""
+    import torch
+
+    from interp.tasks import get_task
+
+    bench = _bench()
+    data = get_task("noisy-majority").dataset("train")
+    n = len(data)
+    assert bench.torch_mask_draws("counts-32") == n * 2 * 32
+    assert bench.torch_mask_draws("counts-8") == n * 2 * 8
+    assert bench.torch_mask_draws("counts-32-counter") == 0
+    assert bench.torch_mask_draws("positions-counter") == 0
+    assert bench.torch_mask_draws("prefix-counts") == 0
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    padded = sum(len(rows) * int(data.lengths[rows].max()) for rows in perm.split(128))
+    assert bench.torch_mask_draws("positions") == n * 2 * 32 + padded * 32
