@@ -3,9 +3,11 @@
 For every trained model (its checkpoint in the sweep directories): the sub-task probes of the compositionality gap
 (:func:`interp.analyses.integer_addition.subtask_probes`, fitted on 2,000 of its training sums, scored on the 6,000
 test sums of 1..6 digits); for every looped model, exact match per operand length with 1..4 iterations (Fan et al.
-2024 choose more for longer inputs); for every scratchpad model, the final answer after greedy decoding. Each is
-appended, one JSON line per run, to ``subtasks.jsonl``, ``loops.jsonl`` and ``greedy.jsonl`` in the results
-directory (a run already there is skipped). Then the tables: ``tables.json`` (every cell, recounted by
+2024 choose more for longer inputs; the ``adaptive`` table reads their rule from these); for every scratchpad model,
+the final answer after greedy decoding; for seed 0 of the standard and Abacus models of the lengths part, the
+interchange interventions of the carries (see :func:`interchange`). Each is appended, one JSON line per run, to
+``subtasks.jsonl``, ``loops.jsonl``, ``greedy.jsonl`` and ``interchange.jsonl`` in the results directory (a run
+already there is skipped). Then the tables: ``tables.json`` (every cell, recounted by
 ``tests/test_addition_results.py``) and ``tables.md`` (the Markdown of docs/addition.md).
 
     OMP_NUM_THREADS=1 PYTHONPATH=examples python examples/addition_experiments.py --analyse --out runs/addition
