@@ -100,20 +100,21 @@ def sweep(out: Path, seed: int, schemes, arch: str, task_kw: dict, train_kw: dic
         print(json.dumps(entry), flush=True)
 
 
-def train_part(part: str, out: Path, seeds, threads: int, schemes=None) -> None:
+def train_part(part: str, out: Path, seeds, threads: int, schemes=None, archs=("plain2", "looped")) -> None:
     """Train one part seed by seed (``schemes``: the positional schemes, by default every one for the lengths and
-    standard and Abacus for the ablations); the ablations part also trains the parameter-matched 1-layer control."""
+    standard and Abacus for the ablations; ``archs``: the lengths part's architectures); the ablations part also
+    trains the parameter-matched 1-layer control."""
     out.mkdir(parents=True, exist_ok=True)
     if schemes is None:
         schemes = SCHEMES if part == "lengths" else ABLATION_SCHEMES
     for seed in seeds:
         if part == "lengths":
             for group in ([s for s in schemes if s != "abacus"], [s for s in schemes if s == "abacus"]):
-                for arch in ("plain2", "looped") if group else ():
+                for arch in archs if group else ():
                     sweep(out / "lengths", seed, group, arch, {}, {}, threads)
         else:
-            for name, (task_kw, train_kw, archs) in ABLATIONS.items():
-                for arch in archs:
+            for name, (task_kw, train_kw, arms) in ABLATIONS.items():
+                for arch in arms:
                     sweep(out / "ablations", seed, schemes, arch, task_kw, train_kw, threads)
                 if name == "aux":  # the control after the training options, before the formats
                     sweep(out / "ablations", seed, schemes, "plain1", {}, {}, threads)
@@ -139,13 +140,20 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--schemes", nargs="+", choices=SCHEMES, help="positional schemes (default: see train_part)")
+    p.add_argument(
+        "--archs",
+        nargs="+",
+        choices=("plain2", "looped"),
+        default=["plain2", "looped"],
+        help="the lengths part's architectures (default: both)",
+    )
     p.add_argument("--analyse", action="store_true", help="the analyses of the trained models (see --results)")
     p.add_argument("--results", default="examples/results/addition", help="where the shipped results go")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     if args.part:
-        train_part(args.part, out, args.seeds, args.threads, args.schemes)
+        train_part(args.part, out, args.seeds, args.threads, args.schemes, args.archs)
     if args.analyse:
         from addition_analyses import analyse  # examples/addition_analyses.py, beside this script
 

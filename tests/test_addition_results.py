@@ -81,6 +81,53 @@ def test_every_cell_of_the_shipped_tables_is_a_recount_of_the_rows(part):
             assert (cell["low"], cell["high"]) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
 
 
+def _entries(name: str) -> list[dict]:
+    path = RESULTS / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_the_adaptive_loop_table_is_a_recount_of_the_loop_evaluations():
+    """Fan et al.'s more iterations for longer inputs, at evaluation: 2 iterations up to the 3 trained digits, then
+    2n/3 rounded up (3 at 4 digits, 4 at 5 and 6), read from each looped run's evaluation at 1..4 iterations."""
+    rule = {1: 2, 2: 2, 3: 2, 4: 3, 5: 4, 6: 4}
+    entries = _entries("loops")
+    table = _tables()["adaptive"]
+    assert {(t["arch"], t["scheme"], t["ablation"]) for t in table} == {
+        (e["arch"], e["scheme"], e["ablation"]) for e in entries
+    }
+    for t in table:
+        members = [
+            e for e in entries if (e["arch"], e["scheme"], e["ablation"]) == (t["arch"], t["scheme"], t["ablation"])
+        ]
+        assert t["seeds"] == sorted(e["seed"] for e in members)
+        for n in LENGTHS:
+            values = [e["exact_match"][str(rule[n])][str(n)] for e in members]
+            counts = [e["n"][str(n)] for e in members]
+            right = sum(round(v * c) for v, c in zip(values, counts))
+            cell = t[str(n)]
+            assert cell["mean"] == pytest.approx(sum(values) / len(values), abs=1e-12)
+            assert cell["n"] == sum(counts) and cell["pooled"] == pytest.approx(right / sum(counts), abs=1e-12)
+            low, high = _wilson(right, sum(counts))
+            assert (cell["low"], cell["high"]) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+
+
+def test_the_interchange_table_is_a_recount_of_the_runs_interventions():
+    """The carry's DAS IIA per arm: the mean over runs and inner carries (1 .. n - 1) of each run's held-out IIA."""
+    entries = _entries("interchange")
+    table = _tables()["interchange"]
+    assert len(table) == len({(e["arch"], e["scheme"], e["ablation"]) for e in entries}) > 0
+    for t in table:
+        members = [
+            e for e in entries if (e["arch"], e["scheme"], e["ablation"]) == (t["arch"], t["scheme"], t["ablation"])
+        ]
+        assert t["runs"] == len(members)
+        for n in (3, 6):
+            cells = [e["interchange"][f"{n}:{k}"] for e in members for k in range(1, n)]
+            for site in ("resid_post.0", "resid_mid.1"):
+                assert t[f"{site}_{n}"] == pytest.approx(sum(c[site]["das"] for c in cells) / len(cells), abs=1e-12)
+            assert t[f"digit_{n}"] == pytest.approx(sum(c["base_accuracy"] for c in cells) / len(cells), abs=1e-12)
+
+
 def test_the_shipped_markdown_is_the_tables_json():
     sys.path.insert(0, str(ROOT / "examples"))
     try:
