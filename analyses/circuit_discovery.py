@@ -56,7 +56,7 @@ def faithfulness_defined(full: float, empty: float) -> bool:
     return abs(full - empty) > SPAN_RTOL * max(1.0, abs(full), abs(empty))
 
 
-@dataclass
+@dataclass(eq=False)
 class Circuit(Result):
     """A discovered circuit: per-edge ``scores`` (``[edge]``, the metric's change when the edge is removed, or its
     estimate), the ``kept`` edges (``[edge]`` bool), the graph, and the metric of the ``full`` model, the ``empty``

@@ -60,7 +60,7 @@ def check_graph_model(model: HookedTransformer) -> None:
         )
 
 
-@dataclass
+@dataclass(eq=False)
 class ComputationalGraph(Result):
     """Nodes and edges of a model (see the module doc). ``senders`` / ``receivers`` are names (``input``, ``L0H3``,
     ``MLP0``; ``L1H0.q``, ``L1KV0.k``, ``MLP1``, ``logits``), ``sender_layer`` / ``receiver_layer`` their layers

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Int
@@ -51,7 +51,7 @@ def edge_class(graph: ComputationalGraph, e: int) -> str:
     return f"{kind(graph.senders[s])} -> {kind(graph.receivers[r])}"
 
 
-@dataclass
+@dataclass(eq=False)
 class PopulationCircuits(Result):
     """Each run's circuit: ``kept [run, edge]``, ``scores [run, edge]``, ``faithfulness [run]``, with the runs'
     ``names``, ``seeds`` and test ``accuracy``; ``classes`` the edge classes and ``profile [run, class]`` the kept
@@ -116,14 +116,19 @@ class PopulationCircuits(Result):
         out = self.compare_groups(ok, ("succeeded", "failed"), permutations=permutations, seed=seed)
         return {"threshold": threshold, **out}
 
-    def compare_groups(
-        self, group: list[bool], labels: tuple[str, str] = ("in", "out"), permutations: int = 10000, seed: int = 0
-    ) -> dict:
-        """Runs where ``group`` is true against the others (named by ``labels``): the mean L1 distance between the
-        two groups' profiles minus the mean within them, its permutation p-value (labels shuffled), and per class
+    def compare_groups(self, group: Any, labels: Any = ("in", "out"), permutations: Any = 10000, seed: int = 0) -> dict:
+        """Runs where ``group`` (one truth value per run: a list, a numpy array or a tensor) is true against the
+        others (named by ``labels``): the mean L1 distance between the two groups' profiles minus the mean distance
+        between two different runs of one group, its permutation p-value (labels shuffled), and per class
         the mean kept count in each group with 95% bootstrap intervals; sizes and faithfulness likewise."""
+        if group is None or isinstance(group, (str, bytes)) or not hasattr(group, "__len__"):
+            raise ConfigError(f"group must be one true/false per run ({len(self.names)}), got {group!r}")
         if len(group) != len(self.names):
             raise ConfigError(f"group has {len(group)} entries for {len(self.names)} runs")
+        if isinstance(labels, str) or len(labels) != 2 or not all(isinstance(x, str) for x in labels):
+            raise ConfigError(f"labels must be two names, one per group, got {labels!r}")
+        if isinstance(permutations, bool) or not isinstance(permutations, int) or permutations < 1:
+            raise ConfigError(f"permutations must be a positive integer, got {permutations!r}")
         ok = torch.tensor([bool(g) for g in group])
         if ok.all() or not ok.any():
             raise ConfigError(f"every run is in one group ({labels[0] if ok.all() else labels[1]}): nothing to compare")
@@ -132,14 +137,15 @@ class PopulationCircuits(Result):
         D = torch.cdist(P.double(), P.double(), p=1)  # integer distances: every sum below is exact in float64
 
         def stat(masks: Tensor) -> Tensor:
-            """``[m]`` between-group minus within-group mean distance of each labelling ``masks [m, run]`` (the
-            diagonal's zeros count in the within mean), all labellings in one product."""
+            """``[m]`` between-group minus within-group mean distance of each labelling ``masks [m, run]``, all
+            labellings in one product. Within means pairs of two different runs of one group (a run's zero distance
+            to itself is not a pair); a labelling whose groups are both single runs has no within pair (NaN)."""
             a = masks.double()
             b = 1.0 - a
             na, nb = a.sum(1), b.sum(1)
             aD, bD = a @ D, b @ D
             between = (aD * b).sum(1) / (na * nb)
-            within = ((aD * a).sum(1) + (bD * b).sum(1)) / (na * na + nb * nb)
+            within = ((aD * a).sum(1) + (bD * b).sum(1)) / (na * (na - 1) + nb * (nb - 1))
             return between - within
 
         gen = torch.Generator().manual_seed(seed)

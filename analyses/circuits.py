@@ -44,7 +44,7 @@ def _token_labels(vocab, n: int) -> list[str]:
     return [str(i) for i in range(n)]
 
 
-@dataclass
+@dataclass(eq=False)
 class CircuitMatrix(Result):
     """A circuit as a ``FactoredMatrix`` (``.matrix``), with labels for its rows and columns: ``[rows, cols]`` for
     one head (or the direct path), ``[head, rows, cols]`` for several, ``heads`` naming the leading axis (one per
@@ -348,7 +348,7 @@ def k_composition_circuit(
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class OVCopying(Result):
     """Copying scores of every head's full OV circuit restricted to the tokens that are both inputs and outputs.
 
@@ -455,7 +455,7 @@ def bigram_table(model: HookedTransformer, *, vocab=None, device: str | None = N
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class LogitDecomposition(Result):
     """``logits = direct + bias + Σ heads``: the direct path (embedding, and positions when they enter the
     residual stream, through ``W_U``), the biases (``Σ b_O`` through ``W_U``, plus ``b_U``) and each head's

@@ -67,7 +67,7 @@ MAX_BITMASK = 62  # coalitions as int64 bitmasks (exact values, the batched SVC)
 CALLABLE_CHUNK = 4096  # coalitions per call of a value callable
 
 
-@dataclass
+@dataclass(eq=False)
 class CoalitionValues(Result):
     """v(S) for every subset S of ``heads``: ``values[mask]``, bit ``i`` of ``mask`` = ``heads[i]`` in S."""
 

@@ -53,7 +53,7 @@ def random_baseline(
     return float(s.mean()), float(s.std())
 
 
-@dataclass
+@dataclass(eq=False)
 class CompositionScores(Result):
     """Scores ``[layer1, head1, layer2, head2]`` per mode (zero unless layer2 > layer1), and the random
     baseline for this model's shapes."""

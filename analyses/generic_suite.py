@@ -57,7 +57,7 @@ def random_repeat_probes(vocab: Vocab, n_ctx: int) -> tuple[Int[Tensor, "batch p
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class TaskSummary(Result):
     """What the generic suite's ``interp analyze`` gives: the task's metrics per split, each head's learned accuracy
     alone (and all heads') on the first ``n_examples`` of ``split``, and every head's pattern scores (``scores``:

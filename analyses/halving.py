@@ -125,7 +125,7 @@ def train_halving(task: Task, spec, cfg, out, **kw) -> dict[str, Any]:
     return train(task, spec, cfg, out, head_scorer=scorer(cfg.halving), **kw)
 
 
-@dataclass
+@dataclass(eq=False)
 class HalvingHistory(Result):
     """A halving run: validation accuracy per epoch and its halving steps (Figure 10)."""
 

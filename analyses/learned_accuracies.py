@@ -85,7 +85,7 @@ def _mean_z(model: HookedTransformer, data, batch_size: int | None = None) -> Te
     return as_cache(model, data, attention=False, batch_size=batch_size).z.mean(0)
 
 
-@dataclass
+@dataclass(eq=False)
 class LearnedAccuracy(Result):
     """Accuracy per head subset with the other heads ablated. ``accuracy[s]`` belongs to ``subsets[s]``.
     ``method``: how the logits were computed (``"fast"`` or ``"hooks"``, what ``method="auto"`` resolved to; None

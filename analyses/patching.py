@@ -353,7 +353,7 @@ def _rows_per_chunk(model: HookedTransformer, T: int, batch_size: int | None) ->
 # -- activation patching -----------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class ActivationPatching(Result):
     """Patched metric per index: ``values`` with ``dims`` (``("layer", "head", "pos")``, ``("layer", "head")``,
     ``("layer", "pos")`` or ``("layer",)``); ``layers`` are the model layers of the first axis. ``clean`` and
@@ -704,7 +704,7 @@ def _pos_labels(data, tokens: Tensor) -> list[str]:
 # -- path patching -----------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class PathPatching(Result):
     """Patched metric ``values[sender, receiver, qkv]``: the sender head's output patched only into the receiver's
     query, key or value input (NaN where the receiver is not in a later layer than the sender). ``clean`` /

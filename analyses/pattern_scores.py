@@ -140,7 +140,7 @@ def bootstrap_interval(
     return lo, hi
 
 
-@dataclass
+@dataclass(eq=False)
 class HeadScores(Result):
     """Per-head scores ``[n_layers, n_heads]`` on the given tokens, each with a 95% bootstrap interval over the
     sequences (``ci[score] = (low, high)``), with the tokens kept for reference."""
@@ -299,7 +299,7 @@ def head_scores(
     return HeadScores(tokens=tokens, ci=ci, **res)
 
 
-@dataclass
+@dataclass(eq=False)
 class AblationTest(Result):
     """The K-composition causal test: induction scores ``[layer, head]`` with nothing removed (``base``) and with
     each sender head's output removed along ``path`` (``ablated[i]`` for ``senders[i]``): ``"all"`` zero-ablates

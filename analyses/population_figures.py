@@ -25,7 +25,7 @@ def _label(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" if k != "strategy" else str(v) for k, v in config.items()) or "all runs"
 
 
-@dataclass
+@dataclass(eq=False)
 class Survival(Result):
     """``groups[label]``: the values of one group (runs, or heads); the figure draws, per group, the share of values
     ``>= x`` against ``x`` (1 - CDF, counting ties as reached: at ``x = 1`` it is the share at 100%)."""
@@ -121,7 +121,7 @@ def accuracy_survival(frame, split: str = "test") -> Survival:
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class GridAccuracy(Result):
     """Per (d_model, n_heads) cell: runs, the share at 100% ``split`` accuracy and the mean (NaN: no runs)."""
 
@@ -263,7 +263,7 @@ def grid_accuracy(frame, split: str = "test", strategy: str = "normal") -> GridA
     return GridAccuracy(ds, hs, runs, share, mean, split, strategy, val)
 
 
-@dataclass
+@dataclass(eq=False)
 class LearningRateAccuracy(Result):
     """Per configuration (without lr) and learning rate: each run's accuracy, the share at 100% and the mean."""
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from interp.task import Task, TaskData
 
 
-@dataclass
+@dataclass(eq=False)
 class SeparationAccuracy(Result):
     """Test accuracy and ROC AUC of a linear separator per head subset (``accuracy[s]`` is ``subsets[s]``'s)."""
 

@@ -85,7 +85,7 @@ def shapley_transform(values: Float[Tensor, " coalition"]) -> tuple[Tensor, Tens
     return phi, banzhaf, inter
 
 
-@dataclass
+@dataclass(eq=False)
 class ShapleyResult(Result):
     """Shapley values of heads (exact, or sampled with a standard error), Banzhaf values and pairwise interactions
     (exact only; None when sampled). ``to_dict()`` is the JSON of ``interp shapley --json``."""

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 ENERGY = 0.9
 
 
-@dataclass
+@dataclass(eq=False)
 class AttentionSpectrum(Result):
     """Singular-value energy of every head's attention pattern and the rank-``k`` causal test (module doc).
 

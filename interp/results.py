@@ -93,6 +93,16 @@ class Result:
         """``to_dict()`` as strict JSON (no NaN)."""
         return json.dumps(jsonable(self.to_dict()), allow_nan=False, **kw)
 
+    def __eq__(self, other) -> bool:
+        """Two results are equal when they are of one type and write the same JSON (:meth:`to_json`: every number
+        exactly, NaN equal to NaN). The results are dataclasses declared with ``eq=False``: the generated field-wise
+        comparison would ask a tensor for its truth value and raise."""
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.to_json(sort_keys=True) == other.to_json(sort_keys=True)
+
+    __hash__ = None  # equal results need not be one object: unhashable, as dataclasses with eq are
+
     def _repr_html_(self) -> str:
         from .visualize import notebook_figure_html
 

@@ -90,7 +90,7 @@ def test_the_permutation_test_agrees_with_every_relabelling(population):
     def stat(group: set[int]) -> float:
         other = [j for j in range(n) if j not in group]
         between = [l1(prof[i], prof[j]) for i in group for j in other]
-        within = [l1(prof[i], prof[j]) for g in (sorted(group), other) for i in g for j in g]
+        within = [l1(prof[i], prof[j]) for g in (sorted(group), other) for i in g for j in g if i != j]
         return sum(between) / len(between) - sum(within) / len(within)
 
     observed = stat({0, 2})
@@ -101,3 +101,34 @@ def test_the_permutation_test_agrees_with_every_relabelling(population):
     assert res["distance_between_minus_within"] == pytest.approx(observed, abs=1e-5)
     se = math.sqrt(exact * (1 - exact) / 20000)
     assert abs(res["permutation_p"] - exact) <= 4 * se + 1e-4
+
+
+def test_the_group_statistic_on_three_hand_written_profiles():
+    """Run 0 against runs 1 and 2, by hand: between (d01 + d02) / 2, within d12 (the one pair of two different
+    runs). A trial found the within mean counting each run's zero distance to itself as a pair (its profiles with
+    d01 = 5, d02 = 3, d12 = 6 read +1.6 instead of -2). Bad groups, labels and permutation counts are refused."""
+    from interp.analyses.circuit_graph import ComputationalGraph
+    from interp.analyses.circuit_population import PopulationCircuits
+    from interp.errors import ConfigError
+
+    graph = ComputationalGraph.build(n_layers=1, n_heads=2, n_kv_heads=2, has_mlp=False, parallel=False)
+    kept = torch.zeros(3, graph.n_edges, dtype=torch.bool)
+    kept[0, :5] = True
+    kept[1, 4] = True
+    kept[2, 1:8] = True
+    pop = PopulationCircuits(graph=graph, names=["a", "b", "c"], seeds=[0, 1, 2], accuracy=[1.0, 0.5, 0.5],
+                             kept=kept, scores=kept.float(), faithfulness=[1.0, 1.0, 1.0], method="eap",
+                             ablation="patch", metric="logit_diff")  # fmt: skip
+    P = pop.profile
+    d = lambda i, j: float((P[i] - P[j]).abs().sum())  # noqa: E731
+    between, within = (d(0, 1) + d(0, 2)) / 2, d(1, 2)
+    res = pop.compare_groups([True, False, False], permutations=50)
+    assert res["distance_between_minus_within"] == pytest.approx(between - within, abs=1e-12)
+    assert pop.compare(1.0, permutations=50)["distance_between_minus_within"] == pytest.approx(between - within)
+    for bad, match in ((None, "one true/false per run"), ("TFF", "one true/false per run"), ([True], "1 entries")):
+        with pytest.raises(ConfigError, match=match):
+            pop.compare_groups(bad)
+    with pytest.raises(ConfigError, match="two names"):
+        pop.compare_groups([True, False, False], labels=("x",))
+    with pytest.raises(ConfigError, match="positive integer"):
+        pop.compare_groups([True, False, False], permutations=0)

@@ -47,6 +47,19 @@ def plain_distance_irrelevance(table):
     return within / std([v for row in L for v in row])
 
 
+def plain_by_difference(table):
+    """The definition for any modulus: for each d the p pairs (a, b) with (a - b) mod p = d; the mean over d of
+    their std, over the std of all pairs."""
+    p = len(table)
+
+    def std(xs):
+        m = sum(xs) / len(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+    groups = [[float(table[a][b]) for a in range(p) for b in range(p) if (a - b) % p == d] for d in range(p)]
+    return sum(std(g) for g in groups) / p / std([float(v) for row in table for v in row])
+
+
 def test_distance_irrelevance_matches_a_plain_loop_batched():
     tables = torch.randn(3, 7, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     got = distance_irrelevance(tables)
@@ -68,8 +81,9 @@ def test_distance_irrelevance_of_known_tables():
     assert float(distance_irrelevance(d * 1.0)) == pytest.approx(0.0, abs=1e-12)
     # the pure Clock's correct logit cos(0) is the same for every pair: undefined
     assert math.isnan(float(distance_irrelevance(torch.ones(p, p))))
-    with pytest.raises(InterpError, match="odd"):
-        distance_irrelevance(torch.randn(4, 4))
+    for q in (4, 6, 7):  # any modulus: the std over the pairs of each difference, written as a loop
+        t = torch.randn(q, q, generator=torch.Generator().manual_seed(q), dtype=torch.float64)
+        assert float(distance_irrelevance(t)) == pytest.approx(plain_by_difference(t.tolist()), abs=1e-12)
     with pytest.raises(InterpError, match=r"\[\.\.\., p, p\]"):
         distance_irrelevance(torch.randn(4, 5))
 
@@ -206,3 +220,41 @@ def test_circuit_profiles_compared_between_named_groups():
     assert pop.compare(1.0, permutations=200)["distance_between_minus_within"] == pytest.approx(2.0)
     with pytest.raises(ConfigError, match="one group"):
         pop.compare_groups([True] * 6)
+
+
+def test_bad_input_is_refused_in_one_line(tmp_path):
+    """A trial's findings: another task's model, a name instead of a model, a float seed, unknown or non-numeric
+    thresholds, a min_accuracy outside [0, 1], an unknown split, a path that is not a sweep directory and a source
+    that is neither were deep tracebacks or silently accepted; an even modulus was refused (it is defined)."""
+    import interp
+    from interp.errors import TaskError
+
+    task = get_task("modular-addition", p=6, fraction=0.5)
+    model = small_model(task)
+    res = algorithm_diagnostics(model, task=task)  # an even modulus: both diagnostics
+    assert math.isfinite(res.gradient_symmetricity) and math.isfinite(res.distance_irrelevance)
+    assert res.figure() is not None and res == AlgorithmDiagnostics.from_dict(res.to_dict())
+    nm_model, nm_task = interp.load("noisy-majority", device="cpu")
+    with pytest.raises(TaskError, match="modular-addition task"):
+        algorithm_diagnostics(nm_model, task=nm_task)
+    with pytest.raises(InterpError, match="expected a HookedTransformer"):
+        algorithm_diagnostics("modular-addition", task=task)
+    with pytest.raises(ConfigError, match="seed must be an integer"):
+        algorithm_diagnostics(model, task=task, seed=1.5)
+    with pytest.raises(ConfigError, match="unknown threshold 'gs'"):
+        algorithm_diagnostics(model, task=task, thresholds={"gs": 0.1})
+    with pytest.raises(ConfigError, match="finite number"):
+        algorithm_diagnostics(model, task=task, thresholds={"gradient_symmetricity": "x"})
+    pop = population_algorithms([model], task=task)
+    for bad in (1.5, -1, float("nan"), True):
+        with pytest.raises(ConfigError, match=r"min_accuracy must be None or a number in \[0, 1\]"):
+            pop.counts(bad)
+    assert "1 run (" in pop.text() and pop == PopulationAlgorithms.from_dict(pop.to_dict())
+    with pytest.raises(ConfigError, match="not a sweep directory"):
+        population_algorithms(tmp_path / "nothing here")
+    with pytest.raises(ConfigError, match="sweep directory or a list of models"):
+        population_algorithms(123, task=task)
+    with pytest.raises(ConfigError, match="not a HookedTransformer"):
+        population_algorithms([model, "x"], task=task)
+    with pytest.raises(TaskError, match="modular-addition task"):
+        population_algorithms([nm_model], task=nm_task)

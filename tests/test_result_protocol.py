@@ -298,6 +298,8 @@ def test_from_dict_reads_back_what_to_dict_wrote(results):
         back = type(res).from_dict(json.loads(json.dumps(d, allow_nan=False)))  # as read from a saved JSON file
         assert type(back) is type(res), name
         assert back.to_dict() == d, name
+        assert back == res, name  # `==` compares what they write (it raised on tensor fields)
+        assert res != object() and res is not None, name
 
 
 def test_text_is_what_the_command_line_prints(results):

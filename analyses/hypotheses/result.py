@@ -31,7 +31,7 @@ def _ints(x, dtype=torch.long) -> Tensor:
     return torch.tensor(x, dtype=dtype)
 
 
-@dataclass
+@dataclass(eq=False)
 class CausalAbstraction(Result):
     """Interchange interventions of alignments (rows) on pairs (columns); see the module docstring.
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
-@dataclass
+@dataclass(eq=False)
 class DigitAblation(Result):
     """Accuracy per answer digit ``[component, digit]`` and per carry case ``[component, case]`` with each component
     mean-ablated (row names in ``components``; ``base`` rows: the intact model)."""

@@ -49,7 +49,7 @@ def _rate(ok: Tensor) -> dict:
     return {"accuracy": ok.float().mean().item() if n else None, "n": n}
 
 
-@dataclass
+@dataclass(eq=False)
 class CaseAccuracy(Result):
     """Accuracy by carry case: per answer digit grouped by the case that digit needs (BA, UC1, US9-k), exact match
     grouped by the example's Quirke class (S0, S1, S2 ...), and accuracy per answer digit (place value)."""
@@ -130,7 +130,7 @@ def accuracy_by_case(
     return CaseAccuracy(by_case, by_comp, by_digit, exact.float().mean().item(), len(data))
 
 
-@dataclass
+@dataclass(eq=False)
 class LengthAccuracy(Result):
     """Exact match and per-digit accuracy by operand length (digits), with which lengths were seen in training."""
 

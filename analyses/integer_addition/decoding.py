@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
-@dataclass
+@dataclass(eq=False)
 class GreedyDecoding(Result):
     """Exact match of the greedily decoded final answer, overall and per operand length, and how often the decoded
     scratchpad (where there is one) was right, and right answers after wrong steps."""

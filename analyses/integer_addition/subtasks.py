@@ -49,7 +49,7 @@ SUBTASKS = ("alignment", "digit_sum", "carry_detection", "carry_in", "carry_prop
 FIT_SHARE = 0.7  # of the train digits: fitted; the rest chooses the layer
 
 
-@dataclass
+@dataclass(eq=False)
 class SubtaskProbes(Result):
     """Per sub-task: the held-out accuracy on ``data`` (overall and per operand length), the layer read and its
     selection accuracy; the model's own digit accuracy and exact match; and the compositionality gap."""

@@ -29,7 +29,7 @@ N_LENGTH = 500  # sums per operand length
 N_ABLATION = 500  # sums in the ablation
 
 
-@dataclass
+@dataclass(eq=False)
 class AdditionAnalysis(Result):
     """What ``interp analyze`` gives for an addition model."""
 

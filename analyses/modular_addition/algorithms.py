@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.errors import ConfigError, InterpError
+from interp.errors import ConfigError, InterpError, TaskError
 from interp.results import Result, floats, jsonable
 
 from .fourier import answer_logits, check_model, key_frequencies_of
@@ -56,21 +56,17 @@ THRESHOLDS = {"gradient_symmetricity": 0.5, "distance_irrelevance": 0.5}
 # -- the diagnostics as functions of tensors -----------------------------------------------------------------------
 def distance_irrelevance(correct: Float[Tensor, "*batch a b"]) -> Float[Tensor, "*batch"]:
     """Distance irrelevance of correct-logit tables ``correct[..., a, b]`` (the logit of ``(a + b) mod p`` for input
-    ``a b``): ``mean_d std_s L[s, d] / std L`` with ``s = (a + b) mod p``, ``d = (a - b) mod p`` (population standard
-    deviations); NaN where the table is constant. Batched over leading axes (runs)."""
+    ``a b``): the standard deviation over the ``p`` pairs of each difference ``d = (a - b) mod p``, averaged over the
+    differences, divided by the standard deviation over all pairs (population standard deviations); NaN where the
+    table is constant. Any modulus (for an odd one the pairs of a difference are its ``p`` sums). Batched over
+    leading axes (runs)."""
     p = correct.shape[-1]
     if correct.ndim < 2 or correct.shape[-2] != p:
         raise InterpError(f"correct logits must be [..., p, p] (a by b), got shape {tuple(correct.shape)}")
-    if p % 2 == 0:
-        raise InterpError(
-            f"distance irrelevance needs an odd modulus (a pair is its sum and difference only then), got {p}"
-        )
     x = correct.double()
     a = torch.arange(p, device=x.device)
-    s = (a[:, None] + a[None, :]) % p
-    d = (a[:, None] - a[None, :]) % p
-    by_d = torch.empty_like(x)
-    by_d[..., d, s] = x  # [..., d, s]: for odd p each (d, s) is exactly one pair (a, b)
+    b = (a[None, :] - a[:, None]) % p  # [d, a]: the b with (a - b) mod p = d
+    by_d = x[..., a[None, :].expand(p, p), b]  # [..., d, a]
     within = by_d.std(-1, correction=0).mean(-1)
     overall = x.flatten(-2).std(-1, correction=0)
     scale = x.flatten(-2).abs().amax(-1)
@@ -92,9 +88,38 @@ def gradient_symmetricity(
     return torch.where(n > 0, (cos * ok).sum(-1) / n.clamp_min(1), torch.nan)
 
 
+def check_thresholds(thresholds) -> dict[str, float]:
+    """The default thresholds updated by ``thresholds`` (names of :data:`THRESHOLDS`, finite numbers)."""
+    if thresholds is None:
+        return dict(THRESHOLDS)
+    if not isinstance(thresholds, dict):
+        raise ConfigError(f"thresholds must be a dict of {sorted(THRESHOLDS)}, got {thresholds!r}")
+    unknown = sorted(set(thresholds) - set(THRESHOLDS))
+    if unknown:
+        raise ConfigError(f"unknown threshold {unknown[0]!r}; expected {sorted(THRESHOLDS)}")
+    for k, v in thresholds.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"threshold {k} must be a finite number, got {v!r}")
+    return {**THRESHOLDS, **{k: float(v) for k, v in thresholds.items()}}
+
+
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    return seed
+
+
+def _check_task(task) -> None:
+    if task is not None and not isinstance(getattr(task, "p", None), int):
+        raise TaskError(
+            f"the Clock/Pizza diagnostics need a modular-addition task (one with a modulus p), got "
+            f"{getattr(task, 'name', type(task).__name__)!r}"
+        )
+
+
 def classify(symmetricity: float, irrelevance: float, thresholds: dict[str, float] | None = None) -> str:
     """``pizza``, ``clock`` or ``neither`` by the thresholds (see the module doc)."""
-    t = {**THRESHOLDS, **(thresholds or {})}
+    t = check_thresholds(thresholds)
     if not (math.isfinite(symmetricity) and math.isfinite(irrelevance)):
         return "neither"
     sym = symmetricity >= t["gradient_symmetricity"]
@@ -151,7 +176,7 @@ def correct_logits(model: HookedTransformer, task: Task) -> Float[Tensor, "a b"]
     return logits.gather(1, answer[:, None]).reshape(p, p)
 
 
-@dataclass
+@dataclass(eq=False)
 class AlgorithmDiagnostics(Result):
     """One model's gradient symmetricity and distance irrelevance, the algorithm they name, and the correct-logit
     table ``correct [a, b]`` they were read from (its figure is Zhong et al.'s: the correct logits by ``a + b`` and
@@ -209,31 +234,38 @@ class AlgorithmDiagnostics(Result):
 
         p = self.p
         a = torch.arange(p)
-        s = (a[:, None] + a[None, :]) % p
         d = (a[:, None] - a[None, :]) % p
-        table = torch.empty(p, p, dtype=torch.float64)
-        table[d, s] = self.correct.double()
+        if p % 2:  # Zhong et al.'s picture: each (difference, sum) is one pair
+            column, x_title = (a[:, None] + a[None, :]) % p, "(a + b) mod p"
+        else:  # an even modulus: a sum and a difference name two pairs or none, so the columns are a
+            column, x_title = a[:, None].expand(p, p), "a"
+        table = torch.full((p, p), torch.nan, dtype=torch.float64)
+        table[d, column] = self.correct.double()
         return heatmap(
             table,
             [str(i) for i in range(p)],
             [str(i) for i in range(p)],
-            title=f"Correct logits by (a + b) mod p and (a - b) mod p: {self.algorithm} (distance irrelevance "
+            title=f"Correct logits by {x_title} and (a - b) mod p: {self.algorithm} (distance irrelevance "
             f"{self.distance_irrelevance:.3f})",
-            x_title="(a + b) mod p",
+            x_title=x_title,
             y_title="(a - b) mod p",
         )
 
 
 def algorithm_diagnostics(
-    model: HookedTransformer,
+    model: object,
     *,
     task: Task,
-    seed: int = 0,
-    thresholds: dict[str, float] | None = None,
+    seed: object = 0,
+    thresholds: object = None,
     device: str | None = None,
 ) -> AlgorithmDiagnostics:
-    """Gradient symmetricity (every pair, one class each, drawn from ``seed``) and distance irrelevance of ``model``
-    on ``task`` (see the module doc)."""
+    """Gradient symmetricity (every pair, one class each, drawn from the integer ``seed``) and distance irrelevance
+    of the HookedTransformer ``model`` on ``task`` (see the module doc); ``thresholds``: a dict updating
+    :data:`THRESHOLDS`. Arguments are checked by hand (one clear error each), hence their loose annotations."""
+    _check_task(task)
+    seed = _check_seed(seed)
+    thresholds = check_thresholds(thresholds)
     check_model(model, task, device)
     triples = triples_for(task.p, seed, model.W_E.device)
     ga, gb = embedding_gradients(model, triples, p=task.p)
@@ -244,7 +276,7 @@ def algorithm_diagnostics(
         correct=correct_logits(model, task).cpu(),
         n_triples=len(triples),
         seed=seed,
-        thresholds={**THRESHOLDS, **(thresholds or {})},
+        thresholds=thresholds,
     )
 
 
@@ -263,7 +295,7 @@ def _interval(values: list[float], level: float = 0.95) -> tuple[float, float, f
     return (m, m - half, m + half)
 
 
-@dataclass
+@dataclass(eq=False)
 class PopulationAlgorithms(Result):
     """Each run's diagnostics (``gradient_symmetricity [run]``, ``distance_irrelevance [run]``), its algorithm, test
     ``accuracy`` and number of Fourier key frequencies (:func:`key_frequencies_of`, from the logits; -1 where not
@@ -286,12 +318,17 @@ class PopulationAlgorithms(Result):
             for s, q in zip(self.gradient_symmetricity, self.distance_irrelevance)
         ]
 
-    def counts(self, min_accuracy: float | None = None) -> dict:
-        """Per algorithm, among runs with test accuracy ``>= min_accuracy`` (None: every run): the count, the share
-        and its 95% Wilson interval, and the means of the diagnostics and of the key-frequency count with 95%
-        Student-t intervals."""
+    def counts(self, min_accuracy: object = None) -> dict:
+        """Per algorithm, among runs with accuracy ``>= min_accuracy`` (None: every run; the accuracy is on the
+        split the population was read with, ``info["split"]``, the test split by default): the count, the share and
+        its 95% Wilson interval, and the means of the diagnostics and of the key-frequency count with 95% Student-t
+        intervals."""
         from interp.analyses.populations import wilson_interval
 
+        if min_accuracy is not None and (
+            isinstance(min_accuracy, bool) or not isinstance(min_accuracy, (int, float)) or not 0 <= min_accuracy <= 1
+        ):
+            raise ConfigError(f"min_accuracy must be None or a number in [0, 1], got {min_accuracy!r}")
         keep = [i for i, a in enumerate(self.accuracy) if min_accuracy is None or a >= min_accuracy]
         algos = self.algorithms
         out = {"min_accuracy": min_accuracy, "runs": len(keep), "per_algorithm": {}}
@@ -344,7 +381,8 @@ class PopulationAlgorithms(Result):
         lines = [f"algorithms of {len(self.names)} runs (p = {self.p}; thresholds {self.thresholds}):"]
         for name, row in c["per_algorithm"].items():
             lo, hi = row["share_wilson95"]
-            lines.append(f"  {name}: {row['runs']} runs ({row['share']:.2f}, 95% Wilson {lo:.2f}..{hi:.2f})")
+            runs = f"{row['runs']} run" + ("" if row["runs"] == 1 else "s")
+            lines.append(f"  {name}: {runs} ({row['share']:.2f}, 95% Wilson {lo:.2f}..{hi:.2f})")
         return "\n".join(lines)
 
     def figure(self):
@@ -381,9 +419,9 @@ def population_algorithms(
     source,
     *,
     task: Task | None = None,
-    seed: int = 0,
+    seed: object = 0,
     split: str = "test",
-    thresholds: dict[str, float] | None = None,
+    thresholds: object = None,
     key_frequencies: bool = True,
     device: str | None = None,
     progress: bool = False,
@@ -393,21 +431,35 @@ def population_algorithms(
     gets its own forward and backward; the statistics are computed on the stacked ``[run, ...]`` tensors at once."""
     from tqdm import tqdm
 
+    _check_task(task)
+    seed = _check_seed(seed)
+    thresholds = check_thresholds(thresholds)
     models, names, seeds, acc = [], [], [], []
     if isinstance(source, (str, Path)):
         from interp.loading import load_checkpoint
         from interp.sweep_directory import checkpoint_path, read_results
 
+        if not Path(source).is_dir():
+            raise ConfigError(f"{source} is not a sweep directory (expected the folder `interp sweep --out` wrote)")
         rows = read_results(Path(source))
         if not rows:
             raise ConfigError(f"{source} has no finished runs (results.jsonl is empty)")
         for row in rows:
+            if split not in row.get("accuracy", {}):
+                raise ConfigError(f"unknown split {split!r}; the runs record accuracy on {sorted(row['accuracy'])}")
             models.append(checkpoint_path(source, row))
             names.append(row.get("name", ""))
             seeds.append(int(row.get("seed", len(seeds))))
             acc.append(float(row["accuracy"][split]))
     else:
+        from transformer_lens import HookedTransformer
+
+        if isinstance(source, HookedTransformer) or not hasattr(source, "__iter__"):
+            raise ConfigError(f"source must be a sweep directory or a list of models, got {type(source).__name__}")
         models = list(source)
+        for m in models:
+            if not isinstance(m, HookedTransformer):
+                raise ConfigError(f"a model of the list is a {type(m).__name__}, not a HookedTransformer")
         if task is None:
             raise ConfigError("population_algorithms of a list of models needs task=...")
         names = [f"model {i}" for i in range(len(models))]
@@ -421,6 +473,7 @@ def population_algorithms(
         if isinstance(m, Path):
             ck = load_checkpoint(m, device=device)
             model, t = ck.model, ck.task
+            _check_task(t)
             if task is not None and t.params() != task.params():
                 raise ConfigError(f"run {m.name} is of task {t.params()}, not {task.params()}")
             task = task or t
@@ -448,6 +501,6 @@ def population_algorithms(
         gradient_symmetricity=sym,
         distance_irrelevance=irr,
         key_frequencies=keys,
-        thresholds={**THRESHOLDS, **(thresholds or {})},
+        thresholds=thresholds,
         info={"source": str(source) if isinstance(source, (str, Path)) else "models", "seed": seed, "split": split},
     )

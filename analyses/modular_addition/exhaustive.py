@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from interp.task import Task
 
 
-@dataclass
+@dataclass(eq=False)
 class AttentionSplit(Result):
     """Mean attention of each head from ``=`` to ``a``, ``b`` and ``=`` itself over all pairs, and the spread of the
     ``a`` share (a head that adds ``a`` and ``b`` symmetrically sits near 0.5 / 0.5)."""
@@ -153,7 +153,7 @@ def ablated_accuracies(
     return torch.stack(out).cpu()
 
 
-@dataclass
+@dataclass(eq=False)
 class AblationTable(Result):
     """Exhaustive accuracy with each head ablated, and with the neurons of each frequency cluster ablated."""
 

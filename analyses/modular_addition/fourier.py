@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.errors import InterpError
+from interp.errors import InterpError, TaskError
 from interp.results import Result, floats, jsonable
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def find_key_frequencies(
     return sorted(int(i) + 1 for i in order[:k])
 
 
-@dataclass
+@dataclass(eq=False)
 class FrequencyNorms(Result):
     """Norm of the embedding (``W_E`` rows of the numbers) per Fourier frequency, and the key frequencies found."""
 
@@ -150,11 +150,20 @@ def number_embedding(model: HookedTransformer, p: int) -> Float[Tensor, "p d_mod
 def check_model(model: HookedTransformer, task: Task, device) -> torch.device:
     """The entry checks of the modular-addition analyses: ``device`` (None follows the model) and a model that fits
     ``task``."""
+    from transformer_lens import HookedTransformer
+
     from interp.device import check_device
     from interp.task import check_model_task
 
     if task is None:
         raise InterpError("the modular-addition analyses need task=... (they run every pair of the task)")
+    if not isinstance(getattr(task, "p", None), int):
+        raise TaskError(
+            f"the modular-addition analyses need a modular-addition task (one with a modulus p), got "
+            f"{getattr(task, 'name', type(task).__name__)!r}"
+        )
+    if not isinstance(model, HookedTransformer):
+        raise InterpError(f"expected a HookedTransformer, got {type(model).__name__} ({model!r:.60})")
     dev = check_device(model, device)
     check_model_task(model, task)
     return dev
@@ -255,7 +264,7 @@ def mlp_activations(model: HookedTransformer, task: Task) -> Float[Tensor, "a b 
     return store["post"].double().reshape(p, p, -1)
 
 
-@dataclass
+@dataclass(eq=False)
 class NeuronFrequencies(Result):
     """Each MLP neuron's dominant frequency and the fraction of its (non-constant) variance over all pairs that the
     terms of that frequency explain (``const x f``, ``f x const`` and ``f x f`` components of the 2D Fourier
@@ -364,7 +373,7 @@ def neuron_frequencies(
     return NeuronFrequencies(p, (best.indices + 1).cpu(), best.values.cpu(), list(key_frequencies), threshold)
 
 
-@dataclass
+@dataclass(eq=False)
 class NeuronLogitMap(Result):
     """The neuron-logit map ``W_L = W_out W_U`` [d_mlp, p] in the Fourier basis of the output ``c``: its squared norm
     per output frequency (summed over neurons)."""

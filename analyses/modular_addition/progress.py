@@ -150,7 +150,7 @@ def write_progress(checkpoint_path, snapshot_dir, device: str | None = None) -> 
     return {"key_frequencies": keys, "snapshots": len(rows)}
 
 
-@dataclass
+@dataclass(eq=False)
 class Phases(Result):
     """The three phases of grokking found on the curves of a run, and the curves themselves.
 

@@ -17,7 +17,7 @@ from .fourier import FrequencyNorms, NeuronFrequencies, embedding_norms, neuron_
 from .progress import Phases, find_phases, progress_measures, write_progress
 
 
-@dataclass
+@dataclass(eq=False)
 class ModularAdditionAnalysis(Result):
     """What ``interp analyze`` gives for a modular-addition model."""
 

@@ -63,7 +63,7 @@ def task_token_ids(vocab, tokens=DIGITS + (QUERY,)) -> list[int]:
     return [vocab.index[t] for t in tokens]
 
 
-@dataclass
+@dataclass(eq=False)
 class AttentionRatios(Result):
     """``w01[l, h]``, ``w02[l, h]`` measured on data (geometric means) and, where it exists, exactly from QK.
     ``log_w01``/``log_w02`` are the per-sequence natural logs (NaN where undefined); ``n01[l, h]``/``n02[l, h]`` the

@@ -122,7 +122,7 @@ def _plain(x):
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
-@dataclass
+@dataclass(eq=False)
 class Census(Result):
     """``runs``: per run its configuration, test accuracy and census entry (``heads``: one row per head)."""
 

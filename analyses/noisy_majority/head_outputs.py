@@ -50,7 +50,7 @@ def value_vectors(
         return token_inputs(model, ids) @ attn.W_V[h] + attn.b_V[h]
 
 
-@dataclass
+@dataclass(eq=False)
 class HeadOutputs(Result):
     """One head's outputs at the answer position on data, its value vectors and the right answers."""
 

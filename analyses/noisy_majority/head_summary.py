@@ -86,7 +86,7 @@ def verdict(separation: float, w01: float, w02: float) -> str:
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class PairMatrix(Result):
     """A value per pair of heads, singles on the diagonal (Figures 4 and 5)."""
 
@@ -156,7 +156,7 @@ def pair_matrix(result, n_layers: int, n_heads: int, title: str, values: Tensor 
     return PairMatrix(m, [head_label(*h) for h in heads], title)
 
 
-@dataclass
+@dataclass(eq=False)
 class HeadSummary(Result):
     """The head table (``rows``), the pair matrices and the whole-model reference accuracies."""
 

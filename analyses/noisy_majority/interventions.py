@@ -158,7 +158,7 @@ def _hooks_chunk(model: HookedTransformer, chunk: TaskData, rows, layer: int):
     return got["z"].view(K, b, *got["z"].shape[1:])
 
 
-@dataclass
+@dataclass(eq=False)
 class InterventionSweep(Result):
     """Separation accuracy of every head of ``layer`` under hand-set attention: ``w01_accuracy[k, h]`` with
     ``w02 = inf`` and ``w01 = w01_values[k]``; ``w02_accuracy[k, h]`` with ``w01 = 1`` and ``w02 = w02_values[k]``."""

@@ -265,7 +265,7 @@ def _clip(w: float | None) -> float:
     return min(max(w, 1e-12), 1e12)
 
 
-@dataclass
+@dataclass(eq=False)
 class TrainingCensus(Result):
     """``runs``: per run its configuration label, seed, test accuracy, halving success and kept epoch (from the
     sweep), ``outcome``, ``first_good_epoch``, ``good_snapshots``, ``good_at_last``, ``lost_good``,

@@ -35,7 +35,7 @@ N_SEQS = 64  # repeated-token sequences scored per analysis
 N_PATCH = 16  # clean/corrupted pairs of the report's patching section
 
 
-@dataclass
+@dataclass(eq=False)
 class InductionAnalysis(Result):
     """What ``interp analyze`` gives for a repeated-tokens model: head scores (with intervals), OV copying,
     composition scores, the causal tests (one per path: all, query, key, value) and the task metrics."""

@@ -15,7 +15,7 @@ from interp.results import Result
 MAX_ROWS = 64  # answer positions listed at most
 
 
-@dataclass
+@dataclass(eq=False)
 class Prediction(Result):
     """The model's output at the input's answer positions under the current mask: per position its target, the top
     tokens and their probabilities, and whether the argmax is the target. ``answer`` is the row of the task's answer
