@@ -17,7 +17,7 @@ into two sweep directories, so ``interp table DIR --metric accuracy_len4`` rebui
 - ``ablations`` (``--part ablations``): on standard and Abacus positions (or ``--schemes``), the curriculum
   ``n_digits:1@0,2@200,3@400`` and the auxiliary carry loss (``aux_loss=0.5``), plain; the plain 1-layer model (the
   looped model's parameters, half its compute); random spaces (``random_spaces=0.3``) and the scratchpad, each plain
-  and looped.
+  and looped (``--ablations`` picks some of these arms).
 
 Runs go seed by seed (every arm of seed 0, then of seed 1, ...), so a budget cut short leaves balanced seeds; each run
 is skipped once its row exists and a killed run continues from its resume file, so the script resumes where it
@@ -100,11 +100,15 @@ def sweep(out: Path, seed: int, schemes, arch: str, task_kw: dict, train_kw: dic
         print(json.dumps(entry), flush=True)
 
 
-def train_part(part: str, out: Path, seeds, threads: int, schemes=None, archs=("plain2", "looped")) -> None:
+def train_part(
+    part: str, out: Path, seeds, threads: int, schemes=None, archs=("plain2", "looped"), ablations=None
+) -> None:
     """Train one part seed by seed (``schemes``: the positional schemes, by default every one for the lengths and
     standard and Abacus for the ablations; ``archs``: the lengths part's architectures); the ablations part also
-    trains the parameter-matched 1-layer control."""
+    trains the parameter-matched 1-layer control (``ablations``: only these of :data:`ABLATIONS` and ``"control"``,
+    the 1-layer control; by default all of them)."""
     out.mkdir(parents=True, exist_ok=True)
+    selected = set(ablations) if ablations else {*ABLATIONS, "control"}
     if schemes is None:
         schemes = SCHEMES if part == "lengths" else ABLATION_SCHEMES
     for seed in seeds:
@@ -114,9 +118,9 @@ def train_part(part: str, out: Path, seeds, threads: int, schemes=None, archs=("
                     sweep(out / "lengths", seed, group, arch, {}, {}, threads)
         else:
             for name, (task_kw, train_kw, arms) in ABLATIONS.items():
-                for arch in arms:
+                for arch in arms if name in selected else ():
                     sweep(out / "ablations", seed, schemes, arch, task_kw, train_kw, threads)
-                if name == "aux":  # the control after the training options, before the formats
+                if name == "aux" and "control" in selected:  # after the training options, before the formats
                     sweep(out / "ablations", seed, schemes, "plain1", {}, {}, threads)
 
 
@@ -147,13 +151,19 @@ def main() -> None:
         default=["plain2", "looped"],
         help="the lengths part's architectures (default: both)",
     )
+    p.add_argument(
+        "--ablations",
+        nargs="+",
+        choices=(*ABLATIONS, "control"),
+        help="the ablations part's arms (control: the 1-layer plain model; default: all)",
+    )
     p.add_argument("--analyse", action="store_true", help="the analyses of the trained models (see --results)")
     p.add_argument("--results", default="examples/results/addition", help="where the shipped results go")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     if args.part:
-        train_part(args.part, out, args.seeds, args.threads, args.schemes, args.archs)
+        train_part(args.part, out, args.seeds, args.threads, args.schemes, args.archs, args.ablations)
     if args.analyse:
         from addition_analyses import analyse  # examples/addition_analyses.py, beside this script
 

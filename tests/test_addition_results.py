@@ -128,6 +128,45 @@ def test_the_interchange_table_is_a_recount_of_the_runs_interventions():
             assert t[f"digit_{n}"] == pytest.approx(sum(c["base_accuracy"] for c in cells) / len(cells), abs=1e-12)
 
 
+def _by_arm(entries: list[dict], t: dict) -> list[dict]:
+    return [e for e in entries if (e["arch"], e["scheme"], e["ablation"]) == (t["arch"], t["scheme"], t["ablation"])]
+
+
+def test_the_per_run_analysis_tables_are_means_over_each_arms_runs():
+    """The sub-task, loop-count and greedy tables: one row per arm analysed, each number the plain mean over the arm's
+    runs of that run's own analysis (the gap shares, the exact match at each iteration count, the greedy exact
+    match); the loop and greedy analyses cover every looped and every scratchpad run of the rows."""
+    tables = _tables()
+    rows = _rows("lengths") + _rows("ablations")
+    looped = {r["name"] for r in rows if (r.get("loops") or 1) > 1}
+    scratch = {r["name"] for r in rows if r["task_params"].get("scratchpad")}
+    assert {e["name"] for e in _entries("loops")} == looped
+    assert {e["name"] for e in _entries("greedy")} == scratch
+    assert {e["name"] for e in _entries("subtasks")} == {r["name"] for r in rows}
+    for name, keys in (
+        (
+            "subtasks",
+            {"parts_right": ("gap", "parts_right"), "wrong_given_parts_right": ("gap", "wrong_given_parts_right")},
+        ),
+        ("loops", {f"{k}_{n}": ("exact_match", str(k), str(n)) for k in (1, 2, 3, 4) for n in LENGTHS}),
+        ("greedy", {f"greedy_{n}": ("by_length", str(n), "exact_match") for n in LENGTHS}),
+    ):
+        entries = _entries(name)
+        table = tables[name]
+        assert len(table) == len({(e["arch"], e["scheme"], e["ablation"]) for e in entries}) > 0
+        for t in table:
+            members = _by_arm(entries, t)
+            assert t["runs"] == len(members)
+            for key, path in keys.items():
+                values = []
+                for e in members:
+                    value = e
+                    for step in path:
+                        value = value[step]
+                    values.append(value)
+                assert t[key] == pytest.approx(sum(values) / len(values), abs=1e-12), (name, t["arch"], key)
+
+
 def test_the_shipped_markdown_is_the_tables_json():
     sys.path.insert(0, str(ROOT / "examples"))
     try:
