@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.errors import ConfigError, InterpError, TaskError
+from interp.errors import ConfigError, InterpError
 from interp.results import Result, floats, jsonable
 
 from .fourier import answer_logits, check_model, key_frequencies_of
@@ -107,14 +107,6 @@ def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed must be an integer, got {seed!r}")
     return seed
-
-
-def _check_task(task) -> None:
-    if task is not None and not isinstance(getattr(task, "p", None), int):
-        raise TaskError(
-            f"the Clock/Pizza diagnostics need a modular-addition task (one with a modulus p), got "
-            f"{getattr(task, 'name', type(task).__name__)!r}"
-        )
 
 
 def classify(symmetricity: float, irrelevance: float, thresholds: dict[str, float] | None = None) -> str:
@@ -263,7 +255,6 @@ def algorithm_diagnostics(
     """Gradient symmetricity (every pair, one class each, drawn from the integer ``seed``) and distance irrelevance
     of the HookedTransformer ``model`` on ``task`` (see the module doc); ``thresholds``: a dict updating
     :data:`THRESHOLDS`. Arguments are checked by hand (one clear error each), hence their loose annotations."""
-    _check_task(task)
     seed = _check_seed(seed)
     thresholds = check_thresholds(thresholds)
     check_model(model, task, device)
@@ -431,7 +422,6 @@ def population_algorithms(
     gets its own forward and backward; the statistics are computed on the stacked ``[run, ...]`` tensors at once."""
     from tqdm import tqdm
 
-    _check_task(task)
     seed = _check_seed(seed)
     thresholds = check_thresholds(thresholds)
     models, names, seeds, acc = [], [], [], []
@@ -473,7 +463,6 @@ def population_algorithms(
         if isinstance(m, Path):
             ck = load_checkpoint(m, device=device)
             model, t = ck.model, ck.task
-            _check_task(t)
             if task is not None and t.params() != task.params():
                 raise ConfigError(f"run {m.name} is of task {t.params()}, not {task.params()}")
             task = task or t
