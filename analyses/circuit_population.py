@@ -132,6 +132,8 @@ class PopulationCircuits(Result):
         ok = torch.tensor([bool(g) for g in group])
         if ok.all() or not ok.any():
             raise ConfigError(f"every run is in one group ({labels[0] if ok.all() else labels[1]}): nothing to compare")
+        if len(ok) < 3:
+            raise ConfigError("two runs, one per group, have no pair within a group to measure: compare three or more")
         yes, no = labels
         P = self.profile
         D = torch.cdist(P.double(), P.double(), p=1)  # integer distances: every sum below is exact in float64
@@ -139,7 +141,7 @@ class PopulationCircuits(Result):
         def stat(masks: Tensor) -> Tensor:
             """``[m]`` between-group minus within-group mean distance of each labelling ``masks [m, run]``, all
             labellings in one product. Within means pairs of two different runs of one group (a run's zero distance
-            to itself is not a pair); a labelling whose groups are both single runs has no within pair (NaN)."""
+            to itself is not a pair; with three runs or more a labelling always has one)."""
             a = masks.double()
             b = 1.0 - a
             na, nb = a.sum(1), b.sum(1)

@@ -301,3 +301,64 @@ def test_the_circuit_and_hypothesis_commands_on_every_shape(shape, tmp_path, cap
     hyp = suite_for(task).hypotheses(task)["diff"]
     want = evaluate_hypothesis(model, task.dataset("test"), hypothesis=hyp, sites=[site], pairs=16)
     assert got.labels == want.labels and torch.equal(got.correct, want.correct)
+
+
+@pytest.mark.parametrize("shape", EVERY_SHAPE)
+def test_population_circuits_on_every_shape(shape, tmp_path):
+    """A sweep directory of three runs of each shape: each run's circuit in the population equals the circuit
+    discovered on that checkpoint alone, and the group comparison runs."""
+    from interp.analyses.circuit_discovery import discover_circuit
+    from interp.analyses.circuit_population import population_circuits
+    from interp.app.circuit_inputs import circuit_inputs
+
+    task = small_task("noisy-majority")
+    (tmp_path / "runs").mkdir()
+    rows, models = [], []
+    for seed in range(3):
+        model, spec = shaped(task, shape, seed=seed)
+        save_checkpoint(model, task, tmp_path / "runs" / f"r{seed}.safetensors", spec=spec)
+        models.append(model)
+        rows.append({"name": f"r{seed}", "seed": seed, "checkpoint": f"runs/r{seed}.safetensors",
+                     "accuracy": {"test": 1.0 - 0.1 * seed}})  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    clean, corrupted, _ = circuit_inputs(task, 6, device="cpu")
+    pop = population_circuits(tmp_path, clean, corrupted=corrupted, method="eap", top_n=3)
+    for i, model in enumerate(models):
+        alone = discover_circuit(model, clean, corrupted=corrupted, method="eap", top_n=3, curve_points=0)
+        assert torch.equal(pop.kept[i], alone.kept) and torch.equal(pop.scores[i], alone.scores)
+    res = pop.compare_groups([True, False, False], permutations=20)
+    assert (res["in"], res["out"]) == (1, 2) and 0 < res["permutation_p"] <= 1
+
+
+@pytest.mark.parametrize("shape", ["1-head", "64-heads", "2-layers"])
+def test_clock_pizza_diagnostics_on_every_shape(shape):
+    """Gradient symmetricity and distance irrelevance of a modular-addition model of each shape against a
+    recomputation here: per triple, the gradient of the logit of c with respect to the embedded input, by autograd
+    through ``start_at_layer=0``; the correct logits of a plain forward grouped by difference in a loop."""
+    import math
+
+    from interp.analyses.modular_addition.algorithms import algorithm_diagnostics, triples_for
+
+    task = get_task("modular-addition", p=5, fraction=0.6)
+    model, _ = shaped(task, shape)
+    res = algorithm_diagnostics(model, task=task)
+    cosines = []
+    for a, b, c in triples_for(5).tolist():
+        tokens = torch.tensor([[a, b, 5]])
+        resid = (model.embed(tokens) + model.pos_embed(tokens)).detach().requires_grad_(True)
+        logit = model(resid, start_at_layer=0)[0, -1, c]
+        (g,) = torch.autograd.grad(logit, resid)
+        ga, gb = g[0, 0].double(), g[0, 1].double()
+        if ga.norm() > 0 and gb.norm() > 0:
+            cosines.append(float(ga @ gb / (ga.norm() * gb.norm())))
+    assert res.gradient_symmetricity == pytest.approx(sum(cosines) / len(cosines), abs=1e-5)
+    with torch.no_grad():
+        logits = model(torch.tensor([[a, b, 5] for a in range(5) for b in range(5)]))[:, -1].double()
+    correct = [[float(logits[a * 5 + b, (a + b) % 5]) for b in range(5)] for a in range(5)]
+
+    def std(xs):
+        m = sum(xs) / len(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+    within = sum(std([correct[a][(a - d) % 5] for a in range(5)]) for d in range(5)) / 5
+    assert res.distance_irrelevance == pytest.approx(within / std([v for row in correct for v in row]), abs=1e-5)
