@@ -260,11 +260,12 @@ def algorithm_diagnostics(
     check_model(model, task, device)
     triples = triples_for(task.p, seed, model.W_E.device)
     ga, gb = embedding_gradients(model, triples, p=task.p)
+    correct = correct_logits(model, task)
     return AlgorithmDiagnostics(
         p=task.p,
         gradient_symmetricity=float(gradient_symmetricity(ga, gb)),
-        distance_irrelevance=float(distance_irrelevance(correct_logits(model, task))),
-        correct=correct_logits(model, task).cpu(),
+        distance_irrelevance=float(distance_irrelevance(correct)),
+        correct=correct.cpu(),
         n_triples=len(triples),
         seed=seed,
         thresholds=thresholds,
