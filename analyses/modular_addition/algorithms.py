@@ -419,8 +419,8 @@ def population_algorithms(
     progress: bool = False,
 ) -> PopulationAlgorithms:
     """The diagnostics of every run of a sweep directory (``source``: its path; the runs' tasks must agree) or of a
-    list of same-shape models (``task`` then required; accuracies are NaN). The runs are separate models, so each
-    gets its own forward and backward; the statistics are computed on the stacked ``[run, ...]`` tensors at once."""
+    list of same-shape models (``task`` then required; accuracies are NaN): :func:`algorithm_diagnostics` of each run
+    (the runs are separate models: each gets its own forward and backward)."""
     from tqdm import tqdm
 
     seed = _check_seed(seed)
@@ -458,8 +458,8 @@ def population_algorithms(
         acc = [math.nan] * len(models)
     if not models:
         raise ConfigError("population_algorithms needs at least one model")
-    grads_a, grads_b, tables, keys = [], [], [], []
-    p = None
+    runs, keys = [], []
+    width = None
     for m in tqdm(models, desc="algorithms", disable=not progress):
         if isinstance(m, Path):
             ck = load_checkpoint(m, device=device)
@@ -469,20 +469,19 @@ def population_algorithms(
             task = task or t
         else:
             model, t = m, task
-        check_model(model, t, device)
-        if p is not None and t.p != p:
-            raise ConfigError(f"the runs have different moduli ({p} and {t.p}); compare one configuration at a time")
-        p = t.p
-        triples = triples_for(p, seed, model.W_E.device)
-        ga, gb = embedding_gradients(model, triples, p=p)
-        grads_a.append(ga.cpu())
-        grads_b.append(gb.cpu())
-        tables.append(correct_logits(model, t).cpu())
+        one = algorithm_diagnostics(model, task=t, seed=seed, thresholds=thresholds, device=device)
+        if runs and one.p != runs[0].p:
+            raise ConfigError(
+                f"the runs have different moduli ({runs[0].p} and {one.p}); compare one configuration at a time"
+            )
+        if width is not None and model.cfg.d_model != width:
+            raise ConfigError("the models have different widths; compare one configuration at a time")
+        width = model.cfg.d_model
+        runs.append(one)
         keys.append(key_frequencies_of(model, task=t) if key_frequencies else [])
-    if len({g.shape for g in grads_a}) > 1:
-        raise ConfigError("the models have different widths; compare one configuration at a time")
-    sym = gradient_symmetricity(torch.stack(grads_a), torch.stack(grads_b))
-    irr = distance_irrelevance(torch.stack(tables))
+    p = runs[0].p
+    sym = torch.tensor([r.gradient_symmetricity for r in runs], dtype=torch.float64)
+    irr = torch.tensor([r.distance_irrelevance for r in runs], dtype=torch.float64)
     return PopulationAlgorithms(
         p=p,
         names=names,
