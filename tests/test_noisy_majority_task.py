@@ -83,3 +83,25 @@ def test_bad_inputs_are_refused():
         VOCAB.encode("[BOS] 7 =")
     with pytest.raises(TokenError, match="outside the vocabulary"):
         VOCAB.decode([0, 42])
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_metrics_equal_the_masked_mean_bit_for_bit(split):
+    """The loss is gathered at each sentence's two target positions; the plain definition masks every position
+    (``loss[targets != IGNORE]``): the same numbers in the same order, so the same float, on whole splits and on a
+    shuffled subset (padding trimmed); the accuracies against a per-sentence loop."""
+    task = get_task("noisy-majority", train_size=300, val_size=200, test_size=100)
+    data = task.dataset(split)
+    g = torch.Generator().manual_seed(3)
+    for d in (data, data.select(torch.randperm(len(data), generator=g)[:77])):
+        preds = torch.randint(0, VOCAB.n_out, d.tokens.shape, generator=g)
+        preds[::3, :] = d.targets[::3, :].clamp(min=0)  # some rows right
+        loss = torch.rand(d.tokens.shape, generator=g) * 5
+        m = task.metrics(preds, loss, d)
+        mask = d.targets != IGNORE
+        assert m["loss"] == (loss[mask].sum() / mask.sum()).item()
+        rows, n = range(len(d)), len(d)
+        right = sum(int(preds[i, d.answer_pos[i]] == d.labels[i]) for i in rows)
+        eos = sum(int(preds[i, d.answer_pos[i] + 1] == EOS) for i in rows)
+        assert m["accuracy"] == (torch.tensor(float(right)) / n).item()  # a float32 share, as the task's
+        assert m["eos_accuracy"] == (torch.tensor(float(eos)) / n).item()
