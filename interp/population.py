@@ -29,6 +29,7 @@ noise, which Adam scales to full steps; the population and the solo run then dri
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ from .population_paths import _position_losses, forward_of, position_losses, pre
 from .position_forward import NO_NORM, NORMS, Norm, build_layout, stacked_position_logits
 from .prefix_counts import prefix_count_losses, prefix_rows
 from .query_forward import supports_query_forward
-from .resume_file import check_identity, read_resume_file, write_resume_file
+from .resume_file import Encoded, check_identity, read_resume_file, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .task import task_dataset
@@ -906,7 +907,8 @@ class _Population:
             "configs": [asdict(c) for c in self.cfgs],
         }
 
-    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    def state(self) -> tuple[dict[str, Tensor], Encoded]:
+        """The tensors and the progress (epoch, step, Adam's count, each model's record: JSON) of a resume file."""
         tensors = {
             **{
                 f"{part}.{n}": st[n]
@@ -920,12 +922,9 @@ class _Population:
         }
         if self.head_on is not None:
             tensors["head_on"] = self.head_on
-        return tensors, {
-            "epoch": self.epoch,
-            "step": self.step,
-            "adam_t": self.opt.t,
-            "records": [r.to_dict() for r in self.records],
-        }
+        progress = json.dumps({"epoch": self.epoch, "step": self.step, "adam_t": self.opt.t})
+        records = ", ".join(r.to_json() for r in self.records)  # each history encoded once (RunRecord.to_json)
+        return tensors, Encoded(f'{progress[:-1]}, "records": [{records}]}}')
 
     def load_state(self, t: dict[str, Tensor], progress: dict[str, Any]) -> None:
         with torch.no_grad():
@@ -1108,7 +1107,7 @@ def _snapshot_writer(outs: Sequence[Path], snapshot_every: int | None):
     return write
 
 
-def _save_resume(path: Path, identity: dict[str, Any], tensors: dict[str, Tensor], progress: dict[str, Any]) -> None:
+def _save_resume(path: Path, identity: dict[str, Any], tensors: dict[str, Tensor], progress: Any) -> None:
     write_resume_file(path, tensors, identity, "the population's resume file", progress=progress)
 
 

@@ -21,12 +21,18 @@ from .errors import CheckpointError
 from .files import atomic_write
 
 
+class Encoded(str):
+    """A metadata entry already encoded as JSON: :func:`write_resume_file` writes it as it is (a long run's
+    history, encoded piece by piece as it grows, is not encoded again whole at every resume file)."""
+
+
 def write_resume_file(path, tensors: dict[str, Tensor], identity: dict[str, Any], what: str, **entries: Any) -> Path:
-    """Write ``tensors`` (moved to the CPU) with ``identity`` and each of ``entries`` as JSON metadata to ``path``,
-    atomically (``what`` names the file in errors, e.g. "the resume file")."""
+    """Write ``tensors`` (moved to the CPU) with ``identity`` and each of ``entries`` as JSON metadata to ``path``
+    (an :class:`Encoded` entry as it is), atomically (``what`` names the file in errors, e.g. "the resume file")."""
     from safetensors.torch import save_file
 
-    meta = {"identity": json.dumps(identity, sort_keys=True), **{k: json.dumps(v) for k, v in entries.items()}}
+    encode = lambda v: v if isinstance(v, Encoded) else json.dumps(v)  # noqa: E731
+    meta = {"identity": json.dumps(identity, sort_keys=True), **{k: encode(v) for k, v in entries.items()}}
     cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     return atomic_write(path, lambda tmp: save_file(cpu, tmp, metadata=meta), what)
 

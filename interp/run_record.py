@@ -17,6 +17,7 @@ It holds the rules a run is judged by, so the two trainers cannot drift apart:
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,8 @@ class RunRecord:
     epochs_run: int = 0
     steps: int = 0
     active: bool = True  # still training (not stopped by patience, not past its last epoch)
+    # the JSON of history entries before the last, encoded once (only the last entry changes: note_halving)
+    _encoded: list[str] = field(default_factory=list, repr=False, compare=False)
 
     def end_epoch(self, epoch: int, steps: int, train_loss: float, val: dict[str, float]) -> bool:
         """Record an epoch's training loss and validation metrics; True when its model becomes the kept-so-far
@@ -127,6 +130,16 @@ class RunRecord:
             "steps": self.steps,
             "active": self.active,
         }
+
+    def to_json(self) -> str:
+        """``json.dumps(self.to_dict())`` (the same value decoded; the history last), with each history entry but
+        the last encoded only the first time: a resume file written every few epochs would otherwise encode the
+        whole history again each time, a cost that grows with the epochs (quadratic over a run)."""
+        done, history = self._encoded, self.history
+        done.extend(json.dumps(h) for h in history[len(done) : len(history) - 1])
+        entries = done[: max(len(history) - 1, 0)] + [json.dumps(h) for h in history[len(done) :]]
+        head = json.dumps({k: v for k, v in self.to_dict().items() if k != "history"})
+        return f'{head[:-1]}, "history": [{", ".join(entries)}]}}'
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], keep: str, patience: int | None) -> RunRecord:

@@ -572,3 +572,26 @@ def test_the_small_products_equal_batched_blas():
     for K, t, d, c in [(1, 3, 2, 2), (50, 7, 8, 16), (7, 9, 32, 64), (3, 21, 64, 128)]:
         a, b = torch.randn(K, t, d, generator=g), torch.randn(K, d, c, generator=g)
         torch.testing.assert_close(_small_bmm(a, b), torch.bmm(a, b), atol=1e-5, rtol=0)
+
+
+def test_a_records_json_is_its_dict_at_every_epoch():
+    """``RunRecord.to_json`` encodes each history entry but the last once; decoded, it is ``to_dict()`` at every
+    epoch: empty, after each epoch, after a halving step noted on the last entry (which must not be frozen), and
+    after a record rebuilt from its dict (its cache starts empty)."""
+    import json
+
+    from interp.run_record import RunRecord
+
+    r = RunRecord()
+    assert json.loads(r.to_json()) == r.to_dict()
+    for epoch in range(1, 8):
+        r.end_epoch(epoch, 10 * epoch, 1.0 / epoch, {"accuracy": epoch / 10, "loss": 2.0 / epoch})
+        assert json.loads(r.to_json()) == r.to_dict()
+        if epoch in (3, 4):
+            r.note_halving({"kept": [[1, 0]]})
+            assert json.loads(r.to_json())["history"][-1]["kept_heads"] == [[1, 0]]
+            assert json.loads(r.to_json()) == r.to_dict()
+    again = RunRecord.from_dict(json.loads(r.to_json()), "best", None)
+    again.end_epoch(8, 80, 0.1, {"accuracy": 0.9, "loss": 0.2})
+    assert json.loads(again.to_json()) == again.to_dict()
+    assert len(again.to_dict()["history"]) == 8
