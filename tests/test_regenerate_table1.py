@@ -30,15 +30,19 @@ def test_comparison_counts_identical_changed_and_missing_rows(tmp_path):
     picked = [row for row in rows if row["seed"] in seeds]
     target = next(row for row in picked if r.cell_of(row) == "d8-normal")
     loss_only = next(row for row in picked if r.cell_of(row) == "d32-svc")
+    lacking = next(row for row in picked if r.cell_of(row) == "d8-svc")
     edited = []
     for original in picked:
         row = json.loads(json.dumps(original))
         row["wall_seconds"] = 0.0  # bookkeeping: ignored
+        row["loops"] = 1  # an option added since the shipped rows were written: not a result
         if row["name"] == target["name"]:
             row["accuracy"]["test"] = -1.0  # a different outcome
         if row["name"] == loss_only["name"]:
             split = next(iter(row["metrics"]))
             row["metrics"][split]["loss"] *= 1 + 1e-7  # rounding: not identical, same outcome
+        if row["name"] == lacking["name"]:
+            del row["metrics"]  # a shipped field missing from the regenerated row: not identical
         if r.cell_of(row) != "d2-normal" or row["seed"] != 1:  # one row missing
             edited.append(row)
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in edited))
@@ -46,5 +50,6 @@ def test_comparison_counts_identical_changed_and_missing_rows(tmp_path):
     assert cells["d8-normal"]["identical"] == 1 and cells["d8-normal"]["differ"] == [target["name"]]
     assert cells["d32-svc"]["identical"] == 1 and cells["d32-svc"]["same_outcome"] == 2
     assert cells["d2-normal"]["missing"] == 1 and cells["d2-normal"]["identical"] == 1
-    untouched = set(cells) - {"d8-normal", "d32-svc", "d2-normal"}
+    assert cells["d8-svc"]["identical"] == 1 and cells["d8-svc"]["differ"] == [lacking["name"]]
+    untouched = set(cells) - {"d8-normal", "d32-svc", "d2-normal", "d8-svc"}
     assert all(cells[c]["identical"] == 2 for c in untouched)
