@@ -137,7 +137,7 @@ class RunRecord:
         whole history again each time, a cost that grows with the epochs (quadratic over a run)."""
         done, history = self._encoded, self.history
         done.extend(json.dumps(h) for h in history[len(done) : len(history) - 1])
-        entries = done[: max(len(history) - 1, 0)] + [json.dumps(h) for h in history[len(done) :]]
+        entries = done + [json.dumps(h) for h in history[len(done) :]]  # the last entry, fresh
         head = json.dumps({k: v for k, v in self.to_dict().items() if k != "history"})
         return f'{head[:-1]}, "history": [{", ".join(entries)}]}}'
 
