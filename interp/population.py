@@ -29,7 +29,6 @@ noise, which Adam scales to full steps; the population and the solo run then dri
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -907,7 +906,7 @@ class _Population:
             "configs": [asdict(c) for c in self.cfgs],
         }
 
-    def state(self) -> tuple[dict[str, Tensor], Encoded]:
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """The tensors and the progress (epoch, step, Adam's count, each model's record: JSON) of a resume file."""
         tensors = {
             **{
@@ -922,9 +921,12 @@ class _Population:
         }
         if self.head_on is not None:
             tensors["head_on"] = self.head_on
-        progress = json.dumps({"epoch": self.epoch, "step": self.step, "adam_t": self.opt.t})
-        records = ", ".join(r.to_json() for r in self.records)  # each history encoded once (RunRecord.to_json)
-        return tensors, Encoded(f'{progress[:-1]}, "records": [{records}]}}')
+        return tensors, {
+            "epoch": self.epoch,
+            "step": self.step,
+            "adam_t": self.opt.t,
+            "records": [Encoded(r.to_json()) for r in self.records],  # each history entry encoded once
+        }
 
     def load_state(self, t: dict[str, Tensor], progress: dict[str, Any]) -> None:
         with torch.no_grad():
@@ -1107,7 +1109,7 @@ def _snapshot_writer(outs: Sequence[Path], snapshot_every: int | None):
     return write
 
 
-def _save_resume(path: Path, identity: dict[str, Any], tensors: dict[str, Tensor], progress: Any) -> None:
+def _save_resume(path: Path, identity: dict[str, Any], tensors: dict[str, Tensor], progress: dict[str, Any]) -> None:
     write_resume_file(path, tensors, identity, "the population's resume file", progress=progress)
 
 

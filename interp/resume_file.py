@@ -22,17 +22,29 @@ from .files import atomic_write
 
 
 class Encoded(str):
-    """A metadata entry already encoded as JSON: :func:`write_resume_file` writes it as it is (a long run's
-    history, encoded piece by piece as it grows, is not encoded again whole at every resume file)."""
+    """A value already encoded as JSON, anywhere in a metadata entry: :func:`write_resume_file` writes it as it is
+    (a run record's history, encoded piece by piece as it grows, :meth:`interp.run_record.RunRecord.to_json`, is
+    not encoded again whole at every resume file)."""
+
+
+def _encode(value: Any) -> str:
+    """``json.dumps(value)``, with every :class:`Encoded` inside it (in dicts with string keys and in lists) as it
+    is."""
+    if isinstance(value, Encoded):
+        return value
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_encode(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_encode(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def write_resume_file(path, tensors: dict[str, Tensor], identity: dict[str, Any], what: str, **entries: Any) -> Path:
     """Write ``tensors`` (moved to the CPU) with ``identity`` and each of ``entries`` as JSON metadata to ``path``
-    (an :class:`Encoded` entry as it is), atomically (``what`` names the file in errors, e.g. "the resume file")."""
+    (:class:`Encoded` values as they are), atomically (``what`` names the file in errors, e.g. "the resume file")."""
     from safetensors.torch import save_file
 
-    encode = lambda v: v if isinstance(v, Encoded) else json.dumps(v)  # noqa: E731
-    meta = {"identity": json.dumps(identity, sort_keys=True), **{k: encode(v) for k, v in entries.items()}}
+    meta = {"identity": json.dumps(identity, sort_keys=True), **{k: _encode(v) for k, v in entries.items()}}
     cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     return atomic_write(path, lambda tmp: save_file(cpu, tmp, metadata=meta), what)
 

@@ -55,7 +55,7 @@ from .objectives import check_lm_targets, lm_targets
 from .options import options
 from .position_forward import evaluate_left_padded, solo_batch_loss
 from .query_forward import logits_at, supports_query_forward
-from .resume_file import check_identity, read_resume_file, read_resume_metadata, write_resume_file
+from .resume_file import Encoded, check_identity, read_resume_file, read_resume_metadata, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .task import IGNORE, Task, TaskData, task_dataset
@@ -230,7 +230,7 @@ class _State:
             identity,
             "the resume file",
             options=options,
-            progress={"epoch": self.epoch, "step": self.step, "record": self.record.to_dict()},
+            progress={"epoch": self.epoch, "step": self.step, "record": Encoded(self.record.to_json())},
             param_groups=opt_sd["param_groups"],
         )
 

@@ -595,3 +595,18 @@ def test_a_records_json_is_its_dict_at_every_epoch():
     again.end_epoch(8, 80, 0.1, {"accuracy": 0.9, "loss": 0.2})
     assert json.loads(again.to_json()) == again.to_dict()
     assert len(again.to_dict()["history"]) == 8
+
+
+def test_encoded_values_are_written_as_they_are_anywhere_in_an_entry(tmp_path):
+    """``Encoded`` JSON inside a resume file's entries (a dict's value, a list's item) is written as it is and reads
+    back as the value ``json.dumps`` would have written; everything else is ``json.dumps``'s."""
+    import json
+
+    from interp.resume_file import Encoded, read_resume_file, write_resume_file
+
+    value = {"a": 1, "b": [1.5, {"c": None}], "d": {"1": "x"}, "e": (True, "y")}
+    progress = {**value, "records": [Encoded(json.dumps({"h": [1, 2]})), Encoded("[]")]}
+    write_resume_file(tmp_path / "r", {}, {"id": 1}, "the resume file", progress=progress, plain={2: "z"})
+    _, meta = read_resume_file(tmp_path / "r", "resume file")
+    assert meta["progress"] == {**json.loads(json.dumps(value)), "records": [{"h": [1, 2]}, []]}
+    assert meta["plain"] == {"2": "z"}
