@@ -573,11 +573,14 @@ def _val_metrics(
     norm: Norm = NO_NORM,
     cfg: TrainConfig | None = None,
     pooling: str = "softmax",
+    count_predictions=None,
 ) -> list[dict[str, float]]:
     """The task's metrics of each model on ``data``, as :func:`interp.evaluation.evaluate` computes them (from token
     counts when ``counted`` = :func:`token_counts` of ``data`` is given), in chunks of rows whose largest
     intermediate holds about ``budget`` numbers. Models with positions, with a LayerNorm or left-padded (``cfg``)
-    are evaluated as the solo run evaluates them."""
+    are evaluated as the solo run evaluates them. ``count_predictions``: :func:`_count_predictions` or its compiled
+    form (the plain function where None)."""
+    count_predictions = count_predictions or _count_predictions
     if counted is None and cfg is not None and cfg.padding == "left":
         raise ConfigError("batched training with padding='left' covers models without positional embedding")
     K = next(iter(P.values())).shape[0]
@@ -599,26 +602,17 @@ def _val_metrics(
             idx = torch.arange(start, min(start + rows_per_chunk, n), device=data.device)
             if counted is not None:
                 qidx, cnt = (x.expand(K, *x.shape[1:]) for x in counted.select(idx[None]))
-                if by_weights:
-                    logits = _weighted_count_logits(
-                        P, qidx, cnt, counted.queries, counted.present, attn_scale, None, norm, pooling
-                    )
-                else:
-                    logc = cnt.log().clamp(min=ABSENT)
-                    qtok = counted.queries[qidx]
-                    logits = _softmax_count_logits(P, qtok, logc, counted.present, attn_scale, None, norm, pooling)
-            else:
-                chunk = data.select(idx)
-                tok, qp = chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1)
-                logits = (
-                    stacked_logits_at(P, tok, qp, attn_scale, pooling=pooling)
-                    if norm.kind is None
-                    else stacked_position_logits(P, tok, qp, attn_scale, norm, pooling=pooling)
-                )
-            preds[:, idx] = logits.argmax(-1)
-            losses[:, idx] = F.cross_entropy(
-                logits.flatten(0, 2).float(), tgt[idx].expand(K, -1, -1).flatten(), reduction="none"
-            ).view(K, len(idx), k)
+                args = (P, qidx, cnt, counted.queries, counted.present, tgt[idx], attn_scale, norm, pooling)
+                preds[:, idx], losses[:, idx] = count_predictions(*args, by_weights=by_weights)
+                continue
+            chunk = data.select(idx)
+            tok, qp = chunk.tokens.expand(K, -1, -1), qpos[idx].expand(K, -1, -1)
+            logits = (
+                stacked_logits_at(P, tok, qp, attn_scale, pooling=pooling)
+                if norm.kind is None
+                else stacked_position_logits(P, tok, qp, attn_scale, norm, pooling=pooling)
+            )
+            preds[:, idx], losses[:, idx] = _predictions(logits, tgt[idx])
     # the task scores per-position predictions: one buffer, refilled at the target positions for each model
     pred_buf = torch.full(data.tokens.shape, -1, dtype=torch.long, device=data.device)
     loss_buf = torch.zeros(data.tokens.shape, device=data.device)
@@ -628,6 +622,27 @@ def _val_metrics(
         pred_buf[rows, qpos], loss_buf[rows, qpos] = preds[m], losses[m]
         metrics.append(task.metrics(pred_buf, loss_buf, data))
     return metrics
+
+
+def _predictions(logits, targets):
+    """Each query's predicted token and its cross-entropy loss against ``targets`` ``[batch, k]``, from ``logits``
+    ``[K, batch, k, vocab]``. (Plain annotations: compiled steps trace this.)"""
+    K, b, k = logits.shape[:3]
+    loss = F.cross_entropy(logits.flatten(0, 2).float(), targets.expand(K, -1, -1).flatten(), reduction="none")
+    return logits.argmax(-1), loss.view(K, b, k)
+
+
+def _count_predictions(P, query_idx, counts, queries, present, targets, attn_scale, norm, pooling, by_weights):
+    """:func:`_predictions` of the token-count forward without dropout: the weights form where ``by_weights``
+    (:func:`weights_are_exact`), else the softmax form. One function, so validation can run it compiled: eager, its
+    elementwise passes over ``[K, rows, d_model]`` were most of an epoch's validation. (Plain annotations: compiled
+    steps trace this.)"""
+    if by_weights:
+        logits = _weighted_count_logits(P, query_idx, counts, queries, present, attn_scale, None, norm, pooling)
+    else:
+        log_counts = counts.log().clamp(min=ABSENT)
+        logits = _softmax_count_logits(P, queries[query_idx], log_counts, present, attn_scale, None, norm, pooling)
+    return _predictions(logits, targets)
 
 
 def train_population(
@@ -985,6 +1000,8 @@ def _train_population(
     else:
         position_fn = compiled_step(_position_losses, dynamic=True, device=device) if compile else None
     val_counted = _eval_counts(val_data, d_vocab, cfg) if eval_counts else None
+    # the same chunks every epoch: compiled once (dynamic=False: a chunk's rows and the last chunk's)
+    val_predictions = compiled_step(_count_predictions, dynamic=False, device=device) if compile else None
     started = time.time()
     if resume_file is not None and Path(resume_file).is_file():
         pop.load_state(*_load_resume(Path(resume_file), pop.identity()))
@@ -1020,7 +1037,15 @@ def _train_population(
             totals += losses.detach().double().cpu() * idx.shape[1]
         tick = _lap(clock, "train", tick)
         val = _val_metrics(
-            task, pop.detached, val_data, pop.attn_scale, val_counted, norm=pop.norm, cfg=cfg, pooling=pop.pooling
+            task,
+            pop.detached,
+            val_data,
+            pop.attn_scale,
+            val_counted,
+            norm=pop.norm,
+            cfg=cfg,
+            pooling=pop.pooling,
+            count_predictions=val_predictions,
         )
         tick = _lap(clock, "validation", tick)
         # snapshots before the resume file: a kill between the two replays (and rewrites) them, never skips them

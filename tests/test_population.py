@@ -109,6 +109,34 @@ def test_attention_only_dropout_population_equals_solo(tmp_path, tiny_task, tiny
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
+def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec):
+    """Validation's token-count predictions compiled (what a compiled population runs every epoch) and plain, in
+    both forms (weights and softmax): the same predicted tokens, losses equal to float32 rounding (fused kernels
+    sum in another order)."""
+    from interp.compiled import compiled_step
+    from interp.model import build_model
+    from interp.population import NO_NORM, PARAMS, _count_predictions, target_positions, token_counts
+
+    models = [
+        build_model(tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1, 2)
+    ]
+    P = {n: torch.stack([m.state_dict()[n] for m in models]) for n in PARAMS}
+    data = tiny_task.dataset("val")
+    scale = float(models[0].blocks[0].attn.attn_scale)
+    c = token_counts(data, models[0].cfg.d_vocab)
+    qidx, cnt = (x.expand(3, *x.shape[1:]) for x in c.select(torch.arange(len(data))[None]))
+    targets = data.targets.gather(1, target_positions(data))
+    args = (P, qidx, cnt, c.queries, c.present, targets, scale, NO_NORM, "softmax")
+    compiled = compiled_step(_count_predictions, dynamic=False, device="cpu")
+    for by_weights in (True, False):
+        preds, losses = _count_predictions(*args, by_weights=by_weights)
+        cpreds, closses = compiled(*args, by_weights=by_weights)
+        assert preds.shape == (3, *targets.shape) and torch.equal(preds, cpreds)
+        torch.testing.assert_close(closses, losses, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
 def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     """compile=True (torch.compile of the token-count step) trains the same models as the eager code, to float
     rounding (fused kernels sum in another order): the solo-equality tolerances."""
