@@ -246,22 +246,14 @@ def _count_tables(
     def heads(W):  # [K, heads, d_model, d_head] -> [K, d_model, heads x d_head]
         return W.permute(0, 2, 1, 3).reshape(K, d, H * e)
 
-    q = _small_bmm(E_in[:, queries], heads(W_Q)).view(K, -1, H, e).transpose(1, 2) + P["blocks.0.attn.b_Q"][:, :, None]
-    kv = _small_bmm(E_in[:, present], torch.cat([heads(W_K), heads(W_V)], 2)).view(K, -1, 2, H, e)  # keys, values
+    q = torch.bmm(E_in[:, queries], heads(W_Q)).view(K, -1, H, e).transpose(1, 2) + P["blocks.0.attn.b_Q"][:, :, None]
+    kv = torch.bmm(E_in[:, present], torch.cat([heads(W_K), heads(W_V)], 2)).view(K, -1, 2, H, e)  # keys, values
     keys = kv[:, :, 0].transpose(1, 2) + P["blocks.0.attn.b_K"][:, :, None]  # [K, H, present, e]
     vals = kv[:, :, 1].transpose(1, 2) + P["blocks.0.attn.b_V"][:, :, None]
     if pooling == "softmax":  # d_head-long dot products, as one fused pass rather than K x H tiny products
         return (q[:, :, :, None] * keys[:, :, None]).sum(-1) / attn_scale, vals
     additive_v = P[f"blocks.0.attn.{ADDITIVE}"] if pooling == "additive" else None
     return inspect.unwrap(pair_scores)(pooling, q, keys, attn_scale, additive_v), vals
-
-
-def _small_bmm(a: Tensor, b: Tensor) -> Tensor:
-    """``torch.bmm(a, b)`` for the per-model tables' products (a few tokens by d_model by a few heads' columns) as
-    one multiply-and-sum: batched BLAS spends a call per model on products this small (~5 us each, 50 models: a
-    quarter of a millisecond for ~50,000 multiply-adds), which a compiled step fuses into one loop instead. The
-    same sums, in another order: float rounding. (Plain annotations: compiled steps trace this.)"""
-    return (a[:, :, :, None] * b[:, None]).sum(2)
 
 
 def _weights_exact(QK: Tensor, queries: Tensor, present: Tensor, always: Tensor) -> Tensor:
@@ -371,9 +363,9 @@ def _weighted_count_logits(
     out = (out + P["blocks.0.attn.b_O"][:, None]).view(K, b, k, d)
     if out_mask is not None:
         out = out * out_mask
-    # each query's own embedding, gathered (a one-hot product would cost a batched product per step and its
-    # backward two more: most of a small model's step)
-    embedded = W_E[:, queries].gather(1, query_idx.reshape(K, N, 1).expand(K, N, d)).view(K, b, k, d)
+    # each query's own embedding, by the one-hot product (gathering it measured faster alone, but its backward, a
+    # scatter into the embedding, made whole training runs 5-12% slower)
+    embedded = torch.bmm(onehot, W_E[:, queries]).view(K, b, k, d)
     resid = norm.apply(P, "ln_final", embedded + out)
     logits = torch.baddbmm(P["unembed.b_U"][:, None], resid.view(K, N, d), P["unembed.W_U"]).view(K, b, k, -1)
     return (logits, _weights_exact(QK, queries, present, always)) if always is not None else logits

@@ -590,18 +590,6 @@ def test_population_provenance_says_where_its_time_went(tmp_path, tiny_task, tin
     assert all(v >= 0 for v in pop["seconds"].values()) and pop["softmax_form_steps"] == 0
 
 
-def test_the_small_products_equal_batched_blas():
-    """The per-model tables' products as one multiply-and-sum (``_small_bmm``): ``torch.bmm``'s values to float32
-    rounding (another summation order; atol 1e-5 on entries of size ~10), on the shapes the tables take (a few
-    tokens, d_model 2 to 64, a few heads' columns) and on one model."""
-    from interp.population import _small_bmm
-
-    g = torch.Generator().manual_seed(0)
-    for K, t, d, c in [(1, 3, 2, 2), (50, 7, 8, 16), (7, 9, 32, 64), (3, 21, 64, 128)]:
-        a, b = torch.randn(K, t, d, generator=g), torch.randn(K, d, c, generator=g)
-        torch.testing.assert_close(_small_bmm(a, b), torch.bmm(a, b), atol=1e-5, rtol=0)
-
-
 def test_a_records_json_is_its_dict_at_every_epoch():
     """``RunRecord.to_json`` encodes each history entry but the last once; decoded, it is ``to_dict()`` at every
     epoch: empty, after each epoch, after a halving step noted on the last entry (which must not be frozen), and
