@@ -1,6 +1,8 @@
-"""The token-count training step of this checkout against another checkout's, in one process, interleaved: the
-fair A/B for a change to the step's forward on a shared machine, where two runs minutes apart differ by more than
-the change.
+"""The token-count training step of this checkout against another checkout's, in one process, interleaved: an
+A/B for a change to the step's forward on a shared machine, where two runs minutes apart differ by more than
+the change. Not the last word: a change it measured 1.13x faster at d = 8 (the query embedding gathered, the
+tables' products as one multiply-and-sum) made whole training runs 5-12% slower (the populations' own ``train``
+seconds, in separate processes alternating), and was reverted; confirm a step change on whole runs too.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/population_step.py --before ../before [--models 50]
         [--configs counts-8,counts-32] [--rounds 8] [--steps 10]
