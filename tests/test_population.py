@@ -107,6 +107,17 @@ def test_attention_only_dropout_population_equals_solo(tmp_path, tiny_task, tiny
     assert load_checkpoint(tmp_path / "pop0.safetensors", device="cpu").training["config"]["dropout_at"] == "attention"
 
 
+def _three_models(task, spec):
+    """Three initialised models of ``spec`` (seeds 0-2) stacked as a population's parameters, the task's validation
+    split and the attention scale."""
+    from interp.model import build_model
+    from interp.population import PARAMS
+
+    models = [build_model(spec.__class__(**{**spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1, 2)]
+    P = {n: torch.stack([m.state_dict()[n] for m in models]) for n in PARAMS}
+    return P, task.dataset("val"), float(models[0].blocks[0].attn.attn_scale), models[0].cfg.d_vocab
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
 def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec):
@@ -114,16 +125,10 @@ def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec):
     both forms (weights and softmax): the same predicted tokens, losses equal to float32 rounding (fused kernels
     sum in another order)."""
     from interp.compiled import compiled_step
-    from interp.model import build_model
-    from interp.population import NO_NORM, PARAMS, _count_predictions, target_positions, token_counts
+    from interp.population import NO_NORM, _count_predictions, target_positions, token_counts
 
-    models = [
-        build_model(tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1, 2)
-    ]
-    P = {n: torch.stack([m.state_dict()[n] for m in models]) for n in PARAMS}
-    data = tiny_task.dataset("val")
-    scale = float(models[0].blocks[0].attn.attn_scale)
-    c = token_counts(data, models[0].cfg.d_vocab)
+    P, data, scale, d_vocab = _three_models(tiny_task, tiny_spec)
+    c = token_counts(data, d_vocab)
     qidx, cnt = (x.expand(3, *x.shape[1:]) for x in c.select(torch.arange(len(data))[None]))
     targets = data.targets.gather(1, target_positions(data))
     args = (P, qidx, cnt, c.queries, c.present, targets, scale, NO_NORM, "softmax")
@@ -248,16 +253,10 @@ def test_mixed_populations_are_refused(tmp_path, tiny_task, tiny_spec, tiny_cfg)
 
 def test_evaluation_in_chunks_equals_one_chunk(tiny_task, tiny_spec):
     """Validation of a population runs in chunks of rows (bounded memory); the chunking changes nothing."""
-    from interp.model import build_model
-    from interp.population import PARAMS, _val_metrics, token_counts
+    from interp.population import _val_metrics, token_counts
 
-    models = [
-        build_model(tiny_spec.__class__(**{**tiny_spec.to_dict(), "init_seed": s}), device="cpu") for s in (0, 1, 2)
-    ]
-    P = {n: torch.stack([m.state_dict()[n] for m in models]) for n in PARAMS}
-    data = tiny_task.dataset("val")
-    scale = float(models[0].blocks[0].attn.attn_scale)
-    counted = token_counts(data, models[0].cfg.d_vocab)
+    P, data, scale, d_vocab = _three_models(tiny_task, tiny_spec)
+    counted = token_counts(data, d_vocab)
     for c in (None, counted):
         whole = _val_metrics(tiny_task, P, data, scale, c)
         chunked = _val_metrics(tiny_task, P, data, scale, c, budget=1)  # one row per chunk
