@@ -120,19 +120,28 @@ def _three_models(task, spec):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
-def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec):
+@pytest.mark.parametrize(
+    "shape",
+    [{}, dict(d_model=2, n_heads=1, d_head=2, output_matrix="identity"), dict(d_model=8, n_heads=64, d_head=2)],
+    ids=["4 heads", "1 head", "64 heads, trained W_O"],
+)
+def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec, shape):
     """Validation's token-count predictions compiled (what a compiled population runs every epoch) and plain, in
-    both forms (weights and softmax): the same predicted tokens, losses equal to float32 rounding (fused kernels
-    sum in another order)."""
-    from interp.compiled import compiled_step
+    both forms (weights and softmax), on one head, four and 64 (W_O trained): the same predicted tokens, losses
+    equal to float32 rounding (fused kernels sum in another order). Compiled here afresh rather than from the
+    process's cache (``compiled_step``), whose recompile limit other tests' shapes could exhaust (torch then runs
+    the plain function, and this test would compare it with itself)."""
+    import inspect
+    from dataclasses import replace
+
     from interp.population import NO_NORM, _count_predictions, target_positions, token_counts
 
-    P, data, scale, d_vocab = _three_models(tiny_task, tiny_spec)
+    P, data, scale, d_vocab = _three_models(tiny_task, replace(tiny_spec, **shape))
     c = token_counts(data, d_vocab)
     qidx, cnt = (x.expand(3, *x.shape[1:]) for x in c.select(torch.arange(len(data))[None]))
     targets = data.targets.gather(1, target_positions(data))
     args = (P, qidx, cnt, c.queries, c.present, targets, scale, NO_NORM, "softmax")
-    compiled = compiled_step(_count_predictions, dynamic=False, device="cpu")
+    compiled = torch.compile(inspect.unwrap(_count_predictions), dynamic=False)
     for by_weights in (True, False):
         preds, losses = _count_predictions(*args, by_weights=by_weights)
         cpreds, closses = compiled(*args, by_weights=by_weights)
