@@ -6,6 +6,13 @@ where no C++ compiler is installed, :func:`compiled_step` refuses in one line (`
 :func:`compiled_or_plain` falls back to the plain function (an optional speed-up). The plain function is compiled
 (``inspect.unwrap``): a runtime type checker's wrapper, as the test run puts on every annotated function, cannot be
 traced.
+
+Each compiled step specialises on its shapes (``dynamic=False``: one graph per population size, batch, d_model and
+form), and a sweep or Table 1's regeneration trains several such shapes in one process (six graphs of the
+token-count step for Table 1's three sizes). Torch keeps at most ``torch._dynamo.config.recompile_limit`` graphs
+per function (8 by default) and past it runs the plain function for the rest of the process, with one logged
+warning: the numbers stay right, the runs get slower without a word in the run record. :func:`_compiled` raises
+that limit to at least :data:`RECOMPILE_LIMIT` (it never lowers a limit the user set).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import torch
 from .errors import ConfigError
 
 COMPILERS = ("g++", "c++", "clang++")
+RECOMPILE_LIMIT = 64  # graphs per compiled function and process: room for every shape a sweep's cells bring
 
 
 @functools.cache
@@ -30,6 +38,10 @@ def has_compiler() -> bool:
 
 @functools.cache
 def _compiled(fn: Callable, dynamic: bool) -> Callable:
+    import torch._dynamo  # compiling imports it anyway; importing interp need not
+
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(inspect.unwrap(fn), dynamic=dynamic)
 
 

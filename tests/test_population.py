@@ -128,23 +128,26 @@ def _three_models(task, spec):
 def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec, shape):
     """Validation's token-count predictions compiled (what a compiled population runs every epoch) and plain, in
     both forms (weights and softmax), on one head, four and 64 (W_O trained): the same predicted tokens, losses
-    equal to float32 rounding (fused kernels sum in another order). Compiled here afresh rather than from the
-    process's cache (``compiled_step``), whose recompile limit other tests' shapes could exhaust (torch then runs
-    the plain function, and this test would compare it with itself)."""
+    equal to float32 rounding (fused kernels sum in another order). Compiled from a copy with its own code object:
+    torch keeps graphs per code object, and a limit other tests' shapes exhausted would run the plain function and
+    compare it with itself; each call is checked to have compiled a graph of its own."""
     import inspect
     from dataclasses import replace
 
     from interp.population import NO_NORM, _count_predictions, target_positions, token_counts
+    from tests.test_compiled import fresh_code, graphs
 
     P, data, scale, d_vocab = _three_models(tiny_task, replace(tiny_spec, **shape))
     c = token_counts(data, d_vocab)
     qidx, cnt = (x.expand(3, *x.shape[1:]) for x in c.select(torch.arange(len(data))[None]))
     targets = data.targets.gather(1, target_positions(data))
     args = (P, qidx, cnt, c.queries, c.present, targets, scale, NO_NORM, "softmax")
-    compiled = torch.compile(inspect.unwrap(_count_predictions), dynamic=False)
+    compiled = torch.compile(fresh_code(inspect.unwrap(_count_predictions)), dynamic=False)
     for by_weights in (True, False):
         preds, losses = _count_predictions(*args, by_weights=by_weights)
+        before = graphs()
         cpreds, closses = compiled(*args, by_weights=by_weights)
+        assert graphs() > before  # this form ran compiled, not the plain function
         assert preds.shape == (3, *targets.shape) and torch.equal(preds, cpreds)
         torch.testing.assert_close(closses, losses, rtol=1e-5, atol=1e-6)
 

@@ -1,0 +1,60 @@
+"""The cache of compiled steps (``interp.compiled``): a process that compiles one step for many shapes keeps
+compiling it, instead of silently running the plain function past torch's default limit of 8 graphs."""
+
+from __future__ import annotations
+
+import shutil
+import types
+
+import pytest
+import torch
+
+
+def fresh_code(fn):
+    """``fn`` with its own code object: torch.compile keeps its graphs (and its recompile count) per code object, so
+    a copy starts with none, whatever the process compiled before."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _scaled_sum(x):
+    return (x * 2).sin().sum(-1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
+def test_a_compiled_step_keeps_compiling_past_torchs_default_limit():
+    """Twelve shapes through one cached compiled function: twelve graphs (torch's default stops at 8 and runs the
+    rest plain), each equal to the plain function."""
+    from interp.compiled import RECOMPILE_LIMIT, compiled_step
+
+    fn = fresh_code(_scaled_sum)
+    step = compiled_step(fn, dynamic=False, device="cpu")
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT
+    before = graphs()
+    for n in range(1, 13):
+        x = torch.linspace(-1, 1, 3 * n).view(3, n)
+        torch.testing.assert_close(step(x), _scaled_sum(x), rtol=1e-6, atol=1e-6)
+    assert graphs() - before == 12
+
+
+def test_the_limit_is_raised_never_lowered():
+    """A limit the user raised further stays; the default is raised to RECOMPILE_LIMIT (no compilation runs here:
+    ``torch.compile`` only wraps)."""
+    import torch._dynamo
+
+    from interp.compiled import RECOMPILE_LIMIT, _compiled
+
+    cfg = torch._dynamo.config
+    with cfg.patch(recompile_limit=8):
+        _compiled(fresh_code(_scaled_sum), False)
+        assert cfg.recompile_limit == RECOMPILE_LIMIT
+    with cfg.patch(recompile_limit=500):
+        _compiled(fresh_code(_scaled_sum), False)
+        assert cfg.recompile_limit == 500
