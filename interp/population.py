@@ -31,6 +31,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -528,6 +529,14 @@ class _Adam:
         self.update(self.flat, self.grad, *self.moments, lr, bc1, bc2_sqrt, b1, b2, self.eps, self.wd, self.decoupled)
 
 
+# What autograd warns (once per process) when a parameter's gradient is strided like a view of a wider buffer
+# instead of contiguous. The population's parameters and gradients are columns of flat [K, T] buffers, so each
+# gradient has its parameter's own strides; autograd then adds each step's gradient in place into that view, which
+# is the intent (no copy, no extra pass), so the warning's "may impair performance" does not apply and it is not
+# shown.
+LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
+
+
 def _view(flat: Tensor, start: int, stop: int, shape: tuple[int, ...]) -> Tensor:
     """Columns ``start:stop`` of a flat ``[K, T]`` buffer as ``[K, *shape]`` (a view)."""
     return flat[:, start:stop].view(flat.shape[0], *shape)
@@ -832,7 +841,9 @@ class _Population:
     def update(self, losses: Float[Tensor, " K"]) -> None:
         """One backward and one optimiser step for all models (each model's own loss drives only its parameters)."""
         self.opt.zero_grad()
-        losses.sum().backward()
+        with warnings.catch_warnings():  # the flat buffer's strided views: see LAYOUT_WARNING
+            warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
+            losses.sum().backward()
         self.opt.step(warmup_factor(self.cfg, self.step))
         if self.head_on is not None:
             _mask_heads(self.P, self.masked, self.head_on)  # masked heads stay exactly zero

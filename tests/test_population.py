@@ -637,3 +637,32 @@ def test_encoded_values_are_written_as_they_are_anywhere_in_an_entry(tmp_path):
     _, meta = read_resume_file(tmp_path / "r", "resume file")
     assert meta["progress"] == {**json.loads(json.dumps(value)), "records": [{"h": [1, 2]}, []]}
     assert meta["plain"] == {"2": "z"}
+
+
+def test_population_runs_without_the_gradient_layout_warning(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    """The flat buffer's gradient views are strided like their parameters, which autograd's layout contract warns
+    about although it adds into them in place; a population run does not show that warning (torch's warn-once is
+    made warn-always here, so an earlier test cannot have used it up). The control: the same views warn, with the
+    message the population filters, so a torch that rewords it fails here instead of warning users."""
+    import warnings
+
+    from interp.population import LAYOUT_WARNING, _view
+
+    was = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        flat = torch.zeros(3, 20)
+        param, grad = _view(flat, 4, 10, (2, 3)).requires_grad_(), _view(torch.zeros(3, 20), 4, 10, (2, 3))
+        param.grad = grad
+        with warnings.catch_warnings(record=True) as control:
+            warnings.simplefilter("always")
+            (param * 2).sum().backward()
+        assert any(LAYOUT_WARNING in str(w.message) for w in control)
+        specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=1, dropout_at="attention"), [0, 1])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outs = [tmp_path / f"{s}.safetensors" for s in (0, 1)]
+            train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
+        assert not [w for w in caught if "layout contract" in str(w.message)]
+    finally:
+        torch.set_warn_always(was)
