@@ -58,3 +58,20 @@ def test_the_limit_is_raised_never_lowered():
     with cfg.patch(recompile_limit=500):
         _compiled(fresh_code(_scaled_sum), False)
         assert cfg.recompile_limit == 500
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
+def test_counter_masks_compile_once_for_every_dropout_rate():
+    """A new dropout rate compiles no new graph of the counter masks' multiplier (the scale ``1 / (1 - p)`` is a
+    float argument, which this torch traces as a symbol instead of specialising on it:
+    ``torch._dynamo.config.specialize_float`` is False), and the masks equal the plain function's bit for bit."""
+    from interp.dropout_masks import _keep_mask, _mask
+
+    h = torch.arange(5 * 3 * 4 * 7, dtype=torch.int64).view(5, 3, 4, 7) * 7919
+    _mask(h, 0.3)  # compiles (or finds) the graph for masks of this rank
+    before = graphs()
+    for p in (0.1, 0.25, 0.5):
+        got = _mask(h + 11, p)
+        assert torch.equal(got, _keep_mask(h + 11, round(p * (1 << 24)), 1.0 / (1.0 - p))), p
+        assert set(got.unique().tolist()) <= {0.0, torch.tensor(1.0 / (1.0 - p)).item()}
+    assert graphs() == before

@@ -154,11 +154,18 @@ def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec, shape):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
-def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+@pytest.mark.parametrize(
+    "shape", [{}, dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity")], ids=["d8", "d32, 16 heads"]
+)
+def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape):
     """compile=True (torch.compile of the token-count step) trains the same models as the eager code, to float
-    rounding (fused kernels sum in another order): the solo-equality tolerances."""
+    rounding (fused kernels sum in another order): the solo-equality tolerances. At d_model 8 and at Table 1's
+    d_model 32, on both sides of ROW_GRAD_D_MODEL (the unembedding's two backward layouts)."""
+    from dataclasses import replace
+
     seeds = [0, 3]
-    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=2, dropout_at="attention"), seeds)
+    spec = replace(tiny_spec, **shape)
+    specs, cfgs = seed_population(tiny_task, spec, tiny_cfg(epochs=2, dropout_at="attention"), seeds)
     eager = train_population(
         tiny_task, specs, cfgs, [tmp_path / f"e{s}.safetensors" for s in seeds], device="cpu", progress=False
     )
@@ -445,15 +452,23 @@ def test_first_best_keeps_the_first_epoch_at_the_best_validation_accuracy(tmp_pa
 
 @pytest.mark.parametrize(
     "shape",
-    [dict(d_model=2, n_heads=1, d_head=2), dict(d_model=8, n_heads=64, d_head=2)],
-    ids=["1 head", "64 heads, trained W_O"],
+    [
+        dict(d_model=2, n_heads=1, d_head=2, output_matrix="identity"),
+        dict(d_model=8, n_heads=64, d_head=2, output_matrix="learned"),
+        dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"),
+    ],
+    ids=["1 head", "64 heads, trained W_O", "d32, 16 heads"],
 )
 def test_population_of_one_head_and_of_64_heads_equals_solo(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape):
     """The token-count forward and the halving mask on the shapes at both ends: one head (the thesis's d = 2, a = 1)
-    and 64 heads whose W_O is trained (n_heads x d_head != d_model)."""
+    and 64 heads whose W_O is trained (n_heads x d_head != d_model); and Table 1's d = 32 (16 heads), where the
+    unembedding's backward writes the residual's gradient N x d_model (ROW_GRAD_D_MODEL)."""
     from dataclasses import replace
 
-    spec = replace(tiny_spec, **shape, output_matrix="identity" if shape["n_heads"] == 1 else "learned")
+    from interp.population import ROW_GRAD_D_MODEL
+
+    assert (shape["d_model"] >= ROW_GRAD_D_MODEL) == (shape["d_model"] == 32)
+    spec = replace(tiny_spec, **shape)
     halving = None if shape["n_heads"] == 1 else "random"
     cfg = tiny_cfg(epochs=3, dropout_at="attention", halving=halving, halving_threshold=0.5)
     pairs = _population_equals_solo(tmp_path, tiny_task, spec, cfg, [0, 1])
@@ -666,3 +681,27 @@ def test_population_runs_without_the_gradient_layout_warning(tmp_path, tiny_task
         assert not [w for w in caught if "layout contract" in str(w.message)]
     finally:
         torch.set_warn_always(was)
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["d_model x N", "N x d_model"])
+def test_the_transposed_unembedding_has_autograds_gradients(rows):
+    """The token-count forward's unembedding (``_Unembed``: ``b_U + W_U^T @ resid^T``, its backward written by
+    hand so the residual's gradient can come out N x d_model) against autograd through the plain product: the same
+    logits bit for bit and the same gradients of the residual, W_U and b_U to float32 rounding (a dot product over
+    vocab either way: rtol 1e-6)."""
+    from interp.population import _Unembed
+
+    g = torch.Generator().manual_seed(0)
+    K, N, d, V = 3, 40, 32, 8
+    resid, W_U, b_U = (torch.randn(*s, generator=g, requires_grad=True) for s in ((K, N, d), (K, d, V), (K, V)))
+    weights = torch.randn(K, V, N, generator=g)
+    ours = _Unembed.apply(resid, W_U, b_U, rows)
+    (ours * weights).sum().backward()
+    mine = [t.grad.clone() for t in (resid, W_U, b_U)]
+    for t in (resid, W_U, b_U):
+        t.grad = None
+    plain = torch.baddbmm(b_U[:, :, None], W_U.transpose(1, 2), resid.transpose(1, 2))
+    (plain * weights).sum().backward()
+    assert torch.equal(ours, plain)
+    for name, a, t in zip(("resid", "W_U", "b_U"), mine, (resid, W_U, b_U)):
+        torch.testing.assert_close(a, t.grad, rtol=1e-6, atol=1e-6, msg=name)
