@@ -1,5 +1,6 @@
-"""benchmarks/population.py refuses bad counts on its command line (argparse's exit 2 and one line naming the
-argument), before any training: no statistics over zero repeats, no population of no models."""
+"""benchmarks/population.py (and the SVC A/B, benchmarks/batched_svc_step.py) refuse bad arguments on their
+command line (argparse's exit 2 and one line naming the argument), before any training: no statistics over zero
+repeats, no population of no models."""
 
 from __future__ import annotations
 
@@ -63,3 +64,25 @@ def test_the_torch_masks_floor_counts_the_solo_runs_draws():
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
     padded = sum(len(rows) * int(data.lengths[rows].max()) for rows in perm.split(128))
     assert bench.torch_mask_draws("positions") == n * 2 * 32 + padded * 32
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--before", "."], "argument --rounds: expected a positive integer, got 0"),
+        (["--before", "no/such/checkout"], "argument --before: no analyses/batched_svc.py in no/such/checkout"),
+    ],
+)
+def test_the_svc_ab_refuses_bad_arguments_before_any_work(argv, message):
+    """benchmarks/batched_svc_step.py: the same usage errors, before it loads a model or fits a separator."""
+    extra = ["--rounds", "0"] if "rounds" in message else []
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "batched_svc_step.py"), *argv, *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"batched_svc_step.py: error: {message}" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""

@@ -498,3 +498,64 @@ def test_soft_capped_logits_of_the_query_forward(nm_task, short):
         torch.testing.assert_close(logits_at(model, data.tokens, pos), full, atol=1e-6, rtol=1e-6)
     fast, slow = evaluate(model, nm_task, data), evaluate(model, nm_task, data, full_forward=True)
     assert fast["loss"] == pytest.approx(slow["loss"], abs=1e-6)
+
+
+def _lattice_data(N=4000, strengths=(3.0, 2.0, 1.5, 1.2, 0.3, 0.0)):
+    """Six players of two features, the first shifted by the label times a strength: coalitions from near-separable
+    (a few violators) to hopeless (all samples violate), so the solver takes each of its paths."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 2, (N,), generator=g)
+    x = torch.randn(N, len(strengths), 2, generator=g, dtype=torch.float64)
+    x[:, :, 0] += (2 * y[:, None] - 1) * torch.tensor(strengths, dtype=torch.float64)
+    return x - x.mean(0), y
+
+
+def _gradient(x, y, w, mask, C=1000.0):
+    """The gradient of f (the module doc's objective) on the coalition's columns, as a plain loop's formula."""
+    N, n, e = x.shape
+    cols = [0] + [1 + i * e + j for i in range(n) if mask >> i & 1 for j in range(e)]
+    X = torch.cat([torch.ones(N, 1, dtype=torch.float64), x.reshape(N, -1)], 1)[:, cols]
+    s = (2 * y - 1).double()
+    viol = (1 - s * (X @ w[cols])).clamp_min(0)
+    return w[cols] - 2 * C * (X * (s * viol)[:, None]).sum(0)
+
+
+def test_batched_svc_every_path_is_the_exact_minimiser(monkeypatch):
+    """Every coalition of 6 players, solved along the subset lattice: working sets handed on from parents (64 to 512
+    samples), rebuilt from margins, and all samples in the full feature space. Each weight vector is checked against
+    f's own gradient, recomputed here: at most the solver's stopping rule (1e-9 of |grad f(0)|, times 1.01 for the
+    recomputation's rounding), zero off the coalition; and the all-sample problems solved by the per-problem column
+    copies instead (the full-space table switched off) give the same weights within 1e-6 of their norm, in the same
+    number of Newton steps (within one)."""
+    import interp.analyses.batched_svc as bs
+
+    x, y = _lattice_data()
+    used = {"full": 0, "handed_on": set()}
+    full, solve = bs.LatticeSolver._newton_full, bs.LatticeSolver.solve
+
+    def counted_full(self, w, cm, budget):
+        used["full"] += len(w)
+        return full(self, w, cm, budget)
+
+    def counted_solve(self, masks, w, ws=None):
+        if ws is not None:
+            used["handed_on"] |= set((ws >= 0).sum(-1).unique().tolist())
+        return solve(self, masks, w, ws)
+
+    monkeypatch.setattr(bs.LatticeSolver, "_newton_full", counted_full)
+    monkeypatch.setattr(bs.LatticeSolver, "solve", counted_solve)
+    W, iters = bs.svc_weights(x, y, torch.arange(64))
+    assert used["full"] > 0 and {64, 256, 512} <= used["handed_on"]
+    assert int(iters.max()) <= 100  # every problem converged
+    X = torch.cat([torch.ones(len(x), 1, dtype=torch.float64), x.reshape(len(x), -1)], 1)
+    g0 = 2 * 1000.0 * float(torch.linalg.vector_norm((2 * y - 1).double() @ X))
+    for mask in range(64):
+        assert float(torch.linalg.vector_norm(_gradient(x, y, W[mask], mask))) <= 1.01e-9 * g0, mask
+        off = [1 + i * 2 + j for i in range(6) if not mask >> i & 1 for j in range(2)]
+        assert bool((W[mask, off] == 0).all())
+    monkeypatch.setattr(bs, "OUTER_ELEMS", 0)
+    used["full"] = 0
+    W2, iters2 = bs.svc_weights(x, y, torch.arange(64))
+    assert used["full"] == 0
+    assert float((W2 - W).norm(dim=-1).max() / W.norm(dim=-1).max()) <= 1e-6
+    assert int((iters2 - iters).abs().max()) <= 1  # the same Newton steps: the same Hessians, up to rounding
