@@ -113,7 +113,7 @@ class LatticeSolver:
         for _ in range(self.max_iter + 1):
             checked = []
             for rows, idx in _by_size(work):
-                step = FULL_BLOCK if idx is None else BLOCK
+                step = max(1, min(FULL_BLOCK, FULL_ELEMS // len(y))) if idx is None else BLOCK  # [b, N] bounded
                 for i in range(0, len(rows), step):
                     r, ix = rows[i : i + step], None if idx is None else idx[i : i + step]
                     wk, it, conv = self._run(ix, w[r], cm[r], self.max_iter + 1 - iters[r])
