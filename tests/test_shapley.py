@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from itertools import combinations
 
 import numpy as np
@@ -510,21 +511,26 @@ def _lattice_data(N=4000, strengths=(3.0, 2.0, 1.5, 1.2, 0.3, 0.0)):
     return x - x.mean(0), y
 
 
-def _gradient(x, y, w, mask, C=1000.0):
-    """The gradient of f (the module doc's objective) on the coalition's columns, as a plain loop's formula."""
+def _newton_step(x, y, w, mask, C=1000.0):
+    """The Newton step ``H^-1 grad f`` of f (the module doc's objective) at ``w`` on the coalition's columns, by the
+    plain formulas: ``grad f = w - 2C sum_i y_i viol_i x_i``, ``H = I + 2C sum_(viol_i > 0) x_i x_i^T``. Since
+    ``H >= I`` its length is at most the gradient's, and f being quadratic between changes of its active samples,
+    ``w`` plus it is the minimiser once those are right."""
     N, n, e = x.shape
     cols = [0] + [1 + i * e + j for i in range(n) if mask >> i & 1 for j in range(e)]
     X = torch.cat([torch.ones(N, 1, dtype=torch.float64), x.reshape(N, -1)], 1)[:, cols]
     s = (2 * y - 1).double()
     viol = (1 - s * (X @ w[cols])).clamp_min(0)
-    return w[cols] - 2 * C * (X * (s * viol)[:, None]).sum(0)
+    g = w[cols] - 2 * C * (X * (s * viol)[:, None]).sum(0)
+    act = X[viol > 0]
+    return torch.linalg.solve(torch.eye(len(cols), dtype=torch.float64) + 2 * C * act.T @ act, g)
 
 
 def test_batched_svc_every_path_is_the_exact_minimiser(monkeypatch):
     """Every coalition of 6 players, solved along the subset lattice: working sets handed on from parents (64 to 512
     samples), rebuilt from margins, and all samples in the full feature space. Each weight vector is checked against
-    f's own gradient, recomputed here: at most the solver's stopping rule (1e-9 of |grad f(0)|, times 1.01 for the
-    recomputation's rounding), zero off the coalition; and the all-sample problems solved by the per-problem column
+    f's own Newton step, recomputed here: at most the solver's stopping rule (1e-9 of max(1, |w|), times 1.01 for
+    the recomputation's rounding), zero off the coalition; and the all-sample problems solved by the per-problem column
     copies instead (the full-space table switched off) give the same weights within 1e-6 of their norm, in the same
     number of Newton steps (within one)."""
     import interp.analyses.batched_svc as bs
@@ -547,10 +553,9 @@ def test_batched_svc_every_path_is_the_exact_minimiser(monkeypatch):
     W, iters = bs.svc_weights(x, y, torch.arange(64))
     assert used["full"] > 0 and {64, 256, 512} <= used["handed_on"]
     assert int(iters.max()) <= 100  # every problem converged
-    X = torch.cat([torch.ones(len(x), 1, dtype=torch.float64), x.reshape(len(x), -1)], 1)
-    g0 = 2 * 1000.0 * float(torch.linalg.vector_norm((2 * y - 1).double() @ X))
     for mask in range(64):
-        assert float(torch.linalg.vector_norm(_gradient(x, y, W[mask], mask))) <= 1.01e-9 * g0, mask
+        bound = 1.01e-9 * max(1.0, float(W[mask].norm()))
+        assert float(torch.linalg.vector_norm(_newton_step(x, y, W[mask], mask))) <= bound, mask
         off = [1 + i * 2 + j for i in range(6) if not mask >> i & 1 for j in range(2)]
         assert bool((W[mask, off] == 0).all())
     monkeypatch.setattr(bs, "OUTER_ELEMS", 0)
@@ -559,3 +564,86 @@ def test_batched_svc_every_path_is_the_exact_minimiser(monkeypatch):
     assert used["full"] == 0
     assert float((W2 - W).norm(dim=-1).max() / W.norm(dim=-1).max()) <= 1e-6
     assert int((iters2 - iters).abs().max()) <= 1  # the same Newton steps: the same Hessians, up to rounding
+
+
+def _blobs(N, n, e, sep, seed):
+    """Two classes whose means differ by ``sep`` (unit noise) in every player's features, centred."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (N,), generator=g)
+    mu = torch.randn(2, n, e, generator=g, dtype=torch.float64)
+    mu = mu / mu.flatten(1).norm(dim=1)[:, None, None] * sep
+    x = torch.randn(N, n, e, generator=g, dtype=torch.float64) + mu[y]
+    return x - x.mean(0), y
+
+
+@pytest.mark.parametrize("C", [1000.0, 1e6])
+def test_batched_svc_separable_data_reach_the_minimiser_whatever_the_start(C):
+    """Well separated classes, where few samples are active at the minimiser: a Newton step from a few active
+    samples overshoots, and backtracking to a sufficient decrease once crawled to max_iter far from the minimiser
+    (objective 1,493 against scikit-learn's 0.256), and a child warm-started at its parent's solution stopped at once
+    under a stopping rule relative to |grad f(0)| (a large C makes that large), its new player's weights left at 0.
+    Every coalition, solved along the lattice, must converge, have a Newton step (plain formulas) within the stopping
+    rule, equal the same coalition solved alone (no warm start) within 1e-7 of the weights' norm, and reach
+    scikit-learn's objective (LinearSVC, tol 1e-10) or lower (on every coalition at C = 1e6; at C = 1000, where
+    scikit-learn takes a second per fit, on the four largest)."""
+    from sklearn.svm import LinearSVC
+
+    from interp.analyses.batched_svc import svc_weights
+
+    n, e = (5, 8) if C == 1000.0 else (4, 2)
+    x, y = _blobs(2000 if C == 1000.0 else 100, n, e, 6.0, 0)
+    W, iters = svc_weights(x, y, torch.arange(1 << n), C=C)
+    assert int(iters.max()) <= 100
+    s = (2 * y - 1).double()
+    for mask in range(1, 1 << n):
+        size = max(1.0, float(W[mask].norm()))
+        assert float(_newton_step(x, y, W[mask], mask, C).norm()) <= 1.01e-9 * size, mask
+        alone, _ = svc_weights(x, y, torch.tensor([mask]), C=C)
+        assert float((alone[0] - W[mask]).norm()) <= 1e-7 * size, mask
+        if C == 1000.0 and mask % 8 != 7:
+            continue
+        cols = [i * e + j for i in range(n) if mask >> i & 1 for j in range(e)]
+        X = x.reshape(len(x), -1)[:, cols]
+        clf = LinearSVC(C=C, dual=False, tol=1e-10, max_iter=100000).fit(X.numpy(), y.numpy())
+
+        def f(w, b, X=X):
+            return 0.5 * (w @ w + b * b) + C * float(((1 - s * (X @ w + b)).clamp_min(0) ** 2).sum())
+
+        ours = f(W[mask, 1:][cols], float(W[mask, 0]))
+        theirs = f(torch.as_tensor(clf.coef_[0]), float(clf.intercept_[0]))
+        assert ours <= theirs * (1 + 1e-9), (mask, ours, theirs)
+
+
+def test_batched_svc_refuses_bad_input_and_warns_when_it_stops_short():
+    """What gave silent numbers: NaN features, bitmasks outside the players, C <= 0, mismatched shapes; and fits
+    stopped at max_iter are reported (a RuntimeWarning), not passed off as minimisers."""
+    from interp.analyses.batched_svc import _checked, svc_test_accuracy, svc_weights
+
+    x, y = _blobs(300, 3, 2, 1.0, 1)
+    xt, yt = _blobs(100, 3, 2, 1.0, 2)
+    idx = torch.arange(8)
+    bad_x = x.clone()
+    bad_x[3, 1, 0] = float("nan")
+    cases = [
+        ((bad_x, y, xt, yt, idx), {}, "x_tr holds NaN or infinite values"),
+        ((x, y, xt.clone().fill_(float("inf")), yt, idx), {}, "x_te holds NaN or infinite values"),
+        ((x, y, xt, yt, torch.tensor([8])), {}, "bitmasks outside 0 .. 2^3 - 1"),
+        ((x, y, xt, yt, torch.tensor([-1])), {}, "bitmasks outside 0 .. 2^3 - 1"),
+        ((x, y, xt, yt, idx), {"C": 0.0}, "C and tol must be positive"),
+        ((x, y[:-1], xt, yt, idx), {}, "y_tr must hold one label per train sample (300)"),
+        ((x, y, xt[:, :2], yt, idx), {}, "x_te must be [test, 3, 2]"),
+        ((x, y, xt, yt[:-1], idx), {}, "y_te must hold one label per test sample (100)"),
+        ((x[:, 0], y, xt, yt, idx), {}, "x_tr must be [sample, player, d_head]"),
+    ]
+    for (x_tr, y_tr, x_te, y_te, index), kw, message in cases:
+        with pytest.raises(InterpError, match=re.escape(message)):  # what every call checks first
+            _checked(x_tr, y_tr, index, kw.get("C", 1000.0), 1e-9, 100, x_te, y_te)
+    for (x_tr, y_tr, x_te, y_te, index), kw, message in cases[:5]:  # the shapes the signature's own check passes
+        with pytest.raises(InterpError, match=re.escape(message)):
+            svc_test_accuracy(x_tr, y_tr, x_te, y_te, index, **kw)
+    with pytest.raises(InterpError, match="x_tr holds NaN"):
+        svc_weights(bad_x, y, idx)
+    with pytest.raises(InterpError, match="integer bitmasks"):  # (the signature's check refuses it first in tests)
+        _checked(x, y, torch.tensor([3.0]), 1000.0, 1e-9, 100)
+    with pytest.warns(RuntimeWarning, match=r"did not converge in max_iter=1 Newton steps"):
+        svc_test_accuracy(x, y, xt, yt, idx, max_iter=1)
