@@ -197,10 +197,7 @@ class LatticeSolver:
             small = self._converged(g, wl)
             done = small | (it >= budget[live])
             if done.any():
-                iters[live[done]] = it
-                conv[live[small]] = True
-                keep = ~done
-                live, Xl, yl, wl, s, viol, g = (t[keep] for t in (live, Xl, yl, wl, s, viol, g))
+                live, Xl, yl, wl, s, viol, g = _retire(it, done, small, iters, conv, live, Xl, yl, wl, s, viol, g)
                 if len(live) == 0:
                     break
             act = (viol > 0).to(w.dtype)
@@ -208,10 +205,7 @@ class LatticeSolver:
             d = -torch.cholesky_solve(g[:, :, None], torch.linalg.cholesky_ex(H)[0])[..., 0]
             tiny = self._converged(d, wl)  # the step itself is negligible (the gradient at its rounding floor)
             if tiny.any():
-                iters[live[tiny]] = it
-                conv[live[tiny]] = True
-                keep = ~tiny
-                live, Xl, yl, wl, s, viol, g, d = (t[keep] for t in (live, Xl, yl, wl, s, viol, g, d))
+                live, Xl, yl, wl, s, viol, g, d = _retire(it, tiny, tiny, iters, conv, live, Xl, yl, wl, s, viol, g, d)
                 if len(live) == 0:
                     break
             Xd = torch.bmm(d[:, None], Xl.transpose(1, 2))[:, 0]
@@ -247,10 +241,7 @@ class LatticeSolver:
             small = self._converged(g, wl)
             done = small | (it >= budget[live])
             if done.any():
-                iters[live[done]] = it
-                conv[live[small]] = True
-                keep = ~done
-                live, wl, s, viol, g = (t[keep] for t in (live, wl, s, viol, g))
+                live, wl, s, viol, g = _retire(it, done, small, iters, conv, live, wl, s, viol, g)
                 if len(live) == 0:
                     break
             act = (viol > 0).to(w.dtype)
@@ -261,10 +252,7 @@ class LatticeSolver:
             d = -torch.cholesky_solve(g[:, :, None], torch.linalg.cholesky_ex(H)[0])[..., 0]
             tiny = self._converged(d, wl)
             if tiny.any():
-                iters[live[tiny]] = it
-                conv[live[tiny]] = True
-                keep = ~tiny
-                live, wl, s, viol, g, d = (t[keep] for t in (live, wl, s, viol, g, d))
+                live, wl, s, viol, g, d = _retire(it, tiny, tiny, iters, conv, live, wl, s, viol, g, d)
                 if len(live) == 0:
                     break
             w[live] = self._line_search(wl, y.expand_as(s), s, viol, g, d, d @ X.T)
@@ -361,6 +349,15 @@ def _solve_lattice(
     if bar is not None:
         bar.close()
     return index, W, iters
+
+
+def _retire(it: int, done: Tensor, converged: Tensor, iters: Tensor, conv: Tensor, live: Tensor, *rows: Tensor):
+    """Finish the live problems ``done`` after ``it`` Newton steps (``converged``: those that met the stopping rule)
+    and return the others' indices and rows of ``rows``."""
+    iters[live[done]] = it
+    conv[live[converged]] = True
+    keep = ~done
+    return (live[keep], *(t[keep] for t in rows))
 
 
 def _ws_size(violators: Tensor, low: int, high: int) -> Tensor:

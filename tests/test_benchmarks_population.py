@@ -23,15 +23,20 @@ ROOT = Path(__file__).resolve().parents[1]
     ],
 )
 def test_bad_counts_are_a_usage_error_before_any_training(argv, message):
+    _assert_usage_error("population.py", argv, message)
+
+
+def _assert_usage_error(script: str, argv: list[str], message: str) -> None:
+    """``benchmarks/<script> argv`` exits 2 with argparse's one line naming ``message``, no traceback, no output."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "population.py"), *argv],
+        [sys.executable, str(ROOT / "benchmarks" / script), *argv],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
     )
     assert done.returncode == 2, done.stderr
-    assert f"population.py: error: {message}" in done.stderr
+    assert f"{script}: error: {message}" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
@@ -69,20 +74,10 @@ def test_the_torch_masks_floor_counts_the_solo_runs_draws():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--before", "."], "argument --rounds: expected a positive integer, got 0"),
+        (["--before", ".", "--rounds", "0"], "argument --rounds: expected a positive integer, got 0"),
         (["--before", "no/such/checkout"], "argument --before: no analyses/batched_svc.py in no/such/checkout"),
     ],
 )
 def test_the_svc_ab_refuses_bad_arguments_before_any_work(argv, message):
     """benchmarks/batched_svc_step.py: the same usage errors, before it loads a model or fits a separator."""
-    extra = ["--rounds", "0"] if "rounds" in message else []
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "batched_svc_step.py"), *argv, *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert done.returncode == 2, done.stderr
-    assert f"batched_svc_step.py: error: {message}" in done.stderr
-    assert "Traceback" not in done.stderr and done.stdout == ""
+    _assert_usage_error("batched_svc_step.py", argv, message)
