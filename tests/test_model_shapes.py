@@ -362,3 +362,34 @@ def test_clock_pizza_diagnostics_on_every_shape(shape):
 
     within = sum(std([correct[a][(a - d) % 5] for a in range(5)]) for d in range(5)) / 5
     assert res.distance_irrelevance == pytest.approx(within / std([v for row in correct for v in row]), abs=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["1-head", "64-heads", "2-layers", "2-layers-mlp"])
+def test_separation_values_on_every_shape_equal_scikit_learn(shape, tmp_path):
+    """The batched exact SVC (analyses.batched_svc) behind value="separation", on each shape trained one epoch (so
+    the 64-head model's W_O is trained): every coalition's separation accuracy within one test sequence of one
+    scikit-learn LinearSVC per coalition (which stops at its tolerance 1e-4), and the exact Shapley values efficient.
+    64 heads are too many for all 2^64 coalitions: there the players are 5 of them, the others ablated."""
+    from interp.analyses.coalitions import coalition_evaluator
+    from interp.analyses.shapley import shapley_values
+    from interp.tasks import load_checkpoint
+    from interp.training import TrainConfig, train
+
+    task = small_task("noisy-majority")
+    extra = dict(attn_only=False, d_mlp=16) if shape == "2-layers-mlp" else {}
+    spec = ModelSpec(**{**task.default_spec(), **SHAPES[shape.removesuffix("-mlp")], **extra, "init_seed": 0})
+    out = tmp_path / "m.safetensors"
+    train(task, spec, TrainConfig(epochs=1, batch_size=64, lr=1e-2, warmup_steps=5), out, device="cpu", progress=False)
+    model = load_checkpoint(out, device="cpu").model
+    train_data, test = task.dataset("train"), task.dataset("test")
+    n = model.cfg.n_layers * model.cfg.n_heads
+    heads = [(0, h) for h in (0, 9, 21, 42, 63)] if n > 16 else None
+    players = 5 if heads else n
+    idx = torch.arange(1 << players)
+    kw = dict(value="separation", train=train_data, heads=heads)
+    fast = coalition_evaluator(model, test, solver="torch", **kw)(idx)
+    ref = coalition_evaluator(model, test, solver="sklearn", **kw)(idx)
+    assert float(((fast - ref).abs() * len(test)).max()) <= 1 + 1e-9
+    res = shapley_values(model, test, method="exact", **kw)
+    assert len(res.names) == players
+    assert float(res.shapley.sum()) == pytest.approx(res.v_all - res.v_empty, abs=1e-9)
