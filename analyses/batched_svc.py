@@ -88,6 +88,7 @@ class LatticeSolver:
         self.D = self.X.shape[1]
         self.y = y.to(x.dtype)
         self._outer: Tensor | None = None  # [N, D (D + 1) / 2]: each sample's x_j x_k, j <= k (built when needed)
+        self._pairs = torch.triu_indices(self.D, self.D)  # its (j, k)
 
     def column_mask(self, masks: Int[Tensor, " problem"]) -> Float[Tensor, "problem D"]:
         bits = ((masks[:, None] >> torch.arange(self.n)) & 1).to(self.X.dtype)
@@ -222,11 +223,9 @@ class LatticeSolver:
         Newton was two thirds of the 2^16 fits' time when each problem gathered its own ``[N, p]`` columns."""
         C, X, y = self.C, self.X, self.y
         B, D = w.shape
-        if self._outer is None:
-            j, k = torch.triu_indices(D, D)
-            self._pairs = (j, k)
-            self._outer = (X[:, j] * X[:, k]).contiguous()
         j, k = self._pairs
+        if self._outer is None:
+            self._outer = (X[:, j] * X[:, k]).contiguous()
         pair_mask = cm[:, j] * cm[:, k]  # [B, P]: pairs of the problem's own columns
         w = w.clone()
         iters = torch.zeros(B, dtype=torch.long)

@@ -593,11 +593,7 @@ def _separation_evaluator(
     te = as_cache(model, test, attention=False, batch_size=batch_size)
     if tr.task != te.task:
         raise InterpError(f"train data is of task {tr.task!r} but test data of task {te.task!r}")
-    x_tr = torch.stack([tr.z[:, l, h] for l, h in players], 1).double().cpu()  # [N, n, e]
-    x_te = torch.stack([te.z[:, l, h] for l, h in players], 1).double().cpu()
-    mean = x_tr.mean(0, keepdim=True)  # centred at the train mean, as analyses.separation_accuracies does by default
-    x_tr, x_te = x_tr - mean, x_te - mean
-    y_tr, y_te = tr.labels.cpu(), te.labels.cpu()
+    x_tr, y_tr, x_te, y_te = separation_features(tr, te, players)
     if not (torch.isfinite(x_tr).all() and torch.isfinite(x_te).all()):
         raise InterpError("the head outputs hold NaN or infinite values; a separator needs finite features")
     if len(torch.unique(y_tr)) < 2:
@@ -621,6 +617,16 @@ def _separation_evaluator(
             return svc_test_accuracy(x_tr, y_tr, x_te, y_te, index, C=C, progress=progress)
 
     return CoalitionValue(fn, players, "separation", None, len(te), info)
+
+
+def separation_features(tr, te, players) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The separators' data from two answer caches: each player's (layer, head) output at the answer position,
+    ``[sample, player, d_head]`` in float64 on the CPU, centred at the train mean (as
+    analyses.separation_accuracies does by default), and the labels: ``(x_tr, y_tr, x_te, y_te)``."""
+    x_tr = torch.stack([tr.z[:, l, h] for l, h in players], 1).double().cpu()
+    x_te = torch.stack([te.z[:, l, h] for l, h in players], 1).double().cpu()
+    mean = x_tr.mean(0, keepdim=True)
+    return x_tr - mean, tr.labels.cpu(), x_te - mean, te.labels.cpu()
 
 
 def columns(mask: int, n: int, e: int) -> list[int]:

@@ -39,9 +39,8 @@ def _other_solver(path: Path):
 
 def _features(checkpoint: str):
     """The coalition features of ``checkpoint``'s heads, as ``analyses.coalitions`` builds them for separation."""
-    import torch
-
     from interp.analyses.answer_cache import cache_answer
+    from interp.analyses.coalitions import separation_features
     from interp.tasks import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint, device="cpu")
@@ -49,10 +48,7 @@ def _features(checkpoint: str):
     tr = cache_answer(model, task.dataset("train"), attention=False)
     te = cache_answer(model, task.dataset("test"), attention=False)
     heads = [(layer, h) for layer in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    x_tr = torch.stack([tr.z[:, layer, h] for layer, h in heads], 1).double()
-    x_te = torch.stack([te.z[:, layer, h] for layer, h in heads], 1).double()
-    mean = x_tr.mean(0, keepdim=True)
-    return x_tr - mean, tr.labels, x_te - mean, te.labels
+    return separation_features(tr, te, heads)
 
 
 def main() -> None:
