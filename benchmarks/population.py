@@ -41,8 +41,9 @@ least arithmetic its forward needs, at the sentences' own lengths, times 3 for t
 multiply-add; the script's ``floor_flops`` says what is counted) and divided by the rate one core reaches on a
 1024 x 1024 x 1024 single-precision product, measured in the same run. Torch-masked configurations also print
 their masks' floor: the draws each model takes from its own generator per epoch (``torch_mask_draws``, the same as
-its solo run's) times one draw's CPU time (``bernoulli_``, measured in the same run), which no batching removes
-while each model has to equal its solo run. Each rate is printed as the median and the
+its solo run's) times one draw's CPU time (the cheaper of ``bernoulli_`` and its C replay,
+``interp.generator_replay``, both measured in the same run), which no batching removes while each model has to
+equal its solo run. Each rate is printed as the median and the
 range (min-max) over ``--repeats`` repeats, in wall seconds and in the worker's CPU seconds (user + system), which
 other work on a shared machine disturbs less; the ratios are of CPU seconds.
 """
@@ -285,20 +286,37 @@ def torch_mask_draws(config: str) -> int:
     return draws
 
 
-def _draw_seconds() -> float:
-    """CPU seconds per dropout draw of one thread: ``bernoulli_(0.9, generator=g)`` into a ``[128, 2, 32]`` tensor
-    (one step's attention-output mask of one d = 32 model), best of 5 runs of 200 calls."""
+def _draw_seconds() -> dict[str, float]:
+    """CPU seconds per dropout draw of one thread, each way a model's masks can equal its solo run's: torch's
+    ``bernoulli_(0.9, generator=g)`` into a ``[128, 2, 32]`` tensor (one step's attention-output mask of one d = 32
+    model; best of 5 runs of 200 calls), and the C replay of the same draws for 100 generators at once
+    (``interp.generator_replay.DropoutGenerators.masks``, one step of a population of 100; best of 5 runs of 20
+    calls; absent where the replay is not used here), which is checked equal to ``bernoulli_``'s draws first."""
     import torch
+
+    from interp.generator_replay import DropoutGenerators, replay_status
 
     torch.set_num_threads(1)
     g, x = torch.Generator().manual_seed(0), torch.empty(128, 2, 32)
-    best = float("inf")
+    rates = {"bernoulli_": float("inf")}
     for _ in range(5):
         t = time.process_time()
         for _ in range(200):
             x.bernoulli_(0.9, generator=g)
-        best = min(best, (time.process_time() - t) / (200 * x.numel()))
-    return best
+        rates["bernoulli_"] = min(rates["bernoulli_"], (time.process_time() - t) / (200 * x.numel()))
+    if replay_status() == "replay":
+        gens = [torch.Generator().manual_seed(i) for i in range(100)]
+        bank = DropoutGenerators([torch.Generator().manual_seed(i) for i in range(100)])
+        want = torch.stack([torch.empty(128, 2, 32).bernoulli_(0.9, generator=h).div_(0.9) for h in gens])
+        if not torch.equal(bank.masks((128, 2, 32), 0.1), want):
+            raise SystemExit("the C replay's masks differ from bernoulli_'s")
+        rates["replay"] = float("inf")
+        for _ in range(5):
+            t = time.process_time()
+            for _ in range(20):
+                bank.masks((128, 2, 32), 0.1)
+            rates["replay"] = min(rates["replay"], (time.process_time() - t) / (20 * 100 * x.numel()))
+    return rates
 
 
 def _peak_flops() -> float:
@@ -398,10 +416,12 @@ def main() -> None:
         if not (Path(args.before) / "interp" / "population.py").is_file():
             parser.error(f"--before {args.before}: not a checkout of this repository (no interp/population.py)")
         sides = ["ours", "before"] + [s for s in sides if s != "ours"]
-    peak, draw = _peak_flops(), _draw_seconds()
+    peak, draws_s = _peak_flops(), _draw_seconds()
+    draw = min(draws_s.values())  # the masks' floor: the cheapest draw that equals the solo run's
     print(
-        f"one thread, 1024^3 sgemm: {peak / 1e9:.1f} GFLOP/s (the floors' rate); one dropout draw (bernoulli_): "
-        f"{draw * 1e9:.2f} ns; load average {os.getloadavg()}"
+        f"one thread, 1024^3 sgemm: {peak / 1e9:.1f} GFLOP/s (the floors' rate); one dropout draw: "
+        + ", ".join(f"{k} {v * 1e9:.2f} ns" for k, v in draws_s.items())
+        + f"; load average {os.getloadavg()}"
     )
     results: dict[str, dict[str, dict[str, list[float]]]] = {}
     for r in range(args.repeats):
@@ -431,7 +451,7 @@ def main() -> None:
         print(f"{c:18s} {'floor':10s} {'':>26s} {floor:26.5f} ({floor_flops(c) / 1e6:.0f} MFLOP)")
         draws = torch_mask_draws(c)
         if draws:  # what no batching removes while each model equals its solo run
-            print(f"{c:18s} {'masks':10s} {'':>26s} {draws * draw:26.5f} ({draws / 1e6:.2f} M torch draws)")
+            print(f"{c:18s} {'masks':10s} {'':>26s} {draws * draw:26.5f} ({draws / 1e6:.2f} M generator draws)")
         for s, rates in by_side.items():
             cpu = statistics.median(rates["cpu"])
             print(
@@ -440,7 +460,9 @@ def main() -> None:
                 f"{(before / cpu if before else float('nan')):9.2f}"
             )
     if args.json:
-        Path(args.json).write_text(json.dumps({"peak_flops": peak, "draw_seconds": draw, "results": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"peak_flops": peak, "draw_seconds": draws_s, "results": results}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ torch-generator masks of the default.
 
 With ``dropout_rng="torch"`` (the default) a solo run's masks come from torch's generator in the order its forward
 applies dropout, and a population reproduces them by drawing each model's masks, of its solo run's shapes, from a
-generator in its solo run's state: one call per model and mask, ~6 ns a number on the CPU.
+generator in its solo run's state: ``bernoulli_`` draws ~7-14 ns a number on this project's CPUs, the C replay of
+:mod:`interp.generator_replay` the same numbers ~5x faster (both measured by ``benchmarks/population.py``).
 
 With ``dropout_rng="counter"`` a mask entry is a function of where it is: the run's seed, the epoch, the site
 (embedding, attention output, attention pattern), the sentence (its index in the training split), the position in
@@ -18,6 +19,7 @@ with no generator state to carry.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -26,12 +28,14 @@ from torch import Tensor
 
 from .compiled import compiled_or_plain
 from .errors import ConfigError
+from .generator_replay import DropoutGenerators
 
 SITES = {"embedding": 1, "attention": 2, "pattern": 3}
 M32 = 0xFFFFFFFF
 OFFSET = 4096  # added to positions in a sentence (pads are negative) before they enter the hash
 MAX_UNITS = 1024  # residual dimensions a position mask can index
 MAX_HEADS = 64
+REPLAY_MIN = 4096  # numbers in a generator mask from which the C replay draws it
 
 
 # The hash helpers below carry plain ``Tensor`` annotations: compiled steps (torch.compile) call them, and a runtime
@@ -104,5 +108,12 @@ def pattern_mask(
 
 def generator_mask(shape: Sequence[int], p: float, gen: torch.Generator | None = None) -> Float[Tensor, ...]:
     """What ``F.dropout(x, p)`` multiplies ``x`` by on the CPU, ``bernoulli(1 - p) / (1 - p)``, drawn from ``gen``
-    (torch's default generator when None) as it would draw it."""
-    return torch.empty(tuple(shape)).bernoulli_(1 - p, generator=gen).div_(1 - p)
+    (torch's default generator when None) as it would draw it: by the C replay of
+    :mod:`interp.generator_replay` from ``REPLAY_MIN`` numbers on (below, reading and writing the generator's state
+    costs about what the draws do), by ``bernoulli_`` below it."""
+    if math.prod(shape) < REPLAY_MIN:
+        return torch.empty(tuple(shape)).bernoulli_(1 - p, generator=gen).div_(1 - p)
+    one = DropoutGenerators([gen if gen is not None else torch.default_generator])
+    mask = one.masks(shape, p)[0]
+    one.generators()  # the generator's state written back
+    return mask

@@ -52,6 +52,7 @@ from .dropout_masks import position_mask, row_keys, run_keys
 from .errors import ConfigError
 from .evaluation import target_positions
 from .files import AtomicFile
+from .generator_replay import DropoutGenerators
 from .halving import HEAD_PARAMS, Halving, Scorer
 from .initialisation import initialise
 from .loading import save_checkpoint
@@ -754,13 +755,14 @@ class _Population:
     def __init__(self, task: Task, specs, cfgs, device: str, head_scorer: Scorer | None, compile: bool = False):
         self.task, self.specs, self.cfgs, self.device, self.head_scorer = task, specs, cfgs, device, head_scorer
         self.cfg, self.K = cfgs[0], len(specs)
-        self.models, self.drop_gens = [], []
+        self.models, drop_gens = [], []
         for spec, cfg in zip(specs, cfgs):
             torch.manual_seed(cfg.seed)  # as train() does; build_model then seeds by spec.init_seed
             self.models.append(build_model(spec, device=device))
             g = torch.Generator()
             g.set_state(torch.get_rng_state())  # the state the solo run's dropout draws from
-            self.drop_gens.append(g)
+            drop_gens.append(g)
+        self.dropout = DropoutGenerators(drop_gens)  # each model's masks drawn at once, as its generator draws them
         if not supports_query_forward(self.models[0]):
             raise ConfigError("batched training needs a model the exact query-restricted forward covers")
         for spec, cfg, model in zip(specs, cfgs, self.models):  # the recipe's initialisation (the global RNG untouched)
@@ -841,10 +843,8 @@ class _Population:
             rows = row_keys(run_keys([c.seed for c in self.cfgs], self.epoch, "attention").to(idx.device), idx)
             out_mask = position_mask(rows, self.train_qpos[idx], d, p)
         elif p:
-            out_mask = torch.empty(self.K, idx.shape[1], qidx.shape[-1], d)
-            for m, g in enumerate(self.drop_gens):  # each model's own draws; the scale in one pass below
-                out_mask[m].bernoulli_(1 - p, generator=g)
-            out_mask = out_mask.div_(1 - p).to(self.device)  # what F.dropout multiplies by on the CPU
+            # each model's own draws, what F.dropout multiplies by on the CPU
+            out_mask = self.dropout.masks((idx.shape[1], qidx.shape[-1], d), p).to(self.device)
         targets = self.train_targets.index_select(0, idx.flatten()).view(*idx.shape, -1)
         P = self.forward_params(self.P)
         args = (P, qidx, cnt, counted.queries, counted.present, self.attn_scale, out_mask, targets, self.norm)
@@ -875,7 +875,7 @@ class _Population:
             self.attn_scale,
             self.norm,
             self.identity_w_o,
-            generators=self.drop_gens,
+            generators=self.dropout.generators(),
             seeds=[c.seed for c in self.cfgs],
             epoch=self.epoch,
             sentences=idx,
@@ -981,7 +981,7 @@ class _Population:
             **{f"adam.exp_avg.{n}": v for n, v in self.opt.exp_avg.items()},
             **{f"adam.exp_avg_sq.{n}": v for n, v in self.opt.exp_avg_sq.items()},
             "rng.data": torch.stack([g.get_state() for g in self.data_gens]),
-            "rng.dropout": torch.stack([g.get_state() for g in self.drop_gens]),
+            "rng.dropout": self.dropout.states(),
         }
         if self.head_on is not None:
             tensors["head_on"] = self.head_on
@@ -1001,9 +1001,9 @@ class _Population:
             for n in self.opt.params:
                 self.opt.exp_avg[n].copy_(t[f"adam.exp_avg.{n}"])
                 self.opt.exp_avg_sq[n].copy_(t[f"adam.exp_avg_sq.{n}"])
-        for gens, key in ((self.data_gens, "rng.data"), (self.drop_gens, "rng.dropout")):
-            for g, st in zip(gens, t[key]):
-                g.set_state(st.clone())
+        for g, st in zip(self.data_gens, t["rng.data"]):
+            g.set_state(st.clone())
+        self.dropout.load(t["rng.dropout"])
         self.opt.t, self.step, self.epoch = progress["adam_t"], progress["step"], progress["epoch"]
         self.records = [_record_from_dict(r, c) for r, c in zip(progress["records"], self.cfgs)]
         if self.head_on is not None:
