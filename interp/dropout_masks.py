@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .compiled import compiled_or_plain
 from .errors import ConfigError
-from .generator_replay import DropoutGenerators
+from .generator_replay import checked_shape, mask_from
 
 SITES = {"embedding": 1, "attention": 2, "pattern": 3}
 M32 = 0xFFFFFFFF
@@ -106,14 +106,11 @@ def pattern_mask(
     return _mask(rows[:, :, None, None, None] + idx, p)
 
 
-def generator_mask(shape: Sequence[int], p: float, gen: torch.Generator | None = None) -> Float[Tensor, ...]:
-    """What ``F.dropout(x, p)`` multiplies ``x`` by on the CPU, ``bernoulli(1 - p) / (1 - p)``, drawn from ``gen``
-    (torch's default generator when None) as it would draw it: by the C replay of
-    :mod:`interp.generator_replay` from ``REPLAY_MIN`` numbers on (below, reading and writing the generator's state
-    costs about what the draws do), by ``bernoulli_`` below it."""
-    if math.prod(shape) < REPLAY_MIN:
-        return torch.empty(tuple(shape)).bernoulli_(1 - p, generator=gen).div_(1 - p)
-    one = DropoutGenerators([gen if gen is not None else torch.default_generator])
-    mask = one.masks(shape, p)[0]
-    one.generators()  # the generator's state written back
-    return mask
+def generator_mask(shape: Sequence[int], p: float | Tensor, gen: torch.Generator | None = None) -> Float[Tensor, ...]:
+    """What ``F.dropout(x, p)`` multiplies ``x`` by on the CPU, ``bernoulli(1 - p) / (1 - p)`` (ones for p = 0 and
+    zeros for p = 1, with no draw, as ``F.dropout`` draws none), drawn from ``gen`` (torch's default generator when
+    None) as it would draw it: by the C replay of :mod:`interp.generator_replay` from ``REPLAY_MIN`` numbers on
+    (below, reading and writing the generator's state costs about what the draws do), by ``bernoulli_`` below it."""
+    shape = checked_shape(shape)
+    gen = gen if gen is not None else torch.default_generator
+    return mask_from(gen, shape, p, replay=math.prod(shape) >= REPLAY_MIN)

@@ -22,13 +22,13 @@ with ``bernoulli_`` (masks and final states, fresh and part-used generators, mas
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import math
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -126,31 +126,41 @@ void replay_bernoulli(int64_t K, int64_t n, uint8_t *states, int64_t stride, uin
 #endif
 """
 _COMPILERS = ("cc", "gcc", "clang", "g++", "c++", "clang++")
+_LOCK = threading.RLock()  # a replay reads, advances and writes back generator states: one at a time
 
 
 def _build() -> ctypes.CDLL:
     """The compiled C function, built once per process in a private temporary folder (~0.2 s; for this machine's
-    instruction set, so nothing built is ever shared with another machine)."""
-    compiler = next((c for c in _COMPILERS if shutil.which(c)), None)
-    if compiler is None:
+    instruction set, so nothing built is shared with another machine). The library is loaded, then its folder is
+    removed at once (the loaded code stays mapped), so no process leaves it behind. Each compiler on the PATH is
+    tried in turn; the error names each one's last complaint."""
+    found = [c for c in _COMPILERS if shutil.which(c)]
+    if not found:
         raise OSError("no C compiler on the PATH (looked for " + ", ".join(_COMPILERS) + ")")
-    folder = Path(tempfile.mkdtemp(prefix="interp-replay-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    src = folder / ("replay.cpp" if "++" in compiler else "replay.c")
-    src.write_text(_SOURCE)
-    lib = folder / "replay.so"
-    for flags in (["-O3", "-march=native"], ["-O3"]):
-        try:
-            subprocess.run(
-                [compiler, *flags, "-shared", "-fPIC", "-o", str(lib), str(src)],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-            return ctypes.CDLL(str(lib))
-        except (OSError, subprocess.SubprocessError):
-            continue
-    raise OSError(f"could not build the C replay with {compiler}")
+    complaints = []
+    for compiler in found:
+        for flags in (["-O3", "-march=native"], ["-O3"]):
+            folder = tempfile.mkdtemp(prefix="interp-replay-")
+            try:
+                src = Path(folder) / ("replay.cpp" if "++" in compiler else "replay.c")
+                src.write_text(_SOURCE)
+                lib = Path(folder) / "replay.so"
+                done = subprocess.run(
+                    [compiler, *flags, "-shared", "-fPIC", "-o", str(lib), str(src)],
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                if done.returncode == 0:
+                    return ctypes.CDLL(str(lib))
+                last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                complaints.append(f"{compiler} {' '.join(flags)}: {last}")
+            except (OSError, subprocess.SubprocessError) as e:
+                complaints.append(f"{compiler} {' '.join(flags)}: {e}")
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    raise OSError("could not build the C replay (" + "; ".join(complaints) + ")")
 
 
 def _threshold(p: float) -> int:
@@ -161,20 +171,23 @@ def _threshold(p: float) -> int:
 
 def _kept(p: float) -> float:
     """A kept number's multiplier, ``1 / (1 - p)`` as float32 ``div_`` computes it."""
-    return float(torch.ones(()).div_(1 - p))
+    return float(torch.ones((), dtype=torch.float32, device="cpu").div_(1 - p))
 
 
 def _replay(states: Tensor, n: int, p: float) -> Float[Tensor, "K n"]:
-    out = torch.empty(states.shape[0], n)
-    _library().replay_bernoulli(
-        ctypes.c_int64(states.shape[0]),
-        ctypes.c_int64(n),
-        ctypes.c_void_p(states.data_ptr()),
-        ctypes.c_int64(states.stride(0)),
-        ctypes.c_uint64(_threshold(p)),
-        ctypes.c_float(_kept(p)),
-        ctypes.c_void_p(out.data_ptr()),
-    )
+    """Replays ``n`` draws of each generator whose state bytes are a row of ``states`` (advanced in place); float32
+    on the CPU, whatever torch's defaults."""
+    out = torch.empty(states.shape[0], n, dtype=torch.float32, device="cpu")
+    if n and states.shape[0]:
+        _library().replay_bernoulli(
+            ctypes.c_int64(states.shape[0]),
+            ctypes.c_int64(n),
+            ctypes.c_void_p(states.data_ptr()),
+            ctypes.c_int64(states.stride(0)),
+            ctypes.c_uint64(_threshold(p)),
+            ctypes.c_float(_kept(p)),
+            ctypes.c_void_p(out.data_ptr()),
+        )
     return out
 
 
@@ -195,9 +208,9 @@ def replay_status() -> str:
         return f"bernoulli_: {e}"
     for seed, used, n, p in ((0, 0, 5, 0.1), (1, 37, 1000, 0.5), (2, 623, 2000, 1 / 3), (3, 1247, 625, 0.9)):
         g = torch.Generator().manual_seed(seed)
-        torch.empty(used).bernoulli_(0.5, generator=g)  # a part-used generator (mid-block, at a block's end)
+        torch.empty(used, dtype=torch.float32, device="cpu").bernoulli_(0.5, generator=g)  # part-used
         states = torch.stack([g.get_state()])
-        want = torch.empty(n).bernoulli_(1 - p, generator=g).div_(1 - p)
+        want = torch.empty(n, dtype=torch.float32, device="cpu").bernoulli_(1 - p, generator=g).div_(1 - p)
         if states.shape[1] != _STATE_BYTES:
             return f"bernoulli_: torch's generator state has {states.shape[1]} bytes, the replay reads {_STATE_BYTES}"
         got = _replay(states, n, p)[0]
@@ -206,13 +219,38 @@ def replay_status() -> str:
     return "replay"
 
 
+def checked_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` as a tuple of sizes, each a non-negative integer, else a ValueError naming it."""
+    try:
+        sizes = tuple(int(s) for s in shape)
+        if any(s < 0 or s != float(x) for s, x in zip(sizes, shape)):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"a dropout mask's shape must be sizes >= 0, got {shape!r}") from None
+    return sizes
+
+
+def checked_probability(p) -> float:
+    """``p`` as the double ``F.dropout`` takes (a one-number tensor too), else a ValueError naming it."""
+    try:
+        q = float(p)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"a dropout probability must be a number in [0, 1], got {p!r}") from None
+    if not 0 <= q <= 1:  # NaN fails too
+        raise ValueError(f"a dropout probability must be in [0, 1], got {q!r}")
+    return q
+
+
 class DropoutGenerators:
     """K dropout generators whose masks are drawn all at once (the C replay, where :func:`replay_status` allows)
     or one by one (``bernoulli_``). The states live here between draws; :meth:`generators` writes them back into
-    the torch generators before anything else draws from them."""
+    the torch generators, and must be called before anything else draws from them (a direct draw from a generator
+    given here would otherwise repeat numbers this object has drawn)."""
 
     def __init__(self, generators: Sequence[torch.Generator]):
         self._gens = list(generators)
+        if len({id(g) for g in self._gens}) != len(self._gens):
+            raise ValueError("DropoutGenerators got the same generator twice: give each model its own")
         self._states: Tensor | None = None  # [K, state bytes] while the replay's copy is the newer one
 
     def __len__(self) -> int:
@@ -220,31 +258,69 @@ class DropoutGenerators:
 
     def generators(self) -> list[torch.Generator]:
         """The torch generators, in the state every draw so far has left them in."""
-        if self._states is not None:
-            for g, st in zip(self._gens, self._states):
-                g.set_state(st.clone())  # a row view would crash set_state (torch reads from the storage's start)
-            self._states = None
+        with _LOCK:
+            if self._states is not None:
+                for g, st in zip(self._gens, self._states):
+                    g.set_state(st.clone())  # a row view would crash set_state (it reads from the storage's start)
+                self._states = None
         return self._gens
 
     def states(self) -> Tensor:
         """Each generator's state bytes, ``[K, bytes]`` (what a resume file stores)."""
-        return torch.stack([g.get_state() for g in self.generators()])
+        gens = self.generators()
+        return torch.stack([g.get_state() for g in gens]) if gens else torch.empty(0, _STATE_BYTES, dtype=torch.uint8)
 
     def load(self, states: Tensor) -> None:
-        """Put each generator in a stored state (:meth:`states`)."""
-        self._states = None
-        for g, st in zip(self._gens, states):
-            g.set_state(st.clone())
+        """Put each generator in a stored state (:meth:`states`): all of them, or none where one is refused."""
+        if not isinstance(states, Tensor) or states.dtype != torch.uint8 or states.ndim != 2:
+            raise ValueError(f"generator states must be a [K, bytes] uint8 tensor, got {_describe(states)}")
+        if states.shape[0] != len(self._gens):
+            raise ValueError(f"got {states.shape[0]} generator states for {len(self._gens)} generators")
+        before = [g.get_state() for g in self.generators()]
+        try:
+            for g, st in zip(self._gens, states):
+                g.set_state(st.clone())
+        except RuntimeError as e:
+            for g, st in zip(self._gens, before):
+                g.set_state(st)
+            raise ValueError(f"a generator state was refused, none loaded: {e}") from None
 
-    def masks(self, shape: Sequence[int], p: float) -> Float[Tensor, "K ..."]:
-        """Each generator's dropout multipliers for a tensor of ``shape``: ``[K, *shape]``, row k equal to
-        ``torch.empty(shape).bernoulli_(1 - p, generator=g_k).div_(1 - p)``."""
-        shape, n = tuple(shape), math.prod(shape)
-        if not 0 <= p < 1 or replay_status() != "replay":  # p = 1 (0 / 0 in torch) is left to bernoulli_
-            out = torch.empty(len(self._gens), *shape)
-            for m, g in enumerate(self.generators()):
-                out[m].bernoulli_(1 - p, generator=g)
-            return out.div_(1 - p)
-        if self._states is None:
-            self._states = torch.stack([g.get_state() for g in self._gens])
-        return _replay(self._states, n, p).view(len(self._gens), *shape)
+    def masks(self, shape: Sequence[int], p: float | Tensor, *, replay: bool = True) -> Float[Tensor, "K ..."]:
+        """Each generator's dropout multipliers for a tensor of ``shape``, what ``F.dropout`` multiplies by on the
+        CPU: ``[K, *shape]``, row k equal to ``torch.empty(shape).bernoulli_(1 - p, generator=g_k).div_(1 - p)``
+        for 0 < p < 1; ones (p = 0) or zeros (p = 1) with no draw, as ``F.dropout`` draws none. By the C replay
+        where :func:`replay_status` allows and torch's default dtype is float32 (the replay writes float32), unless
+        ``replay=False``; else by ``bernoulli_``."""
+        shape, p = checked_shape(shape), checked_probability(p)
+        K, n = len(self._gens), math.prod(shape)
+        if p in (0, 1) or n == 0:
+            return torch.full((K, *shape), 1.0 - p, device="cpu")
+        with _LOCK:
+            if not replay or replay_status() != "replay" or torch.get_default_dtype() != torch.float32:
+                out = torch.empty(K, *shape, device="cpu")
+                for m, g in enumerate(self.generators()):
+                    out[m].bernoulli_(1 - p, generator=g)
+                return out.div_(1 - p)
+            if self._states is None:
+                self._states = (
+                    torch.stack([g.get_state() for g in self._gens])
+                    if K
+                    else torch.empty(0, _STATE_BYTES, dtype=torch.uint8)
+                )
+            return _replay(self._states, n, p).view(K, *shape)
+
+
+def mask_from(
+    gen: torch.Generator, shape: Sequence[int], p: float | Tensor, *, replay: bool = True
+) -> Float[Tensor, ...]:
+    """One generator's :meth:`DropoutGenerators.masks`, its state written back before any other thread's replay
+    reads it."""
+    with _LOCK:
+        one = DropoutGenerators([gen])
+        mask = one.masks(shape, p, replay=replay)[0]
+        one.generators()
+    return mask
+
+
+def _describe(x) -> str:
+    return f"a {x.dtype} tensor of shape {list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__

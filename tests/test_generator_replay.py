@@ -2,6 +2,8 @@
 numbers, bit for bit, and the generators left in the same states, whatever their phase, the drop probability and
 the mask's size."""
 
+import threading
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from interp.generator_replay import DropoutGenerators, replay_status
 # words of the generator's current 624-word block used before the draws: fresh, mid-block, the block's last word
 # and first word (a draw's two words then straddle two blocks), several blocks in
 USED_WORDS = (0, 1, 311, 622, 623, 624, 1247, 2000)
-PROBABILITIES = (0.0, 1e-9, 0.1, 1 / 3, 0.5, 0.7, 0.9, 0.999999)
+PROBABILITIES = (1e-12, 1e-9, 0.1, 1 / 3, 0.5, 0.7, 0.9, 0.999999, 1 - 2**-30)
 
 
 def _used(seed: int, words: int) -> torch.Generator:
@@ -83,3 +85,98 @@ def test_generator_mask_equals_dropouts_own_draws(numbers):
         want = torch.nn.functional.dropout(x, 0.25)
         assert torch.equal(mask, want)
         assert torch.equal(after, torch.rand(3))
+
+
+def test_no_draw_where_dropout_draws_none():
+    """p = 0 gives ones and p = 1 zeros, and an empty shape nothing, all without a draw, as ``F.dropout`` does on
+    the CPU (it draws only for 0 < p < 1 and a non-empty input)."""
+    for p, value in ((0, 1.0), (0.0, 1.0), (1, 0.0)):
+        g, h = _used(5, 100), _used(5, 100)
+        bank = DropoutGenerators([g])
+        assert torch.equal(bank.masks((300, 20), p), torch.full((1, 300, 20), value))
+        assert torch.equal(generator_mask((300, 20), p, g), torch.nn.functional.dropout(torch.ones(300, 20), p))
+        assert torch.equal(bank.states()[0], h.get_state())
+    fresh, h = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    assert DropoutGenerators([fresh]).masks((4, 0), 0.3).shape == (1, 4, 0)
+    assert torch.equal(fresh.get_state(), h.get_state())
+
+
+@pytest.mark.parametrize(
+    "shape, p, message",
+    [
+        ((10,), -0.1, "must be in [0, 1], got -0.1"),
+        ((10,), 1.5, "must be in [0, 1], got 1.5"),
+        ((10,), float("nan"), "must be in [0, 1], got nan"),
+        ((-1, -5000), 0.3, "shape must be sizes >= 0, got (-1, -5000)"),
+    ],
+)
+def test_bad_probabilities_and_shapes_are_refused_before_any_draw(shape, p, message):
+    g, h = _used(1, 9), _used(1, 9)
+    for call in (lambda: DropoutGenerators([g]).masks(shape, p), lambda: generator_mask(shape, p, g)):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert message in str(e.value)
+    assert torch.equal(g.get_state(), h.get_state())
+
+
+def test_a_tensor_probability_is_the_double_dropout_takes():
+    """``p`` as a float32 one-number tensor is ``float(p)``, as ``F.dropout`` converts it, on both paths."""
+    p = torch.tensor(0.3)
+    for n in (100, 5000):
+        g, h = _used(2, 3), _used(2, 3)
+        want = torch.empty(n).bernoulli_(1 - float(p), generator=h).div_(1 - float(p))
+        assert torch.equal(generator_mask((n,), p, g), want)
+
+
+def test_float64_default_dtype_falls_back_to_torchs_own_draws():
+    """The replay writes float32: under a float64 default the masks are ``bernoulli_``'s own, in float64."""
+    replay_status()  # computed under float32 first, as a process would
+    g, h = _used(4, 7), _used(4, 7)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = generator_mask((5000,), 0.1, g)
+        want = torch.empty(5000).bernoulli_(0.9, generator=h).div_(0.9)
+    finally:
+        torch.set_default_dtype(old)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+
+
+def test_one_generator_twice_and_bad_states_are_refused():
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="the same generator twice"):
+        DropoutGenerators([g, g])
+    bank = DropoutGenerators([_used(s, s) for s in range(3)])
+    saved = bank.states()
+    with pytest.raises(ValueError, match="got 2 generator states for 3 generators"):
+        bank.load(saved[:2])
+    with pytest.raises(ValueError, match=r"must be a \[K, bytes\] uint8 tensor, got a torch.int64 tensor"):
+        bank.load(saved.long())
+    broken = saved.clone()
+    broken[2] = 0  # torch refuses an all-zero engine state
+    with pytest.raises(ValueError, match="none loaded"):
+        bank.load(broken)
+    assert torch.equal(bank.states(), saved)
+    empty = DropoutGenerators([])
+    assert empty.masks((3, 4), 0.5).shape == (0, 3, 4) and empty.states().shape[0] == 0
+
+
+def test_threads_sharing_a_generator_draw_each_number_once():
+    """Twelve masks from one generator on two threads: twelve different masks, the generator advanced by all of
+    them (bernoulli_ takes the generator's lock; the replay takes its own around read, draw and write-back)."""
+    g = torch.Generator().manual_seed(8)
+    out = []
+
+    def work():
+        for _ in range(6):
+            out.append(generator_mask((20000,), 0.5, g))
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    h = torch.Generator().manual_seed(8)
+    want = [torch.empty(20000).bernoulli_(0.5, generator=h).div_(0.5) for _ in range(12)]
+    assert torch.equal(g.get_state(), h.get_state())
+    assert sorted(m.sum().item() for m in out) == sorted(m.sum().item() for m in want)
