@@ -8,7 +8,8 @@ L2) for all K per training step. Each model gets exactly what :func:`interp.trai
 - its own data order (``torch.randperm`` from a generator seeded by ``cfg_k.seed``, one permutation per epoch),
 - its own dropout masks: the solo run draws them from the global RNG in the state ``build_model`` leaves it in;
   here each model has a generator in that same state and draws masks of the same shapes in the same order
-  (``bernoulli_(1 - p) / (1 - p)``, which is what ``F.dropout`` computes on the CPU),
+  (``bernoulli_(1 - p) / (1 - p)``, which is what ``F.dropout`` computes on the CPU; all models' masks of a step in
+  one call of the C replay of :mod:`interp.generator_replay`, the same numbers),
 - its own learning rate (a ``[K]`` tensor), warmup, AdamW (the same update as ``torch.optim.AdamW``), best-epoch
   selection (higher validation accuracy, ties to lower validation loss), ``keep`` and ``patience``.
 

@@ -180,3 +180,27 @@ def test_threads_sharing_a_generator_draw_each_number_once():
     want = [torch.empty(20000).bernoulli_(0.5, generator=h).div_(0.5) for _ in range(12)]
     assert torch.equal(g.get_state(), h.get_state())
     assert sorted(m.sum().item() for m in out) == sorted(m.sum().item() for m in want)
+
+
+@pytest.mark.parametrize("dropout_at", ["attention", "embedding+attention"])
+def test_a_population_trains_the_same_weights_with_the_replay_as_with_bernoulli(
+    tmp_path, monkeypatch, tiny_task, tiny_spec, tiny_cfg, dropout_at
+):
+    """A population with dropout (the token-count path, and the per-position one with the embedding's masks),
+    trained with the replay and again with the replay switched off: the same weights, bit for bit."""
+    import interp.generator_replay as replay
+    from interp.loading import load_checkpoint
+    from interp.population import seed_population, train_population
+
+    if replay.replay_status() != "replay":
+        pytest.skip(f"the C replay is not used here: {replay.replay_status()}")
+    specs, cfgs = seed_population(tiny_task, tiny_spec, tiny_cfg(epochs=2, dropout=0.3, dropout_at=dropout_at), [0, 4])
+    weights = []
+    for way in ("replay", "bernoulli_"):
+        if way == "bernoulli_":
+            monkeypatch.setattr(replay, "replay_status", lambda: "bernoulli_: switched off by the test")
+        outs = [tmp_path / f"{way}{k}.safetensors" for k in range(2)]
+        train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False)
+        weights.append([load_checkpoint(o, device="cpu").model.state_dict() for o in outs])
+    for a, b in zip(*weights):
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
