@@ -4,7 +4,7 @@ torch-generator masks of the default.
 With ``dropout_rng="torch"`` (the default) a solo run's masks come from torch's generator in the order its forward
 applies dropout, and a population reproduces them by drawing each model's masks, of its solo run's shapes, from a
 generator in its solo run's state: ``bernoulli_`` draws ~7-14 ns a number on this project's CPUs, the C replay of
-:mod:`interp.generator_replay` the same numbers ~5x faster (both measured by ``benchmarks/population.py``).
+:mod:`interp.generator_replay` the same numbers ~7x faster (both measured by ``benchmarks/population.py``).
 
 With ``dropout_rng="counter"`` a mask entry is a function of where it is: the run's seed, the epoch, the site
 (embedding, attention output, attention pattern), the sentence (its index in the training split), the position in

@@ -267,8 +267,7 @@ class DropoutGenerators:
 
     def states(self) -> Tensor:
         """Each generator's state bytes, ``[K, bytes]`` (what a resume file stores)."""
-        gens = self.generators()
-        return torch.stack([g.get_state() for g in gens]) if gens else torch.empty(0, _STATE_BYTES, dtype=torch.uint8)
+        return _stacked_states(self.generators())
 
     def load(self, states: Tensor) -> None:
         """Put each generator in a stored state (:meth:`states`): all of them, or none where one is refused."""
@@ -302,11 +301,7 @@ class DropoutGenerators:
                     out[m].bernoulli_(1 - p, generator=g)
                 return out.div_(1 - p)
             if self._states is None:
-                self._states = (
-                    torch.stack([g.get_state() for g in self._gens])
-                    if K
-                    else torch.empty(0, _STATE_BYTES, dtype=torch.uint8)
-                )
+                self._states = _stacked_states(self._gens)
             return _replay(self._states, n, p).view(K, *shape)
 
 
@@ -320,6 +315,11 @@ def mask_from(
         mask = one.masks(shape, p, replay=replay)[0]
         one.generators()
     return mask
+
+
+def _stacked_states(gens: Sequence[torch.Generator]) -> Tensor:
+    """The generators' state bytes as one ``[K, bytes]`` tensor (K may be 0)."""
+    return torch.stack([g.get_state() for g in gens]) if gens else torch.empty(0, _STATE_BYTES, dtype=torch.uint8)
 
 
 def _describe(x) -> str:
