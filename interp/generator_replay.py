@@ -25,16 +25,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import shutil
-import subprocess
-import tempfile
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from .native import build
 
 _STATE_BYTES = 5056  # torch's CPUGeneratorImplState: seed, left, seeded, next, 624 words as uint64, normal caches
 _SOURCE = r"""
@@ -125,42 +123,7 @@ void replay_bernoulli(int64_t K, int64_t n, uint8_t *states, int64_t stride, uin
 }
 #endif
 """
-_COMPILERS = ("cc", "gcc", "clang", "g++", "c++", "clang++")
 _LOCK = threading.RLock()  # a replay reads, advances and writes back generator states: one at a time
-
-
-def _build() -> ctypes.CDLL:
-    """The compiled C function, built once per process in a private temporary folder (~0.2 s; for this machine's
-    instruction set, so nothing built is shared with another machine). The library is loaded, then its folder is
-    removed at once (the loaded code stays mapped), so no process leaves it behind. Each compiler on the PATH is
-    tried in turn; the error names each one's last complaint."""
-    found = [c for c in _COMPILERS if shutil.which(c)]
-    if not found:
-        raise OSError("no C compiler on the PATH (looked for " + ", ".join(_COMPILERS) + ")")
-    complaints = []
-    for compiler in found:
-        for flags in (["-O3", "-march=native"], ["-O3"]):
-            folder = tempfile.mkdtemp(prefix="interp-replay-")
-            try:
-                src = Path(folder) / ("replay.cpp" if "++" in compiler else "replay.c")
-                src.write_text(_SOURCE)
-                lib = Path(folder) / "replay.so"
-                done = subprocess.run(
-                    [compiler, *flags, "-shared", "-fPIC", "-o", str(lib), str(src)],
-                    check=False,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-                if done.returncode == 0:
-                    return ctypes.CDLL(str(lib))
-                last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-                complaints.append(f"{compiler} {' '.join(flags)}: {last}")
-            except (OSError, subprocess.SubprocessError) as e:
-                complaints.append(f"{compiler} {' '.join(flags)}: {e}")
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-    raise OSError("could not build the C replay (" + "; ".join(complaints) + ")")
 
 
 def _threshold(p: float) -> int:
@@ -193,7 +156,7 @@ def _replay(states: Tensor, n: int, p: float) -> Float[Tensor, "K n"]:
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    lib = _build()
+    lib = build(_SOURCE, "replay")
     lib.replay_bernoulli.restype = None
     return lib
 
