@@ -18,8 +18,10 @@ Values (higher is better for all but ``answer-loss``, a loss: :data:`HIGHER_IS_B
   ``z`` (``hook_z``) of S at the answer position (Definition 5.2, as
   :func:`analyses.separation_accuracies.separation_accuracy` with centred features, C=1000). v(empty set) is the SVC
   with its intercept alone (the commonest train label).
-  ``solver="torch"``: :mod:`analyses.batched_svc`, many coalitions per batched Newton solve; ``"sklearn"``:
-  one scikit-learn ``LinearSVC`` per coalition, the reference;
+  ``solver="torch"``: :mod:`analyses.batched_svc`'s exact solver (one coalition at a time in C,
+  :mod:`analyses.svc_native`, where a C compiler builds it; else many coalitions per batched Newton solve in
+  torch; ``info["engine"]`` says which); ``"sklearn"``: one scikit-learn ``LinearSVC`` per coalition, the
+  reference;
 - a callable ``f(masks)`` taking a float mask ``[coalition, n_layers, n_heads]`` (1 = kept, built by
   :func:`interp.heads.head_mask`) and returning one number per coalition.
 
@@ -601,6 +603,10 @@ def _separation_evaluator(
             f"the train labels contain one class only ({torch.unique(y_tr).tolist()}); a separator needs two"
         )
     info = {"solver": solver, "C": float(C), "n_train": len(tr), "n_test": len(te), "center": True}
+    if solver == "torch":  # which exact solver runs: the C one where it is built and passed its self-check
+        from .batched_svc import engine_status
+
+        info["engine"] = "c" if engine_status() == "c" else "torch"
     if solver == "sklearn":
 
         def fn(bits, progress):

@@ -10,8 +10,8 @@ halving step (higher is kept), all computed on the model as it is at that step (
   :func:`analyses.learned_accuracies.learned_accuracy`: every other head zeroed).
 - ``shapley-svc`` / ``shapley-learned``: each head's exact Shapley value (Definition 5.3) over the active heads
   with v = separation accuracy or learned accuracy (:func:`analyses.shapley.shapley_values`, exact):
-  :func:`analyses.coalitions.coalition_values` evaluates v on all 2^n coalitions (the batched SVC for separation:
-  11-20 s on one thread for all 65,536 coalitions of 16 heads of Table 1's d = 32 models, docs/benchmarks.md) and
+  :func:`analyses.coalitions.coalition_values` evaluates v on all 2^n coalitions (the exact SVC for separation, in
+  C: 8-10 s on one thread for all 65,536 coalitions of 16 heads of Table 1's d = 32 models, docs/benchmarks.md) and
   :meth:`analyses.coalitions.CoalitionValues.shapley` transforms them, so the thesis's a = 16 runs that it skipped
   "because of the high computational time" are affordable.
 - ``random`` and ``mask-all-but-one`` are scored in :mod:`interp.halving` (no analysis needed).

@@ -550,7 +550,7 @@ def test_batched_svc_every_path_is_the_exact_minimiser(monkeypatch):
 
     monkeypatch.setattr(bs.LatticeSolver, "_newton_full", counted_full)
     monkeypatch.setattr(bs.LatticeSolver, "solve", counted_solve)
-    W, iters = bs.svc_weights(x, y, torch.arange(64))
+    W, iters = bs.svc_weights(x, y, torch.arange(64), engine="torch")
     assert used["full"] > 0 and {64, 256, 512} <= used["handed_on"]
     assert int(iters.max()) <= 100  # every problem converged
     for mask in range(64):
@@ -560,7 +560,7 @@ def test_batched_svc_every_path_is_the_exact_minimiser(monkeypatch):
         assert bool((W[mask, off] == 0).all())
     monkeypatch.setattr(bs, "OUTER_ELEMS", 0)
     used["full"] = 0
-    W2, iters2 = bs.svc_weights(x, y, torch.arange(64))
+    W2, iters2 = bs.svc_weights(x, y, torch.arange(64), engine="torch")
     assert used["full"] == 0
     assert float((W2 - W).norm(dim=-1).max() / W.norm(dim=-1).max()) <= 1e-6
     assert int((iters2 - iters).abs().max()) <= 1  # the same Newton steps: the same Hessians, up to rounding
@@ -592,13 +592,13 @@ def test_batched_svc_separable_data_reach_the_minimiser_whatever_the_start(C):
 
     n, e = (5, 8) if C == 1000.0 else (4, 2)
     x, y = _blobs(2000 if C == 1000.0 else 100, n, e, 6.0, 0)
-    W, iters = svc_weights(x, y, torch.arange(1 << n), C=C)
+    W, iters = svc_weights(x, y, torch.arange(1 << n), C=C, engine="torch")  # the C one: tests/test_svc_native.py
     assert int(iters.max()) <= 100
     s = (2 * y - 1).double()
     for mask in range(1, 1 << n):
         size = max(1.0, float(W[mask].norm()))
         assert float(_newton_step(x, y, W[mask], mask, C).norm()) <= 1.01e-9 * size, mask
-        alone, _ = svc_weights(x, y, torch.tensor([mask]), C=C)
+        alone, _ = svc_weights(x, y, torch.tensor([mask]), C=C, engine="torch")
         assert float((alone[0] - W[mask]).norm()) <= 1e-7 * size, mask
         if C == 1000.0 and mask % 8 != 7:
             continue
@@ -629,7 +629,7 @@ def test_batched_svc_refuses_bad_input_and_warns_when_it_stops_short():
         ((x, y, xt.clone().fill_(float("inf")), yt, idx), {}, "x_te holds NaN or infinite values"),
         ((x, y, xt, yt, torch.tensor([8])), {}, "bitmasks outside 0 .. 2^3 - 1"),
         ((x, y, xt, yt, torch.tensor([-1])), {}, "bitmasks outside 0 .. 2^3 - 1"),
-        ((x, y, xt, yt, idx), {"C": 0.0}, "C and tol must be positive"),
+        ((x, y, xt, yt, idx), {"C": 0.0}, "C and tol must be finite positive numbers"),
         ((x, y[:-1], xt, yt, idx), {}, "y_tr must hold one label per train sample (300)"),
         ((x, y, xt[:, :2], yt, idx), {}, "x_te must be [test, 3, 2]"),
         ((x, y, xt, yt[:-1], idx), {}, "y_te must hold one label per test sample (100)"),
