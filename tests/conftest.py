@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of the default run's two workers: one thread each, so two workers on
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # two cores do not share cores between four threads (and what
+    os.environ.setdefault("MKL_NUM_THREADS", "1")  # they start inherits it)
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from interp.model import quiet_tl
 
