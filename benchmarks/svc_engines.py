@@ -27,22 +27,10 @@ import statistics
 import time
 from pathlib import Path
 
+from batched_svc_step import _features  # the shipped model's coalition features
 from population import _positive  # the benchmarks' count argument
 
 TABLE1 = Path(__file__).resolve().parents[1] / "examples" / "results" / "seed_regime" / "table1" / "sweep.json"
-
-
-def _shipped(checkpoint: str):
-    from interp.analyses.answer_cache import cache_answer
-    from interp.analyses.coalitions import separation_features
-    from interp.tasks import load_checkpoint
-
-    ckpt = load_checkpoint(checkpoint, device="cpu")
-    model, task = ckpt.model, ckpt.task
-    tr = cache_answer(model, task.dataset("train"), attention=False)
-    te = cache_answer(model, task.dataset("test"), attention=False)
-    heads = [(layer, h) for layer in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    return separation_features(tr, te, heads)
 
 
 class _Scored(Exception):
@@ -127,7 +115,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    _compare(f"shipped {args.checkpoint}", _shipped(args.checkpoint), args.rounds)
+    _compare(f"shipped {args.checkpoint}", _features(args.checkpoint), args.rounds)
     if not args.no_halving:
         start = time.perf_counter()
         features = _halving(args.halving_seed)
