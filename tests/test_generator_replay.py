@@ -2,6 +2,7 @@
 numbers, bit for bit, and the generators left in the same states, whatever their phase, the drop probability and
 the mask's size."""
 
+import os
 import threading
 
 import pytest
@@ -32,6 +33,8 @@ def test_the_replay_is_what_runs_here():
     from bernoulli_ and the status says why (the other tests hold either way)."""
     status = replay_status()
     if status != "replay":
+        if os.environ.get("INTERP_REQUIRE_C") == "1":
+            pytest.fail(f"the C replay is not used here ({status}), but INTERP_REQUIRE_C=1 requires it")
         pytest.skip(f"the C replay is not used here: {status}")
     assert status == "replay"
 
