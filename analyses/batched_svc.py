@@ -326,9 +326,9 @@ def _solve_lattice(
     """Weights ``[coalition, D]`` (full feature space, zeros off the coalition) for the sorted unique ``index``,
     by size, each warm-started from its parent (the coalition without its highest head) when that is in
     ``index``; returns (sorted coalitions, weights, iterations). ``engine``: ``"c"`` the same method one coalition
-    at a time in C (:mod:`analyses.svc_native`, ~10x faster on one thread), ``"torch"`` batched here, ``"auto"``
+    at a time in C (:mod:`analyses.svc_native`, ~4x faster on one thread), ``"torch"`` batched here, ``"auto"``
     the C one where it is built and passed its self-check in this process."""
-    from .svc_native import solve_lattice_native
+    from .svc_native import solve_lattice_native, without_highest
 
     _check_engine(engine)
     if engine == "c" or (engine == "auto" and engine_status() == "c"):
@@ -354,7 +354,7 @@ def _solve_lattice(
             w = torch.zeros(len(m), solver.D, dtype=x_tr.dtype)
             ws = torch.full((len(m), PASS_MAX), -1, dtype=torch.long)
             if prev is not None and k > 0:  # warm start: the parent without the highest head (zero new weights)
-                parent = m - (1 << (63 - _clz(m)))
+                parent = without_highest(m)
                 pm, prow, pws = prev
                 j = torch.searchsorted(pm, parent).clamp_max(len(pm) - 1)
                 found = torch.nonzero(pm[j] == parent).flatten()
@@ -393,17 +393,6 @@ def _by_size(work: list[tuple[Tensor, Tensor | None]]) -> list[tuple[Tensor, Ten
         (torch.cat([r for r, _ in g]), None if k < 0 else torch.cat([i for _, i in g]))  # type: ignore[misc]
         for k, g in groups.items()
     ]
-
-
-def _clz(m: Tensor) -> Tensor:
-    """Leading zeros of positive int64 values (so ``63 - _clz(m)`` is the highest set bit)."""
-    top = torch.zeros_like(m)
-    x = m.clone()
-    for shift in (32, 16, 8, 4, 2, 1):
-        big = x >= (1 << shift)
-        top += big * shift
-        x = torch.where(big, x >> shift, x)
-    return 63 - top
 
 
 def _checked(x_tr, y_tr, index, C, tol, max_iter, x_te=None, y_te=None) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -320,16 +320,21 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def parents(index: Tensor) -> Tensor:
-    """For the bitmasks ``index``: the row of each one's parent (itself without its highest bit) in ``index``, or
-    -1 where that is not there (and for the empty coalition)."""
-    high = torch.zeros_like(index)
-    x = index.clone()
+def without_highest(masks: Tensor) -> Tensor:
+    """Non-negative int64 bitmasks without their highest set bit (a coalition's parent; 0 stays 0)."""
+    high = torch.zeros_like(masks)
+    x = masks.clone()
     for shift in (32, 16, 8, 4, 2, 1):
         big = x >= (1 << shift)
         high += big * shift
         x = torch.where(big, x >> shift, x)
-    parent = index - torch.where(index > 0, torch.ones_like(index) << high, torch.zeros_like(index))
+    return masks - torch.where(masks > 0, torch.ones_like(masks) << high, torch.zeros_like(masks))
+
+
+def parents(index: Tensor) -> Tensor:
+    """For the bitmasks ``index``: the row of each one's parent (itself without its highest bit) in ``index``, or
+    -1 where that is not there (and for the empty coalition)."""
+    parent = without_highest(index)
     index = index.contiguous()
     order = torch.argsort(index)
     j = order[torch.searchsorted(index[order], parent).clamp_max(max(len(index) - 1, 0))]
