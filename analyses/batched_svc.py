@@ -53,6 +53,7 @@ import functools
 import math
 import warnings
 from contextlib import contextmanager
+from numbers import Integral, Real
 
 import torch
 from jaxtyping import Float, Int
@@ -396,8 +397,9 @@ def _by_size(work: list[tuple[Tensor, Tensor | None]]) -> list[tuple[Tensor, Ten
 
 
 def _checked(x_tr, y_tr, index, C, tol, max_iter, x_te=None, y_te=None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Refuse what would give a silent wrong number: shapes, non-finite features, bitmasks outside the players,
-    a C or tol that is not positive. Returns the features as float64 and the bitmasks as int64."""
+    """Refuse what would give a silent wrong number: shapes, non-finite features or labels, bitmasks outside the
+    players, a C or tol that is not a finite positive number, a max_iter outside 1 .. MAX_ITER, an empty test set.
+    Returns the features as float64 and the bitmasks as int64."""
     x_tr = torch.as_tensor(x_tr)
     if x_tr.dim() != 3:
         raise InterpError(f"x_tr must be [sample, player, d_head]; got shape {tuple(x_tr.shape)}")
@@ -424,9 +426,9 @@ def _checked(x_tr, y_tr, index, C, tol, max_iter, x_te=None, y_te=None) -> tuple
         raise InterpError(
             f"index holds bitmasks outside 0 .. 2^{n} - 1 ({n} players): {int(index.min())} .. {int(index.max())}"
         )
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (C, tol)) and (
-        isinstance(max_iter, int) and not isinstance(max_iter, bool)
-    )
+    numbers = all(isinstance(v, Real) and not isinstance(v, bool) for v in (C, tol)) and (
+        isinstance(max_iter, Integral) and not isinstance(max_iter, bool)
+    )  # NumPy's scalars are Real / Integral too
     if not (numbers and math.isfinite(C) and math.isfinite(tol) and C > 0 and tol > 0 and 1 <= max_iter <= MAX_ITER):
         raise InterpError(
             f"C and tol must be finite positive numbers and max_iter an integer from 1 to {MAX_ITER:,}; got "

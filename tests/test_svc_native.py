@@ -153,6 +153,9 @@ def test_what_an_outside_trial_broke():
         for engine in ("c", "torch"):
             with pytest.raises(InterpError, match=re.escape(message)):
                 bs.svc_weights(x, y, idx, engine=engine, **kw)
+    import numpy as np
+
+    assert bs._checked(x, y, idx, np.float32(10.0), np.float64(1e-9), np.int64(5))[1].shape == (8,)  # NumPy scalars
     for C, max_iter, message in ((1000.0, 1.5, "max_iter=1.5"), (1000.0, True, "max_iter=True"), ("1", 100, "C='1'")):
         with pytest.raises(InterpError, match=re.escape(message)):  # what every call checks first (the annotations
             bs._checked(x, y, idx, C, 1e-9, max_iter)  # are only enforced by the test run's type checker)
