@@ -106,6 +106,23 @@ def pattern_mask(
     return _mask(rows[:, :, None, None, None] + idx, p)
 
 
+def dropout(x: Tensor, p: float) -> Tensor:
+    """``F.dropout(x, p, training=True)`` with the mask drawn by torch's CPU generator on every device, so that a
+    run on CUDA draws the numbers a CPU run of the same seed draws and trains the same model (to float rounding),
+    and equals its population (which draws each model's masks from a CPU generator in its solo run's state). On
+    the CPU this is ``F.dropout`` itself; elsewhere the mask ``F.dropout`` would multiply by on the CPU
+    (:func:`generator_mask` for float32, ``bernoulli_`` in ``x``'s dtype otherwise) is drawn there and moved."""
+    if x.device.type == "cpu":
+        return torch.nn.functional.dropout(x, p=p, training=True)
+    if x.dtype == torch.float32:
+        mask = generator_mask(x.shape, p)
+    elif p in {0, 1}:  # F.dropout draws nothing for these
+        mask = torch.full(x.shape, 1.0 - p, dtype=x.dtype)
+    else:
+        mask = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p).div_(1 - p)
+    return x * mask.to(x.device)
+
+
 def generator_mask(shape: Sequence[int], p: float | Tensor, gen: torch.Generator | None = None) -> Float[Tensor, ...]:
     """What ``F.dropout(x, p)`` multiplies ``x`` by on the CPU, ``bernoulli(1 - p) / (1 - p)`` (ones for p = 0 and
     zeros for p = 1, with no draw, as ``F.dropout`` draws none), drawn from ``gen`` (torch's default generator when

@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .dropout_masks import dropout as dropout_of
 from .errors import ConfigError
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def layer0_inputs(
     > 0) and its ``ln1``-normalised form that layer 0's heads read."""
     x = model.embed(tokens) + model.pos_embed(tokens)
     if dropout:
-        x = F.dropout(x, p=dropout, training=True)
+        x = dropout_of(x, dropout)
     return x, model.blocks[0].ln1(x)
 
 
@@ -126,7 +126,7 @@ def logits_at(
     z = torch.einsum("bhkt,bhte->bkhe", attention_pattern(scores), vals)
     out = torch.einsum("bkhe,hed->bkd", z, attn.W_O) + attn.b_O
     if dropout:
-        out = F.dropout(out, p=dropout, training=True)
+        out = dropout_of(out, dropout)
     rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
     resid = x[rows, query_pos] + out
     return soft_capped(model, model.unembed(model.ln_final(resid) if hasattr(model, "ln_final") else resid))

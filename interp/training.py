@@ -43,6 +43,7 @@ from .curriculum import Curriculum, parse_curriculum
 from .curriculum import batches as curriculum_batches
 from .determinism import deterministic
 from .device import pick_device
+from .dropout_masks import dropout as dropout_of
 from .errors import CheckpointError, ConfigError
 from .evaluation import evaluate, target_positions
 from .fast_attention import fast_attention, has_fast_path
@@ -75,7 +76,7 @@ def dropout_hooks(model: HookedTransformer, p: float, at: str = "embedding+atten
         return []
 
     def drop(x, hook):
-        return F.dropout(x, p=p, training=True)
+        return dropout_of(x, p)  # F.dropout, its mask drawn on the CPU on every device (the same run on CUDA)
 
     names = [] if at == "attention" else ["blocks.0.hook_resid_pre"]
     for layer in range(model.cfg.n_layers):

@@ -75,7 +75,7 @@ def progress_measures(
     norms = embedding_norms(model, task=task, key_frequencies=key_frequencies, device=device)
     keys = norms.key_frequencies
     logits = answer_logits(model, task)
-    labels = task.dataset("all").labels
+    labels = task.dataset("all").labels.to(logits.device)
     train, test = task.split_index("train").to(logits.device), task.split_index("test").to(logits.device)
     out = {
         "train_loss_all": _loss(logits[train], labels[train]),
