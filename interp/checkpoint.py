@@ -51,6 +51,7 @@ from .model import ModelSpec
 from .task import Task
 
 if TYPE_CHECKING:
+    import torch
     from transformer_lens import HookedTransformer
 
 FORMAT = "interp-checkpoint"
@@ -278,7 +279,7 @@ MakeTask = Callable[..., Task]  # make_task(name, **params) -> the task a checkp
 def read_checkpoint(
     path,
     make_task: MakeTask,
-    device: str | None = None,
+    device: str | torch.device | None = None,
     expect_task: str | None = None,
     task_params: dict[str, Any] | None = None,
 ) -> Checkpoint:

@@ -11,20 +11,36 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
-def pick_device(requested: str | None = None) -> str:
-    """Return the device to use: ``requested`` if given and available, else cuda, else cpu."""
+def pick_device(requested: str | torch.device | None = None) -> str:
+    """Return the device to use: ``requested`` if given and available, else cuda, else cpu. A device that is not
+    there (``cuda:N`` beyond this machine's devices, CUDA or MPS without either) or is misspelt is a ConfigError
+    naming it and what is expected, before anything is built on it."""
     import torch
 
+    if isinstance(requested, torch.device):
+        requested = str(requested)
+    if requested is not None and not isinstance(requested, str):
+        raise ConfigError(
+            f"device must be a name such as 'cpu', 'cuda' or 'cuda:0', or a torch.device; "
+            f"got {type(requested).__name__}"
+        )
     if requested in (None, "", "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
-    kind = requested.split(":")[0]
-    if kind == "cpu":
+    kind, colon, index = requested.partition(":")
+    if kind == "cpu" and index in ("", "0") and requested != "cpu:":
         return requested
     if kind == "cuda":
+        if colon and not (index.isascii() and index.isdigit()):
+            raise ConfigError(f"unknown device {requested!r}; expected 'cuda' or 'cuda:N' with N a device number")
         if not torch.cuda.is_available():
             raise ConfigError(f"device {requested!r} was requested but CUDA is not available here; use 'cpu' or 'auto'")
+        if colon:
+            n = torch.cuda.device_count()
+            if int(index) >= n:
+                have = "cuda:0" if n == 1 else f"cuda:0 to cuda:{n - 1}"
+                raise ConfigError(f"device {requested!r} was requested but this machine has {n} CUDA device(s): {have}")
         return requested
-    if kind == "mps":
+    if kind == "mps" and not colon:
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
             raise ConfigError(f"device {requested!r} was requested but MPS is not available here; use 'cpu' or 'auto'")
         return requested

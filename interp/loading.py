@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import CheckpointError, InterpError
 
 if TYPE_CHECKING:
+    import torch
     from transformer_lens import HookedTransformer
 
     from .checkpoint import Checkpoint
@@ -82,7 +83,10 @@ def checkpoint_file(path_or_name) -> Path:
 
 
 def load_checkpoint(
-    path_or_name, device: str | None = None, expect_task: str | None = None, task_params: dict[str, Any] | None = None
+    path_or_name,
+    device: str | torch.device | None = None,
+    expect_task: str | None = None,
+    task_params: dict[str, Any] | None = None,
 ) -> Checkpoint:
     """Load a checkpoint by path or registered name onto ``device`` (default: CUDA if present, else CPU), its task
     built by the registry (:func:`interp.checkpoint.read_checkpoint` does the reading and the checks).
@@ -123,7 +127,7 @@ def save_checkpoint(
     return write_checkpoint(model, task, path, training=training, spec=spec)
 
 
-def load(path_or_name, device: str | None = None) -> tuple[HookedTransformer, Task]:
+def load(path_or_name, device: str | torch.device | None = None) -> tuple[HookedTransformer, Task]:
     """``model, task = interp.load("noisy-majority")``: a HookedTransformer and its task."""
     ckpt = load_checkpoint(path_or_name, device=device)
     return ckpt.model, ckpt.task

@@ -208,6 +208,12 @@ def check_rebuilds(model: HookedTransformer, spec: ModelSpec | None, config: dic
     from .device import model_device
 
     device = model_device(model)
+    if torch.device(model.cfg.device).type != device.type:
+        raise _refuse(
+            f"its parameters are on {device} but model.cfg.device is {str(model.cfg.device)!r} (moved with "
+            f"torch.nn.Module.to?); TransformerLens' forward reads cfg.device: move it with model.to({str(device)!r}), "
+            "which sets both"
+        )
     how = "its ModelSpec (spec=)" if spec is not None else "its TransformerLens config"
     try:
         rebuilt = rebuild(spec, config, str(device))

@@ -304,3 +304,31 @@ def test_shipped_checkpoints_open_in_plain_transformer_lens(name, tmp_path):
     with torch.no_grad():
         ours = ckpt.model(tokens)
     assert torch.equal(torch.load(tmp_path / "l.pt"), ours)
+
+
+def test_device_names_and_torch_devices():
+    """A torch.device is taken as its name; a misspelt device or a non-name is one ConfigError naming it (before: a
+    torch.device failed with an AttributeError, and 'cuda:-1' or 'cuda:0 ' reached torch's parser on a GPU)."""
+    from interp.device import pick_device
+    from interp.errors import ConfigError
+
+    assert pick_device(torch.device("cpu")) == "cpu" and pick_device("cpu:0") == "cpu:0"
+    assert load_checkpoint("noisy-majority", device=torch.device("cpu")).model.cfg.device in (
+        "cpu",
+        torch.device("cpu"),
+    )
+    for bad in ("cuda:-1", "cuda:0 ", "cuda:x", "cpu:1", "cpu:", "CUDA", "gpu"):
+        with pytest.raises(ConfigError, match="unknown device"):
+            pick_device(bad)
+    with pytest.raises(ConfigError, match=r"torch\.device; got int"):
+        pick_device(0)
+
+
+def test_a_model_whose_config_names_another_device_is_refused_when_saving(tmp_path, saved):
+    """Parameters moved with torch.nn.Module.to leave model.cfg.device behind, and TransformerLens' own forward then
+    mixes devices: the save says so in one line (before: a device error from inside TransformerLens' unembed)."""
+    ckpt = load_checkpoint(saved[1], device="cpu")
+    ckpt.model.cfg.device = "cuda"  # what a plain Module.to("cpu") of a CUDA model leaves
+    with pytest.raises(CheckpointError, match=r"parameters are on cpu but model.cfg.device is 'cuda'"):
+        save_checkpoint(ckpt.model, ckpt.task, tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists()

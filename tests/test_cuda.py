@@ -289,3 +289,27 @@ def test_the_report_command_on_cuda(tmp_path):
     out = tmp_path / "report.html"
     assert main(["report", "noisy-majority", "--out", str(out), "--quiet", "--device", CUDA]) == 0
     assert out.stat().st_size > 100_000
+
+
+def test_devices_this_machine_lacks_and_models_moved_by_hand(tmp_path):
+    """``cuda:N`` beyond this machine's devices is one ConfigError (before: torch's 'invalid device ordinal' after
+    the data was built); a torch.device loads; a model moved with plain torch.nn.Module.to is refused when saving,
+    in one line, and saved once moved with ``model.to``."""
+    from interp.checkpoint import save_checkpoint
+    from interp.device import pick_device
+    from interp.errors import CheckpointError, ConfigError
+    from interp.tasks import load_checkpoint
+
+    if CUDA == "cpu":
+        pytest.skip("needs a CUDA device")
+    n = torch.cuda.device_count()
+    with pytest.raises(ConfigError, match=f"this machine has {n} CUDA device"):
+        pick_device(f"cuda:{n}")
+    ckpt = load_checkpoint("noisy-majority", device=torch.device("cuda"))
+    assert next(ckpt.model.parameters()).is_cuda
+    model = load_checkpoint("noisy-majority", device="cpu").model
+    torch.nn.Module.to(model, "cuda")
+    with pytest.raises(CheckpointError, match=r"model\.cfg\.device is 'cpu'"):
+        save_checkpoint(model, ckpt.task, tmp_path / "a.safetensors")
+    model.to("cuda")
+    save_checkpoint(model, ckpt.task, tmp_path / "b.safetensors")
