@@ -27,7 +27,7 @@ def pick_device(requested: str | torch.device | None = None) -> str:
     if requested in (None, "", "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     kind, colon, index = requested.partition(":")
-    if kind == "cpu" and index in ("", "0") and requested != "cpu:":
+    if requested in ("cpu", "cpu:0"):
         return requested
     if kind == "cuda":
         if colon and not (index.isascii() and index.isdigit()):
