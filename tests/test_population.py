@@ -547,6 +547,13 @@ def test_sharp_attention_takes_the_softmax_form(tiny_task, tiny_spec):
     torch.testing.assert_close(logits, solo, atol=1e-3, rtol=1e-5)  # logits of order 1e4: float32 rounding
 
 
+def opt_views_equal_init(flat, views, init):
+    """Each view of the flat buffer reads back its parameter, whatever its memory order."""
+    from interp.population import _view
+
+    return all(torch.equal(_view(flat, *views[n]), init[n]) for n in init)
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "adam"])
 def test_the_flat_optimiser_equals_adam_per_tensor(optimizer):
     """The population's Adam over one flat [K, T] buffer (each parameter a view of its columns) gives bit for bit
@@ -564,11 +571,13 @@ def test_the_flat_optimiser_equals_adam_per_tensor(optimizer):
     grads = [{n: torch.randn(K, *s, generator=g) for n, s in shapes.items()} for _ in range(5)]
     lrs = torch.tensor([1e-3, 3e-3, 1e-2])
     (b1, b2), wd, eps, decoupled = (0.9, 0.999), 0.01, 1e-8, optimizer == "adamw"
-    views, start = {}, 0
+    # "a" kept transposed in the flat buffer (as the token-count populations keep W_U): the same update per number
+    views, start, orders = {}, 0, {"a": (1, 0), "b": (0,)}
     for n, s in shapes.items():
         size = math.prod(s)
-        views[n], start = (start, start + size, s), start + size
-    flat = torch.cat([init[n].reshape(K, -1) for n in shapes], 1)
+        views[n], start = (start, start + size, s, orders[n]), start + size
+    flat = torch.cat([init[n].permute(0, *(o + 1 for o in orders[n])).reshape(K, -1) for n in shapes], 1)
+    assert opt_views_equal_init(flat, views, init)
     opt = _Adam(flat, views, lrs, (b1, b2), wd, eps, decoupled=decoupled)
     loop = {n: init[n].clone() for n in shapes}  # the per-tensor loop, written out
     moments = {n: (torch.zeros_like(v), torch.zeros_like(v)) for n, v in loop.items()}
@@ -667,7 +676,10 @@ def test_population_runs_without_the_gradient_layout_warning(tmp_path, tiny_task
     torch.set_warn_always(True)
     try:
         flat = torch.zeros(3, 20)
-        param, grad = _view(flat, 4, 10, (2, 3)).requires_grad_(), _view(torch.zeros(3, 20), 4, 10, (2, 3))
+        param, grad = (
+            _view(flat, 4, 10, (2, 3), (0, 1)).requires_grad_(),
+            _view(torch.zeros(3, 20), 4, 10, (2, 3), (0, 1)),
+        )
         param.grad = grad
         with warnings.catch_warnings(record=True) as control:
             warnings.simplefilter("always")
