@@ -824,6 +824,7 @@ class _Population:
             if views
             else torch.zeros(self.K, 0)
         )
+        self.views = views  # name -> (first column, last column + 1, shape, memory order) in the flat buffer
         self.opt = _Adam(
             flat.to(device),
             views,

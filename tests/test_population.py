@@ -394,6 +394,50 @@ def test_population_killed_with_sigkill_resumes_to_the_same_models(tmp_path, dro
         assert a["history"] == b["history"] and a["halving"] == b["halving"] and a["kept_epoch"] == b["kept_epoch"]
 
 
+def test_a_resume_file_does_not_depend_on_the_flat_buffers_layout(tmp_path, tiny_task, tiny_spec, tiny_cfg):
+    """Token-count populations keep W_Q, W_K, W_V and W_U in their gradients' memory order in the flat buffer
+    (GRADIENT_ORDER); a resume file holds every tensor by name in its usual shape, so a population stopped under the
+    row-major layout (as the code before that order kept it) continues under the new one to the models of an
+    uninterrupted run, bit for bit."""
+    from interp import population
+
+    cfg = tiny_cfg(epochs=6, dropout_at="attention", save_every=3)
+    specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, [0, 1])
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir(), cut.mkdir()
+    kw = dict(device="cpu", progress=False)
+    train_population(tiny_task, specs, cfgs, [whole / f"m{s}.safetensors" for s in (0, 1)], **kw)
+
+    class Stop(Exception):
+        pass
+
+    real_end, real_orders = population._Population.end_epoch, population.GRADIENT_ORDER
+
+    def stop_at_epoch_5(self, *a, **k):
+        assert all(order == tuple(range(len(shape))) for _, _, shape, order in self.views.values())  # row-major
+        real_end(self, *a, **k)
+        if self.epoch == 5:
+            raise Stop
+
+    outs, resume = [cut / f"m{s}.safetensors" for s in (0, 1)], cut / "pop.resume"
+    population._Population.end_epoch, population.GRADIENT_ORDER = stop_at_epoch_5, {}
+    try:
+        with pytest.raises(Stop):
+            train_population(tiny_task, specs, cfgs, outs, resume_file=resume, **kw)
+    finally:
+        population._Population.end_epoch, population.GRADIENT_ORDER = real_end, real_orders
+    assert resume.is_file()
+    pop = population._Population(tiny_task, specs, cfgs, "cpu", None)
+    assert pop.forward == "token counts"
+    assert pop.views["blocks.0.attn.W_Q"][3] == (1, 0, 2) and pop.views["unembed.W_U"][3] == (1, 0)
+    train_population(tiny_task, specs, cfgs, outs, resume_file=resume, **kw)
+    for s in (0, 1):
+        assert load_checkpoint(outs[s], device="cpu").training["population"]["resumed_at_epoch"] == 3
+        wa, wb = load_file(outs[s]), load_file(whole / f"m{s}.safetensors")
+        for name in wa:
+            assert torch.equal(wa[name], wb[name]), name
+
+
 def test_population_resume_file_of_another_population_is_refused(tmp_path, tiny_task, tiny_spec, tiny_cfg):
     from interp.errors import CheckpointError
 
