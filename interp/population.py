@@ -17,14 +17,18 @@ So each batched model equals the same seed trained alone to float tolerance (tes
 weights and history for K = 1, 3 and 8). Each model is saved as an ordinary checkpoint (loads in plain
 TransformerLens) whose provenance says it was trained in a population of K.
 
-Only the shape the exact query-restricted forward covers is batched (one layer, attention only, no LayerNorm):
+Only the shape the exact query-restricted forward covers is batched (one layer, attention only, no LayerNorm or
+LN / LNPre):
 the thesis's models, with any pooling (softmax, linear, additive: in a model without positions each scores a pair of
 tokens, so the token-count forward covers them too) and any Q/K/V shape, but no sparse mask (masks depend on
-positions: those models train one at a time). On CUDA the dropout masks are still drawn by per-model CPU generators
-(so the numbers match a CPU run of the same seed up to float error, not a solo CUDA run, whose dropout uses the CUDA
-generator). Linear attention with ``relu`` features is the exception to equality: where a query's features have one
-positive coordinate its pattern does not depend on that coordinate's size, so the gradient there is 0 up to rounding
-noise, which Adam scales to full steps; the population and the solo run then drift apart in those directions.
+positions: those models train one at a time). On CUDA the dropout masks are drawn by per-model CPU generators, as a
+solo run on CUDA draws them (:func:`interp.dropout_masks.dropout`), so the numbers match a solo run on either device
+up to float error. Two exceptions to equality, both where the true gradient is 0 and the computed one rounding
+noise, which Adam scales to full steps, so the population and the solo run drift apart in those directions: linear
+attention with ``relu`` features (where a query's features have one positive coordinate its pattern does not depend
+on that coordinate's size), and the key bias ``b_K`` under softmax attention (``attn_bias=True``: a per-head constant
+added to every key's score leaves the softmax unchanged; measured 1.6e-4 to 3.3e-4 apart after 3 epochs, every other
+tensor within 1e-7).
 """
 
 from __future__ import annotations
