@@ -74,3 +74,47 @@ def test_a_resume_file_without_a_checksum_still_reads(tmp_path):
 def test_the_checksum_entry_is_the_files_own(tmp_path):
     with pytest.raises(ValueError, match="the resume file's own metadata entry"):
         write_resume_file(tmp_path / "r", {}, {}, "the resume file", checksum="x")
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(n_heads=1, d_head=8, output_matrix="identity"),
+        dict(n_heads=64, d_head=2, output_matrix="learned"),
+        dict(n_layers=2, attn_only=False, d_mlp=16),
+    ],
+    ids=["1 head", "64 heads, trained W_O", "2 layers with MLP"],
+)
+def test_a_solo_runs_edited_resume_file_is_refused_and_an_intact_one_resumes(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, shape
+):
+    """The trainer's own resume files on the shapes at both ends and a 2-layer model: an intact one continues to an
+    uninterrupted run's weights bit for bit; one whose first Adam moment was nudged is refused."""
+    from dataclasses import replace
+
+    from interp.training import resume_path, train
+
+    spec, cfg = replace(tiny_spec, **shape), tiny_cfg(epochs=2, save_every=1)
+    kw = dict(device="cpu", progress=False)
+    train(tiny_task, spec, cfg, tmp_path / "whole.safetensors", **kw)
+
+    def stop(epoch, record):
+        if epoch == 1:
+            raise KeyboardInterrupt
+
+    for name in ("intact", "edited"):
+        out = tmp_path / f"{name}.safetensors"
+        with pytest.raises(KeyboardInterrupt):
+            train(tiny_task, spec, cfg, out, on_epoch_end=stop, **kw)
+        rpath = resume_path(out)
+        if name == "edited":
+            t = load_file(str(rpath))
+            moment = next(k for k in sorted(t) if "exp_avg" in k)
+            t[moment].view(-1)[0] += 0.5
+            _rewrite(rpath, t)
+            with pytest.raises(CheckpointError, match="does not match its checksum"):
+                train(tiny_task, spec, cfg, out, resume=True, **kw)
+        else:
+            train(tiny_task, spec, cfg, out, resume=True, **kw)
+            a, b = load_file(str(out)), load_file(str(tmp_path / "whole.safetensors"))
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
