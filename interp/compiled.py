@@ -13,6 +13,15 @@ token-count step for Table 1's three sizes). Torch keeps at most ``torch._dynamo
 per function (8 by default) and past it runs the plain function for the rest of the process, with one logged
 warning: the numbers stay right, the runs get slower without a word in the run record. :func:`_compiled` raises
 that limit to at least :data:`RECOMPILE_LIMIT` (it never lowers a limit the user set).
+
+A step compiled with ``dynamic=True`` (the per-position and prefix-count steps, whose widths change from step to
+step) gets one graph for all sizes only if nothing else about its inputs changes. Two things did, and each new
+combination compiled a new graph (several seconds each; a 3-epoch population of two tiny models took 610 s against
+~1 s eager): the per-position step's inputs are views cut out of a bigger batch (:func:`interp.position_forward.
+cut_rows`), whose strides and storage offsets the graph guards on; and torch's "duck sizing" gives two sizes one
+symbol where they happen to be equal in the first call (the width and ``K * n_heads``, say), so a later call where
+they differ recompiles. :func:`_dynamic` passes every tensor argument as a contiguous tensor of its own and
+compiles without duck sizing.
 """
 
 from __future__ import annotations
@@ -42,7 +51,27 @@ def _compiled(fn: Callable, dynamic: bool) -> Callable:
 
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(inspect.unwrap(fn), dynamic=dynamic)
+    compiled = torch.compile(inspect.unwrap(fn), dynamic=dynamic)
+    return _dynamic(compiled) if dynamic else compiled
+
+
+def _own(x):
+    """A tensor argument as a contiguous tensor with storage of its own (a graph guards on strides and offsets);
+    anything else (the parameters' dict, numbers, strings) as it is."""
+    return x.clone(memory_format=torch.contiguous_format) if isinstance(x, torch.Tensor) else x
+
+
+def _dynamic(compiled: Callable) -> Callable:
+    """``compiled`` (a ``dynamic=True`` step) called with tensors of their own and compiled without duck sizing:
+    one graph for every width a run brings (module docstring)."""
+    from torch.fx.experimental import _config as fx_config
+
+    @functools.wraps(compiled)
+    def step(*args, **kwargs):
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*map(_own, args), **{k: _own(v) for k, v in kwargs.items()})
+
+    return step
 
 
 def compiled_step(fn: Callable, *, dynamic: bool, device) -> Callable:
