@@ -155,17 +155,24 @@ def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec, shape):
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
 @pytest.mark.parametrize(
-    "shape", [{}, dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity")], ids=["d8", "d32, 16 heads"]
+    "shape, dropout_at",
+    [
+        ({}, "attention"),
+        (dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"), "attention"),
+        ({}, "embedding+attention"),
+    ],
+    ids=["d8", "d32, 16 heads", "d8, per position"],
 )
-def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape):
-    """compile=True (torch.compile of the token-count step) trains the same models as the eager code, to float
-    rounding (fused kernels sum in another order): the solo-equality tolerances. At d_model 8 and at Table 1's
-    d_model 32, on both sides of ROW_GRAD_D_MODEL (the unembedding's two backward layouts)."""
+def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape, dropout_at):
+    """compile=True (torch.compile of the training step) trains the same models as the eager code, to float
+    rounding (fused kernels sum in another order): the solo-equality tolerances. The token-count step at d_model 8
+    and at Table 1's d_model 32, on both sides of ROW_GRAD_D_MODEL (the unembedding's two backward layouts); the
+    per-position step (dropout on the embedding), whose length-sorted runs change width every call."""
     from dataclasses import replace
 
     seeds = [0, 3]
     spec = replace(tiny_spec, **shape)
-    specs, cfgs = seed_population(tiny_task, spec, tiny_cfg(epochs=2, dropout_at="attention"), seeds)
+    specs, cfgs = seed_population(tiny_task, spec, tiny_cfg(epochs=2, dropout_at=dropout_at), seeds)
     eager = train_population(
         tiny_task, specs, cfgs, [tmp_path / f"e{s}.safetensors" for s in seeds], device="cpu", progress=False
     )
