@@ -20,8 +20,9 @@ combination compiled a new graph (several seconds each; a 3-epoch population of 
 ~1 s eager): the per-position step's inputs are views cut out of a bigger batch (:func:`interp.position_forward.
 cut_rows`), whose strides and storage offsets the graph guards on; and torch's "duck sizing" gives two sizes one
 symbol where they happen to be equal in the first call (the width and ``K * n_heads``, say), so a later call where
-they differ recompiles. :func:`_dynamic` passes every tensor argument as a contiguous tensor of its own and
-compiles without duck sizing.
+they differ recompiles. :func:`_dynamic` passes every tensor argument as a contiguous tensor at offset 0 and
+compiles without duck sizing. (The counter masks' hash, compiled the same way, gets fresh tensors anyway: nothing
+is copied for it.)
 """
 
 from __future__ import annotations
@@ -56,9 +57,12 @@ def _compiled(fn: Callable, dynamic: bool) -> Callable:
 
 
 def _own(x):
-    """A tensor argument as a contiguous tensor with storage of its own (a graph guards on strides and offsets);
-    anything else (the parameters' dict, numbers, strings) as it is."""
-    return x.clone(memory_format=torch.contiguous_format) if isinstance(x, torch.Tensor) else x
+    """A tensor argument as a contiguous tensor at storage offset 0 (a graph guards on strides and offsets; one
+    that already is one is passed as it is, not copied); anything else (the parameters' dict, numbers, strings) as
+    it is."""
+    if not isinstance(x, torch.Tensor) or (x.is_contiguous() and x.storage_offset() == 0):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def _dynamic(compiled: Callable) -> Callable:
