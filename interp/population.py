@@ -750,9 +750,14 @@ def train_population(
     ``kill -9``). It must belong to the same population (task, specs, configs), and is removed once every
     checkpoint is written.
 
-    ``compile=True`` compiles the token-count training step with ``torch.compile`` (fused elementwise kernels;
-    ~1.5x faster per step on one CPU core, after ~5-20 s of compilation per batch shape); the models equal the
-    eager ones to float rounding. It applies where the token-count forward is used (see ``dropout_at``).
+    ``compile=True`` compiles the training step (whichever forward the population uses), the Adam update and the
+    token-count validation with ``torch.compile``; the models equal the eager ones to float rounding. The
+    token-count step (``dropout_at="attention"``) runs ~1.5x faster per step on one CPU core; the per-position step
+    gains little (its time is in batched products). Compiling costs ~10-20 s per graph on an idle core with an
+    empty inductor cache (minutes for a whole population on a loaded machine), so it pays only over long runs
+    (Table 1's 900 epochs). The per-position and prefix-count steps compile one graph for every width
+    (:mod:`interp.compiled`), plus one where a run of the length-sorted batch is one sentence or one position wide
+    (torch specialises sizes 0 and 1).
 
     ``snapshot_every=N`` writes each model's current weights every N epochs as its solo run does
     (``<out>.snapshots/epoch-00000N.safetensors``, ordinary checkpoints with the epoch, seed, config and that
