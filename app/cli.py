@@ -1067,7 +1067,10 @@ def _one_line_warnings(show):
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named with the subcommand's help, where argparse would point at the top level's
+        where = f"interp {args.command}" if args.command else "interp"
+        raise SystemExit(f"interp: error: unrecognized arguments: {' '.join(unknown)} (see '{where} --help')")
     if not args.command:
         parser.print_help()
         return 2

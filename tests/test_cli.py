@@ -159,6 +159,9 @@ def test_list(capsys):
         (["eval", "/no/such/file.safetensors"], "no checkpoint file"),
         (["analyze", "/no/such/file.safetensors"], "no checkpoint file"),
         (["frobnicate"], "invalid choice"),
+        (["sweep", "noisy-majority", "--compiled"], "unrecognized arguments: --compiled (see 'interp sweep --help')"),
+        (["eval", "noisy-majority", "--Json"], "unrecognized arguments: --Json (see 'interp eval --help')"),
+        (["--bogus"], "unrecognized arguments: --bogus (see 'interp --help')"),
     ],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(args, message, capsys):
