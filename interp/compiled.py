@@ -14,15 +14,16 @@ per function (8 by default) and past it runs the plain function for the rest of 
 warning: the numbers stay right, the runs get slower without a word in the run record. :func:`_compiled` raises
 that limit to at least :data:`RECOMPILE_LIMIT` (it never lowers a limit the user set).
 
-A step compiled with ``dynamic=True`` (the per-position and prefix-count steps, whose widths change from step to
-step) gets one graph for all sizes only if nothing else about its inputs changes. Two things did, and each new
-combination compiled a new graph (several seconds each; a 3-epoch population of two tiny models took 610 s against
-~1 s eager): the per-position step's inputs are views cut out of a bigger batch (:func:`interp.position_forward.
-cut_rows`), whose strides and storage offsets the graph guards on; and torch's "duck sizing" gives two sizes one
-symbol where they happen to be equal in the first call (the width and ``K * n_heads``, say), so a later call where
-they differ recompiles. :func:`_dynamic` passes every tensor argument as a contiguous tensor at offset 0 and
-compiles without duck sizing. (The counter masks' hash, compiled the same way, gets fresh tensors anyway: nothing
-is copied for it.)
+A step compiled with ``dynamic=True`` whose widths change from step to step gets one graph for all of them only if
+nothing else about its inputs changes. In the per-position step two things did, and each new combination compiled
+a new graph (several seconds each; a 3-epoch population of two tiny models took 610 s against ~1 s eager): its
+inputs are views cut out of a bigger batch (:func:`interp.position_forward.cut_rows`), whose strides and storage
+offsets the graph guards on; and torch's "duck sizing" gives two sizes one symbol where they happen to be equal in
+the first call (the width and ``K * n_heads``, say), so a later call where they differ recompiles. Such a step is
+compiled with ``cut_views=True`` (:func:`_cut_views`): every tensor argument is passed contiguous at offset 0 and
+the step compiles without duck sizing. Only there: the prefix-count step compiled without duck sizing trained to
+NaN weights within one epoch (torch 2.13's CPU inductor; with duck sizing it equals the eager step), and its inputs
+keep their shapes anyway (:func:`interp.population_paths.prefix_widths`).
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ def has_compiler() -> bool:
 
 
 @functools.cache
-def _compiled(fn: Callable, dynamic: bool) -> Callable:
+def _compiled(fn: Callable, dynamic: bool, cut_views: bool = False) -> Callable:
     import torch._dynamo  # compiling imports it anyway; importing interp need not
 
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
     compiled = torch.compile(inspect.unwrap(fn), dynamic=dynamic)
-    return _dynamic(compiled) if dynamic else compiled
+    return _cut_views(compiled) if cut_views else compiled
 
 
 def _own(x):
@@ -65,9 +66,9 @@ def _own(x):
     return x.clone(memory_format=torch.contiguous_format)
 
 
-def _dynamic(compiled: Callable) -> Callable:
-    """``compiled`` (a ``dynamic=True`` step) called with tensors of their own and compiled without duck sizing:
-    one graph for every width a run brings (module docstring)."""
+def _cut_views(compiled: Callable) -> Callable:
+    """``compiled`` (a ``dynamic=True`` step) called with tensors contiguous at offset 0 and compiled without duck
+    sizing: one graph for every width and place of the views a run cuts (module docstring)."""
     from torch.fx.experimental import _config as fx_config
 
     @functools.wraps(compiled)
@@ -78,15 +79,18 @@ def _dynamic(compiled: Callable) -> Callable:
     return step
 
 
-def compiled_step(fn: Callable, *, dynamic: bool, device) -> Callable:
+def compiled_step(fn: Callable, *, dynamic: bool, device, cut_views: bool = False) -> Callable:
     """``torch.compile(fn, dynamic=dynamic)``, from the cache; a ConfigError where ``device`` is the CPU and no C++
-    compiler is installed."""
+    compiler is installed. ``cut_views=True`` (with ``dynamic=True``): the step's tensor arguments are views cut at
+    changing places and sizes (module docstring)."""
     if torch.device(device).type == "cpu" and not has_compiler():
         raise ConfigError(
             "compile=True (--compile) needs a C++ compiler on the CPU (torch.compile generates C++); "
             "install g++ or train without it"
         )
-    return _compiled(fn, dynamic)
+    if cut_views and not dynamic:
+        raise ValueError("cut_views=True is for steps compiled with dynamic=True")
+    return _compiled(fn, dynamic, cut_views)
 
 
 def compiled_or_plain(fn: Callable, *, dynamic: bool) -> Callable:

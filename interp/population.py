@@ -1100,7 +1100,7 @@ def _train_population(
             compiled_step(prefix_count_losses, dynamic=True, device=device) if compile else prefix_count_losses
         )
     else:
-        position_fn = compiled_step(_position_losses, dynamic=True, device=device) if compile else None
+        position_fn = compiled_step(_position_losses, dynamic=True, device=device, cut_views=True) if compile else None
     val_counted = _eval_counts(val_data, d_vocab, cfg) if eval_counts else None
     # the same chunks every epoch: compiled once (dynamic=False: a chunk's rows and the last chunk's)
     val_predictions = compiled_step(_count_predictions, dynamic=False, device=device) if compile else None

@@ -155,24 +155,30 @@ def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec, shape):
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on the CPU needs a C++ compiler")
 @pytest.mark.parametrize(
-    "shape, dropout_at",
+    "shape, recipe, forward",
     [
-        ({}, "attention"),
-        (dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"), "attention"),
-        ({}, "embedding+attention"),
+        ({}, dict(dropout_at="attention"), "token counts"),
+        (
+            dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"),
+            dict(dropout_at="attention"),
+            "token counts",
+        ),
+        ({}, dict(dropout_at="embedding+attention"), "positions"),
+        ({}, dict(dropout_at="attention", objective="lm", dropout_rng="counter"), "prefix counts"),
     ],
-    ids=["d8", "d32, 16 heads", "d8, per position"],
+    ids=["d8", "d32, 16 heads", "d8, per position", "d8, prefix counts"],
 )
-def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape, dropout_at):
+def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape, recipe, forward):
     """compile=True (torch.compile of the training step) trains the same models as the eager code, to float
     rounding (fused kernels sum in another order): the solo-equality tolerances. The token-count step at d_model 8
     and at Table 1's d_model 32, on both sides of ROW_GRAD_D_MODEL (the unembedding's two backward layouts); the
-    per-position step (dropout on the embedding), whose length-sorted runs change width every call."""
+    per-position step (dropout on the embedding), whose length-sorted runs change width every call; the prefix-count
+    step (the language-model objective; compiled without duck sizing it trained to NaN weights)."""
     from dataclasses import replace
 
     seeds = [0, 3]
     spec = replace(tiny_spec, **shape)
-    specs, cfgs = seed_population(tiny_task, spec, tiny_cfg(epochs=2, dropout_at=dropout_at), seeds)
+    specs, cfgs = seed_population(tiny_task, spec, tiny_cfg(epochs=2, **recipe), seeds)
     eager = train_population(
         tiny_task, specs, cfgs, [tmp_path / f"e{s}.safetensors" for s in seeds], device="cpu", progress=False
     )
@@ -187,6 +193,7 @@ def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_c
     )
     for s, e, c in zip(seeds, eager, comp):
         assert c["population"]["compiled"] and not e["population"]["compiled"]
+        assert c["population"]["forward"] == e["population"]["forward"] == forward
         _compare(tmp_path / f"c{s}.safetensors", tmp_path / f"e{s}.safetensors", c, e)
 
 
