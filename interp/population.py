@@ -755,9 +755,9 @@ def train_population(
     token-count step (``dropout_at="attention"``) runs ~1.5x faster per step on one CPU core; the per-position step
     gains little (its time is in batched products). Compiling costs ~10-20 s per graph on an idle core with an
     empty inductor cache (minutes for a whole population on a loaded machine), so it pays only over long runs
-    (Table 1's 900 epochs). The per-position and prefix-count steps compile one graph for every width
-    (:mod:`interp.compiled`), plus one where a run of the length-sorted batch is one sentence or one position wide
-    (torch specialises sizes 0 and 1).
+    (Table 1's 900 epochs). The per-position step compiles one graph for every width (:mod:`interp.compiled`),
+    plus one where a run of the length-sorted batch is one sentence or one position wide (torch specialises sizes 0
+    and 1); the prefix-count step one per batch size.
 
     ``snapshot_every=N`` writes each model's current weights every N epochs as its solo run does
     (``<out>.snapshots/epoch-00000N.safetensors``, ordinary checkpoints with the epoch, seed, config and that
