@@ -21,9 +21,12 @@ inputs are views cut out of a bigger batch (:func:`interp.position_forward.cut_r
 offsets the graph guards on; and torch's "duck sizing" gives two sizes one symbol where they happen to be equal in
 the first call (the width and ``K * n_heads``, say), so a later call where they differ recompiles. Such a step is
 compiled with ``cut_views=True`` (:func:`_cut_views`): every tensor argument is passed contiguous at offset 0 and
-the step compiles without duck sizing. Only there: the prefix-count step compiled without duck sizing trained to
-NaN weights within one epoch (torch 2.13's CPU inductor; with duck sizing it equals the eager step), and its inputs
-keep their shapes anyway (:func:`interp.population_paths.prefix_widths`).
+the step compiles without duck sizing. The parameters go in as tensors of their own too
+(clones: gradients flow back to the flat buffer). The prefix-count step, compiled without duck sizing and given the
+population's parameters as views at their offsets in the flat buffer, computed wrong losses from the first step
+(2.1217 where the eager step gives 2.0527) and NaN by the fourth (torch 2.13's CPU inductor); with the parameters
+copied, or with duck sizing, it equals the eager step. It keeps duck sizing (its inputs keep their shapes anyway:
+:func:`interp.population_paths.prefix_widths`).
 """
 
 from __future__ import annotations
@@ -67,14 +70,16 @@ def _own(x):
 
 
 def _cut_views(compiled: Callable) -> Callable:
-    """``compiled`` (a ``dynamic=True`` step) called with tensors contiguous at offset 0 and compiled without duck
-    sizing: one graph for every width and place of the views a run cuts (module docstring)."""
+    """``compiled`` (a ``dynamic=True`` step) called with tensors contiguous at offset 0 (those of a dict argument
+    too: a population's parameters are views into one flat buffer) and compiled without duck sizing: one graph for
+    every width and place of the views a run cuts (module docstring)."""
     from torch.fx.experimental import _config as fx_config
 
     @functools.wraps(compiled)
     def step(*args, **kwargs):
+        args = tuple({k: _own(v) for k, v in a.items()} if isinstance(a, dict) else _own(a) for a in args)
         with fx_config.patch(use_duck_shape=False):
-            return compiled(*map(_own, args), **{k: _own(v) for k, v in kwargs.items()})
+            return compiled(*args, **{k: _own(v) for k, v in kwargs.items()})
 
     return step
 

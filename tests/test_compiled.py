@@ -94,7 +94,10 @@ def test_a_dynamic_step_compiles_once_for_views_of_every_width_and_offset():
     fn = fresh_code(_embedded_sum)
     step = compiled_step(fn, dynamic=True, device="cpu", cut_views=True)
     g = torch.Generator().manual_seed(0)
-    P = {"W_E": torch.randn(11, 3, generator=g, dtype=torch.float64)}  # float64: sums in another order agree to 1e-12
+    # the parameters as views at an offset into one flat buffer, as a population's are (float64: sums in another
+    # order agree to 1e-12)
+    flat = torch.randn(50, generator=g, dtype=torch.float64)
+    P = {"W_E": flat[7:40].view(11, 3)}
     tokens = torch.randint(0, 11, (4, 40, 24), generator=g)
     mask = torch.rand(4, 40, 24, generator=g, dtype=torch.float64)
     before = graphs()
