@@ -62,8 +62,7 @@ def _compiled(fn: Callable, dynamic: bool, cut_views: bool = False) -> Callable:
 
 def _own(x):
     """A tensor argument as a contiguous tensor at storage offset 0 (a graph guards on strides and offsets; one
-    that already is one is passed as it is, not copied); anything else (the parameters' dict, numbers, strings) as
-    it is."""
+    that already is one is passed as it is, not copied); anything else (numbers, strings, a norm) as it is."""
     if not isinstance(x, torch.Tensor) or (x.is_contiguous() and x.storage_offset() == 0):
         return x
     return x.clone(memory_format=torch.contiguous_format)
