@@ -283,6 +283,55 @@ def test_population_on_cuda_equals_its_solo_runs_on_cuda_and_the_cpu(
     assert not failures, failures
 
 
+@pytest.mark.parametrize(
+    "shape, recipe, forward",
+    [
+        ({}, dict(dropout_at="attention"), "token counts"),
+        (
+            dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"),
+            dict(dropout_at="attention", dropout_rng="counter"),
+            "token counts",
+        ),
+        ({}, dict(dropout_at="embedding+attention"), "positions"),
+        ({}, dict(dropout_at="attention", objective="lm", dropout_rng="counter"), "prefix counts"),
+    ],
+    ids=["d8", "d32, 16 heads, counter", "d8, per position", "d8, prefix counts"],
+)
+def test_compiled_population_on_cuda_equals_eager_on_cuda(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, shape, recipe, forward
+):
+    """compile=True on CUDA (Triton kernels) trains the same models as the eager code on CUDA, for each of the three
+    forwards: the token-count step, the per-position step (its length-sorted runs change width every call: one
+    graph for all of them, ``interp.compiled.compiled_step(cut_views=True)``) and the prefix-count step. Tolerance:
+    the solo-equality one (2e-5 in any weight after 2 epochs), as on the CPU (tests/test_population.py)."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from interp.population import seed_population, train_population
+
+    seeds = [0, 3]
+    specs, cfgs = seed_population(tiny_task, replace(tiny_spec, **shape), tiny_cfg(epochs=2, **recipe), seeds)
+    runs = {}
+    for compiled in (False, True):
+        outs = [tmp_path / f"{compiled}-{s}.safetensors" for s in seeds]
+        runs[compiled] = train_population(tiny_task, specs, cfgs, outs, device=CUDA, progress=False, compile=compiled)
+    worst = []
+    for s, e, c in zip(seeds, runs[False], runs[True]):
+        assert c["population"]["compiled"] and not e["population"]["compiled"]
+        assert c["population"]["forward"] == e["population"]["forward"] == forward
+        assert c["steps"] == e["steps"] and c["kept_epoch"] == e["kept_epoch"]
+        diff = _largest_difference(
+            load_file(tmp_path / f"True-{s}.safetensors"), load_file(tmp_path / f"False-{s}.safetensors")
+        )
+        worst.append(diff)
+        log = os.environ.get("INTERP_DEVICE_LOG")
+        if log:
+            with open(log, "a") as f:
+                f.write(json.dumps({"test": f"compiled population {forward} {shape} seed {s}", "worst": diff}) + "\n")
+    assert max(worst) <= 2e-5, worst
+
+
 def test_the_report_command_on_cuda(tmp_path):
     from interp.app.cli import main
 
