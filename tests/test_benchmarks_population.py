@@ -26,6 +26,52 @@ def test_bad_counts_are_a_usage_error_before_any_training(argv, message):
     _assert_usage_error("population.py", argv, message)
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--runs", "counts-32:0:eager"], "argument --runs: K must be a positive integer (1 for solo)"),
+        (["--runs", "counts-32:2:solo"], "argument --runs: K must be a positive integer (1 for solo)"),
+        (["--runs", "counts-33:1:eager"], "argument --runs: unknown configuration 'counts-33'"),
+        (["--runs", "counts-32:4:fast"], "argument --runs: unknown side 'fast'"),
+        (["--runs", "counts-32:4"], "argument --runs: expected CONFIG:K:SIDE"),
+        (["--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
+        (["--device", "cuda:-1"], "argument --device: "),
+    ],
+)
+def test_the_device_benchmark_refuses_bad_runs_before_any_training(argv, message):
+    _assert_usage_error("population_device.py", argv, message)
+
+
+@pytest.mark.slow
+def test_the_device_benchmark_times_a_population_and_its_solo_run(tmp_path):
+    """One tiny run of each side on the CPU: the rates are positive and the ratio is the solo rate over the side's."""
+    out = tmp_path / "rates.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "population_device.py"),
+            "--device",
+            "cpu",
+            "--runs",
+            "counts-2:2:eager,counts-2:1:solo",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    import json
+
+    eager, solo = json.loads(out.read_text())
+    assert (eager["side"], eager["K"], solo["side"], solo["K"]) == ("eager", 2, "solo", 1)
+    assert eager["s_per_model_epoch"] > 0 and solo["s_per_model_epoch"] > 0
+    assert eager["solo_over_side"] == pytest.approx(solo["s_per_model_epoch"] / eager["s_per_model_epoch"])
+    assert "solo / side" in done.stdout
+
+
 def _assert_usage_error(script: str, argv: list[str], message: str) -> None:
     """``benchmarks/<script> argv`` exits 2 with argparse's one line naming ``message``, no traceback, no output."""
     done = subprocess.run(
