@@ -166,15 +166,34 @@ def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec, shape):
         ),
         ({}, dict(dropout_at="embedding+attention"), "positions"),
         ({}, dict(dropout_at="attention", objective="lm", dropout_rng="counter"), "prefix counts"),
+        (
+            dict(d_model=2, n_heads=1, d_head=2, output_matrix="identity"),
+            dict(dropout_at="embedding+attention"),
+            "positions",
+        ),
+        (
+            dict(d_model=8, n_heads=64, d_head=2, output_matrix="learned"),
+            dict(dropout_at="embedding+attention"),
+            "positions",
+        ),
     ],
-    ids=["d8", "d32, 16 heads", "d8, per position", "d8, prefix counts"],
+    ids=[
+        "d8",
+        "d32, 16 heads",
+        "d8, per position",
+        "d8, prefix counts",
+        "1 head, per position",
+        "64 heads, trained W_O, per position",
+    ],
 )
 def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape, recipe, forward):
     """compile=True (torch.compile of the training step) trains the same models as the eager code, to float
     rounding (fused kernels sum in another order): the solo-equality tolerances. The token-count step at d_model 8
     and at Table 1's d_model 32, on both sides of ROW_GRAD_D_MODEL (the unembedding's two backward layouts); the
     per-position step (dropout on the embedding), whose length-sorted runs change width every call; the prefix-count
-    step (the language-model objective; compiled without duck sizing it trained to NaN weights)."""
+    step (the language-model objective; compiled without duck sizing it trained to NaN weights); the per-position
+    step on one head and on 64 heads with a trained W_O (K x n_heads is a size of the step's tensors, which the
+    compiled graph must not confuse with a run's width)."""
     from dataclasses import replace
 
     seeds = [0, 3]
