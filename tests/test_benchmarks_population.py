@@ -4,6 +4,7 @@ repeats, no population of no models."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,8 @@ def test_the_device_benchmark_refuses_bad_runs_before_any_training(argv, message
 
 @pytest.mark.slow
 def test_the_device_benchmark_times_a_population_and_its_solo_run(tmp_path):
-    """One tiny run of each side on the CPU: the rates are positive and the ratio is the solo rate over the side's."""
+    """One tiny run of each side on the CPU: each is measured and written, and the ratio is the solo rate over the
+    side's. Behaviour only: no timing is asserted."""
     out = tmp_path / "rates.json"
     done = subprocess.run(
         [
@@ -67,7 +69,8 @@ def test_the_device_benchmark_times_a_population_and_its_solo_run(tmp_path):
 
     eager, solo = json.loads(out.read_text())
     assert (eager["side"], eager["K"], solo["side"], solo["K"]) == ("eager", 2, "solo", 1)
-    assert eager["s_per_model_epoch"] > 0 and solo["s_per_model_epoch"] > 0
+    # rates are differences of two wall times (3E and E epochs): finite, with no sign asserted (load can flip it)
+    assert all(math.isfinite(r["s_per_model_epoch"]) and r["warmup_s"] > 0 for r in (eager, solo))
     assert eager["solo_over_side"] == pytest.approx(solo["s_per_model_epoch"] / eager["s_per_model_epoch"])
     assert "solo / side" in done.stdout
 
