@@ -28,15 +28,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from population import CONFIGS, _positive, _recipe  # the sibling script, found by the line above
+
 SIDES = ("eager", "compiled", "solo")
 DEFAULT_RUNS = "counts-32:100:eager,counts-32:1:solo,positions:30:eager,positions:1:solo,counts-32:100:compiled"
 
 
 def _run_spec(text: str) -> tuple[str, int, str]:
     """``CONFIG:K:SIDE`` -> (config, K, side); argparse's usage error names what is wrong."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from population import CONFIGS
-
     parts = text.split(":")
     if len(parts) != 3:
         raise argparse.ArgumentTypeError(f"expected CONFIG:K:SIDE (e.g. counts-32:100:eager), got {text!r}")
@@ -52,12 +52,6 @@ def _run_spec(text: str) -> tuple[str, int, str]:
 
 def _runs(text: str) -> list[tuple[str, int, str]]:
     return [_run_spec(t.strip()) for t in text.split(",") if t.strip()]
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
 
 
 def _seconds(device: str, task, spec, cfg, K: int, side: str, epochs: int) -> float:
@@ -104,9 +98,6 @@ def main() -> None:
 
     from interp.device import pick_device
     from interp.errors import InterpError
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from population import _recipe
 
     torch.set_num_threads(args.threads)
     try:

@@ -4,6 +4,7 @@ repeats, no population of no models."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def test_bad_counts_are_a_usage_error_before_any_training(argv, message):
         (["--runs", "counts-33:1:eager"], "argument --runs: unknown configuration 'counts-33'"),
         (["--runs", "counts-32:4:fast"], "argument --runs: unknown side 'fast'"),
         (["--runs", "counts-32:4"], "argument --runs: expected CONFIG:K:SIDE"),
-        (["--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
+        (["--epochs", "0"], "argument --epochs: expected a positive integer, got 0"),
         (["--device", "cuda:-1"], "argument --device: "),
     ],
 )
@@ -65,8 +66,6 @@ def test_the_device_benchmark_times_a_population_and_its_solo_run(tmp_path):
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
-    import json
-
     eager, solo = json.loads(out.read_text())
     assert (eager["side"], eager["K"], solo["side"], solo["K"]) == ("eager", 2, "solo", 1)
     # rates are differences of two wall times (3E and E epochs): finite, with no sign asserted (load can flip it)
