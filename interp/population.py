@@ -250,17 +250,20 @@ def _count_tables(
     K, H, d, e = W_Q.shape
     E_in = norm.apply(P, "blocks.0.ln1", W_E)  # what attention reads from each token (pre-LN where the model has it)
 
-    def heads(W):  # [K, heads, d_model, d_head] -> [K, d_model, heads x d_head]
-        return W.permute(0, 2, 1, 3).reshape(K, d, H * e)
-
-    q = torch.bmm(E_in[:, queries], heads(W_Q)).view(K, -1, H, e).transpose(1, 2) + P["blocks.0.attn.b_Q"][:, :, None]
-    kv = torch.bmm(E_in[:, present], torch.cat([heads(W_K), heads(W_V)], 2)).view(K, -1, 2, H, e)  # keys, values
+    # [K, heads, d_model, d_head] -> [K, d_model, heads x d_head] (inline: the test run's type checker wraps every
+    # def, nested ones too, and a compiled graph cannot trace the wrapper)
+    W_Q, W_K, W_V = (W.permute(0, 2, 1, 3).reshape(K, d, H * e) for W in (W_Q, W_K, W_V))
+    q = torch.bmm(E_in[:, queries], W_Q).view(K, -1, H, e).transpose(1, 2) + P["blocks.0.attn.b_Q"][:, :, None]
+    kv = torch.bmm(E_in[:, present], torch.cat([W_K, W_V], 2)).view(K, -1, 2, H, e)  # keys, values
     keys = kv[:, :, 0].transpose(1, 2) + P["blocks.0.attn.b_K"][:, :, None]  # [K, H, present, e]
     vals = kv[:, :, 1].transpose(1, 2) + P["blocks.0.attn.b_V"][:, :, None]
     if pooling == "softmax":  # d_head-long dot products, as one fused pass rather than K x H tiny products
         return (q[:, :, :, None] * keys[:, :, None]).sum(-1) / attn_scale, vals
     additive_v = P[f"blocks.0.attn.{ADDITIVE}"] if pooling == "additive" else None
     return inspect.unwrap(pair_scores)(pooling, q, keys, attn_scale, additive_v), vals
+
+
+_plain_count_tables = inspect.unwrap(_count_tables)  # unwrapped once: the test run's type checker wraps it
 
 
 def _weights_exact(QK: Tensor, queries: Tensor, present: Tensor, always: Tensor) -> Tensor:
@@ -648,13 +651,17 @@ def _val_metrics(
     cfg: TrainConfig | None = None,
     pooling: str = "softmax",
     count_predictions=None,
+    grouped_predictions=None,
 ) -> list[dict[str, float]]:
     """The task's metrics of each model on ``data``, as :func:`interp.evaluation.evaluate` computes them (from token
     counts when ``counted`` = :func:`token_counts` of ``data`` is given), in chunks of rows whose largest
     intermediate holds about ``budget`` numbers. Models with positions, with a LayerNorm or left-padded (``cfg``)
-    are evaluated as the solo run evaluates them. ``count_predictions``: :func:`_count_predictions` or its compiled
-    form (the plain function where None)."""
+    are evaluated as the solo run evaluates them. Where the weights form is exact, models have no LayerNorm and the
+    data at most :data:`GROUPED_QUERIES` query tokens, the rows go through :func:`_grouped_predictions` (all models
+    at once), else through :func:`_count_predictions` (each model's rows apart). ``count_predictions``,
+    ``grouped_predictions``: those functions or their compiled forms (the plain functions where None)."""
     count_predictions = count_predictions or _count_predictions
+    grouped_predictions = grouped_predictions or _grouped_predictions
     if counted is None and cfg is not None and cfg.padding == "left":
         raise ConfigError("batched training with padding='left' covers models without positional embedding")
     K = next(iter(P.values())).shape[0]
@@ -669,11 +676,21 @@ def _val_metrics(
     by_weights = counted is not None and weights_are_exact(
         P, counted.queries, counted.present, counted.always, attn_scale, norm, pooling
     )
+    grouped = by_weights and norm.kind is None and len(counted.queries) <= GROUPED_QUERIES
     preds = torch.empty((K, n, k), dtype=torch.long, device=data.device)
     losses = torch.empty((K, n, k), device=data.device)
     with torch.no_grad():
         for start in range(0, n, rows_per_chunk):
             idx = torch.arange(start, min(start + rows_per_chunk, n), device=data.device)
+            if grouped:  # the chunk's rows, shared by every model, sorted by query token
+                order, bounds = grouped_rows(counted.query_idx[idx].flatten(), len(counted.queries))
+                cnt = counted.counts[idx].flatten(0, 1)[order]
+                args = (P, cnt, counted.queries, counted.present, tgt[idx].flatten()[order], attn_scale, pooling)
+                p_sorted, l_sorted = grouped_predictions(*args, bounds)
+                p_, l_ = torch.empty_like(p_sorted), torch.empty_like(l_sorted)
+                p_[:, order], l_[:, order] = p_sorted, l_sorted
+                preds[:, idx], losses[:, idx] = p_.view(K, -1, k), l_.view(K, -1, k)
+                continue
             if counted is not None:
                 qidx, cnt = (x.expand(K, *x.shape[1:]) for x in counted.select(idx[None]))
                 args = (P, qidx, cnt, counted.queries, counted.present, tgt[idx], attn_scale, norm, pooling)
@@ -717,6 +734,58 @@ def _count_predictions(P, query_idx, counts, queries, present, targets, attn_sca
         log_counts = counts.log().clamp(min=ABSENT)
         logits = _softmax_count_logits(P, queries[query_idx], log_counts, present, attn_scale, None, norm, pooling)
     return _predictions(logits, targets)
+
+
+# validation's grouped form (:func:`_grouped_predictions`) loops over the query tokens in its compiled graph, one
+# product each: used up to this many distinct query tokens (Table 1's noisy majority has 3), the per-model form beyond
+GROUPED_QUERIES = 8
+
+
+def grouped_rows(query_idx: Int[Tensor, " N"], n_queries: int) -> tuple[Tensor, tuple[int, ...]]:
+    """The order that sorts rows by their query token (stable) and where each query token's rows start in it, then
+    the number of rows: what :func:`_grouped_predictions` takes."""
+    order = torch.sort(query_idx, stable=True).indices
+    bounds = torch.bincount(query_idx, minlength=n_queries).cumsum(0).tolist()
+    return order, (0, *bounds)
+
+
+def _grouped_predictions(P, counts, queries, present, targets, attn_scale, pooling, bounds):
+    """:func:`_count_predictions` in weights form (where :func:`weights_are_exact`) for rows that every model
+    scores, as validation's are, in models without a LayerNorm: ``counts`` ``[N, present]`` and ``targets``
+    ``[N]`` sorted by query token, query token ``q``'s rows ``bounds[q]:bounds[q + 1]`` (:func:`grouped_rows`).
+    Predictions and losses ``[K, N]``, in that order.
+
+    The same quantities as the per-model form, computed another way round. Every model's weighted values and
+    denominators for one query token are one product ``[K x (head x d_head + head), present] @ [present, rows]``
+    (the counts are the same for every model: one matrix product, not K small ones, and no one-hot factor that
+    multiplies by zeros for the other query tokens), every activation is laid out ``[K, features, rows]`` (MKL
+    writes long rows fast), and without a LayerNorm the logits are linear in the attention output, so ``W_U^T
+    W_O^T`` (``[K, vocab, head x d_head]``) and ``W_U^T (W_E[q] + b_O) + b_U`` (per query token) are formed once per
+    call instead of going through d_model per row. That reassociates the products: losses differ from the
+    per-model form by float32 rounding (measured ~3e-6 relative at d = 32). (Plain annotations: compiled steps
+    trace this.)"""
+    Vp = counts.shape[1]
+    QK, vals = _plain_count_tables(P, queries, present, attn_scale, NO_NORM, pooling)  # [K, H, Q, Vp], [K, H, Vp, e]
+    K, H, Q, _ = QK.shape
+    e, d = vals.shape[-1], P["embed.W_E"].shape[-1]
+    Ew = (QK - QK.amax(-1, keepdim=True)).exp()  # [K, H, Q, Vp], as _weighted_count_logits
+    numer = Ew[:, :, None] * vals.transpose(-1, -2)[:, :, :, None]  # [K, H, e, Q, Vp]
+    left = torch.cat([numer.reshape(K, H * e, Q, Vp), Ew], 1)  # [K, H x e + H, Q, Vp]
+    W_U = P["unembed.W_U"].transpose(1, 2)  # [K, vocab, d]
+    UO = torch.bmm(W_U, P["blocks.0.attn.W_O"].reshape(K, H * e, d).transpose(1, 2))  # [K, vocab, H x e]
+    own = (P["embed.W_E"][:, queries] + P["blocks.0.attn.b_O"][:, None]).transpose(1, 2)  # [K, d, Q]
+    bias = torch.baddbmm(P["unembed.b_U"][:, :, None], W_U, own)  # [K, vocab, Q]: each query token's logits
+    preds, losses = [], []
+    for q in range(Q):
+        lo, hi = bounds[q], bounds[q + 1]
+        if hi == lo:
+            continue
+        both = (left[:, :, q].reshape(K * (H * e + H), Vp) @ counts[lo:hi].T).view(K, H * e + H, hi - lo)
+        z = (both[:, : H * e].view(K, H, e, -1) / both[:, H * e :, None]).view(K, H * e, -1)
+        logits = torch.bmm(UO, z) + bias[:, :, q, None]  # [K, vocab, rows]
+        losses.append(-logits.float().log_softmax(1).gather(1, targets[lo:hi].expand(K, 1, -1)).squeeze(1))
+        preds.append(logits.argmax(1))
+    return torch.cat(preds, 1), torch.cat(losses, 1)
 
 
 def train_population(
@@ -1104,6 +1173,7 @@ def _train_population(
     val_counted = _eval_counts(val_data, d_vocab, cfg) if eval_counts else None
     # the same chunks every epoch: compiled once (dynamic=False: a chunk's rows and the last chunk's)
     val_predictions = compiled_step(_count_predictions, dynamic=False, device=device) if compile else None
+    val_grouped = compiled_step(_grouped_predictions, dynamic=False, device=device) if compile else None
     started = time.time()
     if resume_file is not None and Path(resume_file).is_file():
         pop.load_state(*_load_resume(Path(resume_file), pop.identity()))
@@ -1150,6 +1220,7 @@ def _train_population(
             cfg=cfg,
             pooling=pop.pooling,
             count_predictions=val_predictions,
+            grouped_predictions=val_grouped,
         )
         tick = _lap(clock, "validation", tick)
         # snapshots before the resume file: a kill between the two replays (and rewrites) them, never skips them

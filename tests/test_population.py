@@ -127,14 +127,21 @@ def _three_models(task, spec):
 )
 def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec, shape):
     """Validation's token-count predictions compiled (what a compiled population runs every epoch) and plain, in
-    both forms (weights and softmax), on one head, four and 64 (W_O trained): the same predicted tokens, losses
-    equal to float32 rounding (fused kernels sum in another order). Compiled from a copy with its own code object:
-    torch keeps graphs per code object, and a limit other tests' shapes exhausted would run the plain function and
-    compare it with itself; each call is checked to have compiled a graph of its own."""
+    all three forms (weights, softmax, grouped), on one head, four and 64 (W_O trained): the same predicted tokens,
+    losses equal to float32 rounding (fused kernels sum in another order). Compiled from a copy with its own code
+    object: torch keeps graphs per code object, and a limit other tests' shapes exhausted would run the plain
+    function and compare it with itself; each call is checked to have compiled a graph of its own."""
     import inspect
     from dataclasses import replace
 
-    from interp.population import NO_NORM, _count_predictions, target_positions, token_counts
+    from interp.population import (
+        NO_NORM,
+        _count_predictions,
+        _grouped_predictions,
+        grouped_rows,
+        target_positions,
+        token_counts,
+    )
     from tests.test_compiled import fresh_code, graphs
 
     P, data, scale, d_vocab = _three_models(tiny_task, replace(tiny_spec, **shape))
@@ -150,6 +157,81 @@ def test_compiled_validation_equals_the_plain_one(tiny_task, tiny_spec, shape):
         assert graphs() > before  # this form ran compiled, not the plain function
         assert preds.shape == (3, *targets.shape) and torch.equal(preds, cpreds)
         torch.testing.assert_close(closses, losses, rtol=1e-5, atol=1e-6)
+    # the grouped form (all models' rows at once), compiled against plain
+    order, bounds = grouped_rows(c.query_idx.flatten(), len(c.queries))
+    gargs = (P, c.counts.flatten(0, 1)[order], c.queries, c.present, targets.flatten()[order], scale, "softmax")
+    preds, losses = _grouped_predictions(*gargs, bounds)
+    before = graphs()
+    cpreds, closses = torch.compile(fresh_code(inspect.unwrap(_grouped_predictions)), dynamic=False)(*gargs, bounds)
+    assert graphs() > before
+    assert torch.equal(preds, cpreds)
+    torch.testing.assert_close(closses, losses, rtol=1e-5, atol=1e-6)
+
+
+def _grouped(P, c, targets, scale, pooling="softmax"):
+    """:func:`interp.population._grouped_predictions` of token counts ``c``, back in the rows' own order."""
+    from interp.population import _grouped_predictions, grouped_rows
+
+    order, bounds = grouped_rows(c.query_idx.flatten(), len(c.queries))
+    counts, tgt = c.counts.flatten(0, 1)[order], targets.flatten()[order]
+    preds, losses = _grouped_predictions(P, counts, c.queries, c.present, tgt, scale, pooling, bounds)
+    back_p, back_l = torch.empty_like(preds), torch.empty_like(losses)
+    back_p[:, order], back_l[:, order] = preds, losses
+    return back_p.view(-1, *targets.shape), back_l.view(-1, *targets.shape)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {},
+        dict(d_model=2, n_heads=1, d_head=2, output_matrix="identity"),
+        dict(d_model=8, n_heads=64, d_head=2),
+        dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"),
+        dict(attention="additive"),
+    ],
+    ids=["4 heads", "1 head", "64 heads, trained W_O", "d32, 16 heads (Table 1)", "additive pooling"],
+)
+def test_grouped_validation_equals_each_models_own(tiny_task, tiny_spec, shape):
+    """Validation's grouped form (every model's rows at once, sorted by query token, ``W_U^T W_O^T`` formed once)
+    against each model's own weights form and against the softmax form (the exponentials per query, nothing
+    rearranged): the same predicted tokens, losses equal to float32 rounding (products reassociated: rtol 1e-5,
+    atol 1e-6, the tolerance of the compiled-validation test). The weights are sharpened (W_Q, W_K, W_E, W_U x 3)
+    so that the models predict different tokens for different rows. And ``_val_metrics`` gives the same metrics
+    either way (the grouped form switched off by ``GROUPED_QUERIES = 0``)."""
+    from dataclasses import replace
+
+    import interp.population as pop
+    from interp.attention import extra_parameters
+    from interp.model import build_model
+
+    spec = replace(tiny_spec, **shape)
+    models = [build_model(replace(spec, init_seed=s), device="cpu") for s in (0, 1, 2)]
+    names = pop.PARAMS + tuple(extra_parameters(models[0]))
+    sharpen = ("blocks.0.attn.W_Q", "blocks.0.attn.W_K", "embed.W_E", "unembed.W_U")
+    P = {n: torch.stack([m.state_dict()[n] for m in models]) * (3 if n in sharpen else 1) for n in names}
+    data, scale, pooling = tiny_task.dataset("val"), float(models[0].blocks[0].attn.attn_scale), "softmax"
+    if "attention" in shape:
+        pooling = shape["attention"]
+    c = pop.token_counts(data, models[0].cfg.d_vocab)
+    assert pop.weights_are_exact(P, c.queries, c.present, c.always, scale, pop.NO_NORM, pooling)
+    targets = data.targets.gather(1, pop.target_positions(data))
+    qidx, cnt = (x.expand(3, *x.shape[1:]) for x in c.select(torch.arange(len(data))[None]))
+    args = (P, qidx, cnt, c.queries, c.present, targets, scale, pop.NO_NORM, pooling)
+    preds, losses = _grouped(P, c, targets, scale, pooling)
+    assert preds.shape == (3, *targets.shape) and len(preds.unique()) > 1
+    for by_weights in (True, False):
+        own_preds, own_losses = pop._count_predictions(*args, by_weights=by_weights)
+        assert torch.equal(preds, own_preds)
+        torch.testing.assert_close(losses, own_losses, rtol=1e-5, atol=1e-6)
+    grouped = pop._val_metrics(tiny_task, P, data, scale, c, pooling=pooling)
+    before, pop.GROUPED_QUERIES = pop.GROUPED_QUERIES, 0
+    try:
+        own = pop._val_metrics(tiny_task, P, data, scale, c, pooling=pooling)
+    finally:
+        pop.GROUPED_QUERIES = before
+    for a, b in zip(grouped, own):
+        assert a.keys() == b.keys() and a["accuracy"] == b["accuracy"] and a["eos_accuracy"] == b["eos_accuracy"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
 
 
 @pytest.mark.slow
