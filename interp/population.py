@@ -538,6 +538,34 @@ def _mask_heads(
                     t[k].mul_(m[k])
 
 
+def one_head_each(head_on: Float[Tensor, "K n_heads"] | None) -> Int[Tensor, "K 1"] | None:
+    """Each model's one active head, where every model of a population is down to one (halving's end state, and
+    ``mask-all-but-one``'s from the start), else None: what :func:`narrow_heads` takes. Only that state narrows, not
+    each intermediate head count: a compiled step compiles graphs per shape (seconds each), and a halving run passes
+    through its intermediate counts in a few epochs (Table 1's d = 32 populations are all at one head from about
+    epoch 45 of 900)."""
+    if head_on is None or head_on.shape[1] == 1 or bool(((head_on > 0).sum(1) != 1).any()):
+        return None
+    return (head_on > 0).to(torch.int8).argmax(1, keepdim=True)
+
+
+def narrow_heads(P: dict[str, Tensor], heads: Int[Tensor, "K kept"]) -> dict[str, Tensor]:
+    """``P`` with each per-head parameter ``[K, n_heads, ...]`` of the attention layer narrowed to each model's
+    ``heads`` (a gather: gradients flow back to the full parameters). The other heads are masked (their Q/K/V
+    weights and biases zero), so they add exact zeros to every output and get zero gradients: the narrowed forward
+    computes the same function with fewer heads. ``W_O`` is narrowed too, so a fixed identity ``W_O`` becomes its
+    kept rows (the forward then multiplies by it instead of reading the heads' outputs as the residual: exact, one
+    1 per column)."""
+    K, kept = heads.shape
+    out = dict(P)
+    for short in (*HEAD_PARAMS, ADDITIVE):
+        n = f"blocks.0.attn.{short}"
+        if n in P:
+            x = P[n]
+            out[n] = x.gather(1, heads.view(K, kept, *[1] * (x.ndim - 2)).expand(K, kept, *x.shape[2:]))
+    return out
+
+
 class _Adam:
     """Adam on a population's parameters with a learning rate per model: ``torch.optim.AdamW`` (amsgrad off; weight
     decay decoupled from the gradient), or with ``decoupled=False`` ``torch.optim.Adam`` (the weight decay added to
@@ -920,6 +948,7 @@ class _Population:
         self.head_on = (
             torch.stack([r.halving.mask[0] for r in self.records]).to(device) if self.cfg.halving is not None else None
         )  # [K, n_heads], 1 for active heads
+        self.one_head = one_head_each(self.head_on)  # [K, 1] where every model is down to one head, else None
         self.attn_scale = float(self.models[0].blocks[0].attn.attn_scale)
         self.epoch = self.step = 0
         self.clock: dict[str, float] = {}  # wall seconds by part of the run (the provenance's population.seconds)
@@ -927,7 +956,11 @@ class _Population:
 
     @property
     def detached(self) -> dict[str, Tensor]:
-        return self.forward_params({n: v.detach() for n, v in self.P.items()})
+        """The parameters validation runs with (on the token-count path narrowed to each model's one head where
+        every model is down to one: :func:`narrow_heads`)."""
+        P = self.forward_params({n: v.detach() for n, v in self.P.items()})
+        narrow = self.one_head is not None and self.forward == "token counts"
+        return narrow_heads(P, self.one_head) if narrow else P
 
     def forward_params(self, P: dict[str, Tensor]) -> dict[str, Tensor]:
         """``P`` with the Q/K/V matrices the models project with (masked, or the low-rank factors' product)."""
@@ -968,9 +1001,11 @@ class _Population:
         elif p:
             # each model's own draws, what F.dropout multiplies by on the CPU
             out_mask = self.dropout.masks((idx.shape[1], qidx.shape[-1], d), p).to(self.device)
-        P = self.forward_params(self.P)
+        P, identity_w_o = self.forward_params(self.P), self.identity_w_o
+        if self.one_head is not None:  # every model down to one head: the others' exact zeros left out
+            P, identity_w_o = narrow_heads(P, self.one_head), False
         args = (P, qidx, cnt, counted.queries, counted.present, self.attn_scale, out_mask, targets, self.norm)
-        kw = dict(pooling=self.pooling, identity_w_o=self.identity_w_o)
+        kw = dict(pooling=self.pooling, identity_w_o=identity_w_o)
         if self.pooling in ("softmax", "additive"):
             losses, exact = count_losses(*args, **kw, always=counted.always)
             if bool(exact):
@@ -1068,6 +1103,7 @@ class _Population:
         if halved is not None:
             self.head_on[k] = r.halving.mask[0].to(self.device)
             _mask_heads(self.P, self.masked, self.head_on, self.opt, k)
+            self.one_head = one_head_each(self.head_on)
 
     def kept(self) -> tuple[list[str], dict[str, Tensor]]:
         """Each model's kept state (``best``, or ``last`` as its config says; a halving run that never got to one
@@ -1130,6 +1166,7 @@ class _Population:
         self.records = [_record_from_dict(r, c) for r, c in zip(progress["records"], self.cfgs)]
         if self.head_on is not None:
             self.head_on = t["head_on"].to(self.device)
+            self.one_head = one_head_each(self.head_on)
 
 
 def _train_population(

@@ -258,6 +258,11 @@ def test_grouped_validation_equals_each_models_own(tiny_task, tiny_spec, shape):
             dict(dropout_at="embedding+attention"),
             "positions",
         ),
+        (
+            dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"),
+            dict(dropout_at="attention", halving="mask-all-but-one"),
+            "token counts",
+        ),
     ],
     ids=[
         "d8",
@@ -266,6 +271,7 @@ def test_grouped_validation_equals_each_models_own(tiny_task, tiny_spec, shape):
         "d8, prefix counts",
         "1 head, per position",
         "64 heads, trained W_O, per position",
+        "d32, 16 heads narrowed to one (mask-all-but-one)",
     ],
 )
 def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_cfg, shape, recipe, forward):
@@ -275,7 +281,8 @@ def test_compiled_population_equals_eager(tmp_path, tiny_task, tiny_spec, tiny_c
     per-position step (dropout on the embedding), whose length-sorted runs change width every call; the prefix-count
     step (the language-model objective; compiled without duck sizing it trained to NaN weights); the per-position
     step on one head and on 64 heads with a trained W_O (K x n_heads is a size of the step's tensors, which the
-    compiled graph must not confuse with a run's width)."""
+    compiled graph must not confuse with a run's width); the token-count step narrowed to each model's one head
+    (halving's masking strategy: one head from the first step)."""
     from dataclasses import replace
 
     seeds = [0, 3]
@@ -422,6 +429,76 @@ def test_halving_population_equals_halving_runs_alone(tmp_path, tiny_task, tiny_
         assert (hp["active"], hp["success"], hp["score"]) == (hs["active"], hs["success"], hs["score"])
         assert [h.get("kept_heads") for h in pop["history"]] == [h.get("kept_heads") for h in solo["history"]]
         assert pop["kept"] == solo["kept"]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [{}, dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"), dict(d_model=8, n_heads=64, d_head=2)],
+    ids=["4 heads, identity W_O", "d32, 16 heads (Table 1)", "64 heads, trained W_O"],
+)
+def test_a_step_narrowed_to_each_models_one_head_equals_the_full_step(tiny_task, tiny_spec, shape):
+    """Where every model of a population is down to one head, the token-count step runs on that head alone
+    (``narrow_heads``). Against the full step on the masked parameters (every other head's Q/K/V weights zero,
+    as halving leaves them), both forms (weights and softmax): the same losses (rtol 1e-6: the products have fewer
+    zero terms), the same gradient of every parameter of the kept heads and of the rest of the model, and none in
+    the masked heads. (The full step gives a masked head's W_V a gradient where W_O is the fixed identity, since
+    its zero output still reaches the residual; masking zeroes those weights again after every update, so they never
+    move either way.)"""
+    from dataclasses import replace
+
+    import interp.population as pop
+    from interp.model import build_model
+
+    spec = replace(tiny_spec, **shape)
+    models = [build_model(replace(spec, init_seed=s), device="cpu") for s in (0, 1, 2)]
+    P0 = {n: torch.stack([m.state_dict()[n] for m in models]).float() for n in pop.PARAMS}
+    H = spec.n_heads
+    head_on = torch.zeros(3, H)
+    head_on[torch.arange(3), torch.tensor([0, H - 1, H // 2])] = 1
+    pop._mask_heads(P0, ["W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"], head_on)
+    one = pop.one_head_each(head_on)
+    assert one.flatten().tolist() == [0, H - 1, H // 2]
+    assert pop.one_head_each(torch.ones(3, H)) is None and pop.one_head_each(torch.ones(3, 1)) is None
+    two = head_on.clone()
+    two[0, 1] = 1
+    assert pop.one_head_each(two) is None  # one model still has two heads: nothing narrows
+    data, scale = tiny_task.dataset("train"), float(models[0].blocks[0].attn.attn_scale)
+    c = pop.token_counts(data, models[0].cfg.d_vocab)
+    idx = torch.stack([torch.arange(64), torch.arange(64, 128), torch.arange(128, 192)])
+    qidx, cnt = c.select(idx)
+    targets = data.targets.gather(1, pop.target_positions(data))[idx]
+    identity = models[0].cfg.d_model == H * spec.d_head and spec.output_matrix == "identity"
+    for always in (c.always, None):  # the weights form, then the softmax form
+        runs = []
+        for narrowed in (False, True):
+            P = {n: v.clone().requires_grad_(n in ("embed.W_E", "unembed.W_U") or "attn" in n) for n, v in P0.items()}
+            Q = pop.narrow_heads(P, one) if narrowed else P
+            out = pop._count_losses(
+                Q,
+                qidx,
+                cnt,
+                c.queries,
+                c.present,
+                scale,
+                None,
+                targets,
+                identity_w_o=identity and not narrowed,
+                always=always,
+            )
+            losses = out[0] if always is not None else out
+            losses.sum().backward()
+            runs.append((losses.detach(), {n: v.grad for n, v in P.items() if v.grad is not None}))
+        (full, full_grads), (narrow, narrow_grads) = runs
+        torch.testing.assert_close(narrow, full, rtol=1e-6, atol=0)
+        assert narrow_grads.keys() >= full_grads.keys()
+        for n, g in narrow_grads.items():
+            if n.split(".")[-1] not in pop.HEAD_PARAMS:
+                torch.testing.assert_close(g, full_grads[n], rtol=1e-5, atol=1e-7)
+                continue
+            on = (head_on > 0).view(3, H, *[1] * (g.ndim - 2)).expand_as(g)
+            assert torch.equal(g[~on], torch.zeros_like(g[~on]))  # the masked heads: left out, no gradient
+            if n in full_grads:  # (a fixed identity W_O has none in the full step, which does not multiply by it)
+                torch.testing.assert_close(g[on], full_grads[n][on], rtol=1e-5, atol=1e-7)
 
 
 def test_halving_population_needs_a_scorer(tmp_path, tiny_task, tiny_spec, tiny_cfg):
