@@ -53,3 +53,30 @@ def test_comparison_counts_identical_changed_and_missing_rows(tmp_path):
     assert cells["d8-svc"]["identical"] == 1 and cells["d8-svc"]["differ"] == [lacking["name"]]
     untouched = set(cells) - {"d8-normal", "d32-svc", "d2-normal", "d8-svc"}
     assert all(cells[c]["identical"] == 2 for c in untouched)
+
+
+def test_split_by_cells_gives_every_cell_to_one_process_and_balances_their_cost():
+    """``--split cells``: each cell goes whole to one process, every cell once, and no process costs more than the
+    others by more than its dearest cell (the greedy rule's bound); one process gets every cell. The cells are the
+    shipped plans' (each row's cell is one of them), and an unknown cell is refused before any work."""
+    import subprocess
+    import sys
+
+    from interp.sweep_directory import read_results
+
+    script = _script()
+    assert {script.cell_of(r) for r in read_results(script.SHIPPED)} == set(script.CELLS) == set(script.CELL_COST)
+    for parts in (1, 2, 3, 9, 12):
+        groups = script.split_cells(list(script.CELLS), parts)
+        assert sorted(c for g in groups for c in g) == sorted(script.CELLS)
+        assert len(groups) == min(parts, len(script.CELLS))
+        costs = [sum(script.CELL_COST[c] for c in g) for g in groups]
+        assert max(costs) - min(costs) <= max(script.CELL_COST.values())
+    assert script.split_cells(["d8-svc", "d2-normal"], 2) in ([["d8-svc"], ["d2-normal"]], [["d2-normal"], ["d8-svc"]])
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "/nonexistent/out", "--split", "cells", "--cells", "d8-normal,d9-svc"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "unknown cell(s) ['d9-svc']" in out.stderr
+    assert not Path("/nonexistent/out").exists()

@@ -9,7 +9,9 @@ The plans are the shipped ``sweep.json``'s (the three ``interp sweep`` commands 
 "Reproduce": same task, models, recipe, grid, seeds and snapshots), so the runs have the shipped names and
 configuration hashes. The seeds are split into P contiguous parts (seeds 0-49 and 50-99 for P = 2, as the shipped
 table was trained), each part a process of one thread (``--threads 1 --compile``) that trains every cell's runs of
-its seeds as populations into ``OUT/part-P``; then the parts' checkpoints are hard-linked into ``OUT/runs``, the
+its seeds as populations into ``OUT/part-P``; with ``--split cells`` each process trains whole cells instead (every
+seed of a cell in one population of 100; the cells shared out by their measured cost, :data:`CELL_COST`), so each
+step's fixed costs are shared by twice the models; then the parts' checkpoints are hard-linked into ``OUT/runs``, the
 plans written to ``OUT/sweep.json`` and the sweeps rerun there, which trains nothing and writes the rows
 (``OUT/results.jsonl``). ``--cells`` trains only some cells (``d32-normal,d8-svc,...``; ``d2-normal`` is the
 d = 2 cell). The timings (wall seconds of each part, and the population's own breakdown: training steps,
@@ -38,6 +40,30 @@ from pathlib import Path
 from typing import Any
 
 SHIPPED = Path(__file__).resolve().parent / "table1"
+CELLS = (
+    "d8-normal",
+    "d8-svc",
+    "d8-shapley-svc",
+    "d8-mask-all-but-one",
+    "d2-normal",
+    "d32-normal",
+    "d32-svc",
+    "d32-shapley-svc",
+    "d32-mask-all-but-one",
+)
+# CPU seconds of each cell's 100 runs, measured (docs/benchmarks.md, "Table 1 regenerated"): what --split cells
+# balances the processes by
+CELL_COST = {
+    "d8-normal": 660,
+    "d8-svc": 650,
+    "d8-shapley-svc": 710,
+    "d8-mask-all-but-one": 780,
+    "d2-normal": 700,
+    "d32-normal": 1300,
+    "d32-svc": 1700,
+    "d32-shapley-svc": 2500,
+    "d32-mask-all-but-one": 1200,
+}
 IGNORED = ("wall_seconds", "population", "checkpoint")  # bookkeeping, not results
 OUTCOME = ("best_epoch", "kept_epoch", "epochs_run", "final_active_heads", "accuracy", "strategy", "seed")
 
@@ -48,6 +74,18 @@ _ABSENT = object()  # a field the regenerated row lacks
 def cell_of(row: dict[str, Any]) -> str:
     """``d<d_model>-<strategy>`` of a row (``normal`` without halving)."""
     return f"d{row['d_model']}-{row['strategy']}"
+
+
+def split_cells(cells: list[str], parts: int) -> list[list[str]]:
+    """``cells`` in ``parts`` groups of about equal cost (:data:`CELL_COST`): the dearest cell first, each to the
+    group with the least cost so far (ties: the first group)."""
+    groups: list[list[str]] = [[] for _ in range(parts)]
+    cost = [0.0] * parts
+    for c in sorted(cells, key=lambda c: (-CELL_COST[c], c)):
+        i = cost.index(min(cost))
+        groups[i].append(c)
+        cost[i] += CELL_COST[c]
+    return [g for g in groups if g]
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -216,6 +254,13 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seeds", default="0..99")
     parser.add_argument("--cells", default=None, help="e.g. d32-normal,d8-svc,d2-normal (default: all nine)")
+    parser.add_argument(
+        "--split",
+        choices=("seeds", "cells"),
+        default="seeds",
+        help="seeds: each process trains its part of every cell's seeds (populations of 100/P, as the shipped table "
+        "was trained); cells: each process trains whole cells, all their seeds in one population each",
+    )
     parser.add_argument("--shipped", type=Path, default=SHIPPED)
     parser.add_argument("--compare-only", action="store_true")
     parser.add_argument("--part", type=int, default=None, help=argparse.SUPPRESS)
@@ -223,18 +268,25 @@ def main() -> None:
     args = parser.parse_args()
     seeds = parse_seeds(args.seeds)
     cells = set(args.cells.split(",")) if args.cells else None
+    if cells is not None and cells - set(CELLS):
+        parser.error(f"unknown cell(s) {sorted(cells - set(CELLS))}; the cells are {', '.join(CELLS)}")
     if args.part is not None:
         return _part_worker(args.out, args.part, parse_seeds(args.part_seeds), cells, args.shipped)
     if not args.compare_only:
         if args.out.exists() and any(args.out.iterdir()):
             parser.error(f"{args.out} is not empty: regenerate into a new directory (or --compare-only)")
         args.out.mkdir(parents=True, exist_ok=True)
-        P = max(1, min(args.processes, len(seeds)))
-        split = [seeds[i * len(seeds) // P : (i + 1) * len(seeds) // P] for i in range(P)]
+        if args.split == "cells":  # (part seeds, part cells): every seed, whole cells
+            groups = split_cells([c for c in CELLS if cells is None or c in cells], max(1, args.processes))
+            parts = [(seeds, g) for g in groups]
+        else:
+            P = max(1, min(args.processes, len(seeds)))
+            parts = [(seeds[i * len(seeds) // P : (i + 1) * len(seeds) // P], cells) for i in range(P)]
+        P = len(parts)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         started = time.perf_counter()
         procs = []
-        for i, part in enumerate(split):
+        for i, (part_seeds, part_cells) in enumerate(parts):
             cmd = [
                 sys.executable,
                 __file__,
@@ -242,12 +294,12 @@ def main() -> None:
                 "--part",
                 str(i),
                 "--part-seeds",
-                ",".join(map(str, part)),
+                ",".join(map(str, part_seeds)),
                 "--shipped",
                 str(args.shipped),
             ]
-            if args.cells:
-                cmd += ["--cells", args.cells]
+            if part_cells:
+                cmd += ["--cells", ",".join(sorted(part_cells))]
             log = open(args.out / f"part-{i}.log", "w")  # noqa: SIM115 (closed when the process ends)
             procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         for proc, log in procs:
