@@ -407,13 +407,22 @@ def test_evaluation_in_chunks_equals_one_chunk(tiny_task, tiny_spec):
             assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["4 heads", "narrowed to one head"])
 @pytest.mark.parametrize("strategy", ["random", "mask-all-but-one", "svc"])
-def test_halving_population_equals_halving_runs_alone(tmp_path, tiny_task, tiny_spec, tiny_cfg, strategy):
+def test_halving_population_equals_halving_runs_alone(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, strategy, narrow, monkeypatch
+):
     """Halving inside a population: each model keeps its own head mask and schedule, and ends where the same seed's
     halving run trained alone ends (weights, history, the halving steps and their scores, the kept epoch). The
     threshold is low so that 4 heads halve to 2 and to 1 within the few epochs; svc scores the heads of each
-    model's current weights with analyses.halving.scorer, as the solo run does."""
+    model's current weights with analyses.halving.scorer, as the solo run does. Narrowed: the population's step
+    leaves the masked heads out once every model is down to one head (from the first step under masking), as it
+    does from NARROW_MIN_HEADS heads on."""
+    from interp import population
     from interp.analyses.halving import scorer
+
+    if narrow:
+        monkeypatch.setattr(population, "NARROW_MIN_HEADS", 2)
 
     cfg = tiny_cfg(epochs=4, halving=strategy, halving_threshold=0.5, dropout_at="attention")
     head_scorer = scorer(strategy) if strategy == "svc" else None
@@ -436,7 +445,7 @@ def test_halving_population_equals_halving_runs_alone(tmp_path, tiny_task, tiny_
     [{}, dict(d_model=32, n_heads=16, d_head=2, output_matrix="identity"), dict(d_model=8, n_heads=64, d_head=2)],
     ids=["4 heads, identity W_O", "d32, 16 heads (Table 1)", "64 heads, trained W_O"],
 )
-def test_a_step_narrowed_to_each_models_one_head_equals_the_full_step(tiny_task, tiny_spec, shape):
+def test_a_step_narrowed_to_each_models_one_head_equals_the_full_step(tiny_task, tiny_spec, shape, monkeypatch):
     """Where every model of a population is down to one head, the token-count step runs on that head alone
     (``narrow_heads``). Against the full step on the masked parameters (every other head's Q/K/V weights zero,
     as halving leaves them), both forms (weights and softmax): the same losses (rtol 1e-6: the products have fewer
@@ -456,6 +465,8 @@ def test_a_step_narrowed_to_each_models_one_head_equals_the_full_step(tiny_task,
     head_on = torch.zeros(3, H)
     head_on[torch.arange(3), torch.tensor([0, H - 1, H // 2])] = 1
     pop._mask_heads(P0, ["W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"], head_on)
+    assert (pop.one_head_each(head_on) is None) == (H < pop.NARROW_MIN_HEADS)
+    monkeypatch.setattr(pop, "NARROW_MIN_HEADS", 2)  # the step narrowed at every head count here
     one = pop.one_head_each(head_on)
     assert one.flatten().tolist() == [0, H - 1, H // 2]
     assert pop.one_head_each(torch.ones(3, H)) is None and pop.one_head_each(torch.ones(3, 1)) is None
