@@ -797,7 +797,8 @@ def _grouped_predictions(P, counts, queries, present, targets, attn_scale, pooli
     writes long rows fast), and without a LayerNorm the logits are linear in the attention output, so ``W_U^T
     W_O^T`` (``[K, vocab, head x d_head]``) and ``W_U^T (W_E[q] + b_O) + b_U`` (per query token) are formed once per
     call instead of going through d_model per row. That reassociates the products: losses differ from the
-    per-model form by float32 rounding (measured ~3e-6 relative at d = 32). (Plain annotations: compiled steps
+    per-model form by float32 rounding (measured at d = 32: each row's loss within 2.6e-6
+    relative, each model's mean loss within 3.4e-7). (Plain annotations: compiled steps
     trace this.)"""
     Vp = counts.shape[1]
     QK, vals = _plain_count_tables(P, queries, present, attn_scale, NO_NORM, pooling)  # [K, H, Q, Vp], [K, H, Vp, e]
