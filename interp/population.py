@@ -48,9 +48,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from . import count_native
 from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
 from .compiled import compiled_step
 from .configs import SELF_SCORED, check_snapshot_every
+from .count_native import count_losses_native
 from .determinism import deterministic
 from .device import pick_device
 from .dropout_masks import position_mask, row_keys, run_keys
@@ -234,6 +236,10 @@ def token_counts(data, d_vocab: int, pad_token: int | None = None, pads: Tensor 
     return TokenCounts(query_tok, counts, present, queries, torch.searchsorted(queries, query_tok), always)
 
 
+# train the token-count forward's rows in C where the kernel takes the population (interp.count_native; False: the
+# torch step everywhere, as on other devices)
+NATIVE_ROWS = True
+
 # the weights form of the token-count forward is used where, for every model, head and query token, some token that
 # is counted at every such query scores at most this far below the query token's best-scoring present token: its
 # denominator is then at least exp(-WEIGHT_GAP), far from float32's underflow (see weights_are_exact)
@@ -359,6 +365,29 @@ class _Unembed(torch.autograd.Function):
         return g_resid, torch.bmm(g, resid).transpose(1, 2), g.sum(-1), None
 
 
+def _weights_table(P, queries, present, attn_scale, norm, pooling) -> tuple[Tensor, Tensor]:
+    """The scores ``QK`` ``[K, head, query token, present token]`` and the weights form's table ``[K, query token x
+    present token, head x d_head + head]``: each head's values weighted by ``exp(score - the query token's best
+    score)``, then the weights themselves (the denominators, once per head, not repeated over d_head), side by side
+    so that one product by a row's counts gives both. (Plain annotations: compiled steps trace this.)"""
+    QK, vals = _count_tables(P, queries, present, attn_scale, norm, pooling)  # [K, H, Q, Vp], [K, H, Vp, e]
+    K, H, Q, Vp = QK.shape
+    e = vals.shape[-1]
+    Ew = (QK - QK.amax(-1, keepdim=True)).exp()  # [K, H, Q, Vp], at most 1
+    numer = (Ew[:, :, None] * vals.transpose(-1, -2)[:, :, :, None]).reshape(K, H * e, Q * Vp)
+    return QK, torch.cat([numer, Ew.reshape(K, H, Q * Vp)], 1).transpose(1, 2)
+
+
+def _native_tables(P, queries, present, attn_scale, norm, pooling, always) -> tuple[Tensor, Tensor, Tensor]:
+    """What :func:`interp.count_native.count_losses_native` takes besides the rows: the weights form's table
+    (:func:`_weights_table`), ``TE = W_E[queries] @ W_U`` ``[K, query token, vocab_out]`` (without a LayerNorm a
+    query's own embedding enters its logits linearly) and the 0-dim bool tensor of :func:`weights_are_exact`.
+    (Plain annotations: compiled steps trace this.)"""
+    QK, table = _weights_table(P, queries, present, attn_scale, norm, pooling)
+    TE = torch.bmm(P["embed.W_E"][:, queries], P["unembed.W_U"])
+    return table, TE, _weights_exact(QK, queries, present, always)
+
+
 def _weighted_count_logits(
     P,
     query_idx,
@@ -387,14 +416,9 @@ def _weighted_count_logits(
     N = b * k
     W_E = P["embed.W_E"]
     d = W_E.shape[-1]
-    QK, vals = _count_tables(P, queries, present, attn_scale, norm, pooling)  # [K, H, Q, Vp], [K, H, Vp, e]
+    QK, table = _weights_table(P, queries, present, attn_scale, norm, pooling)
     H, Q, Vp = QK.shape[1:]
-    e = vals.shape[-1]
-    Ew = (QK - QK.amax(-1, keepdim=True)).exp()  # [K, H, Q, Vp], at most 1
-    # [K, Q x Vp, H x e + H]: each head's weighted values and its denominator, side by side, so one product gives
-    # both (the denominators once per head, H columns, not repeated over d_head: 3/4 of the two products' work)
-    numer = (Ew[:, :, None] * vals.transpose(-1, -2)[:, :, :, None]).reshape(K, H * e, Q * Vp)
-    table = torch.cat([numer, Ew.reshape(K, H, Q * Vp)], 1).transpose(1, 2)
+    e = (table.shape[-1] - H) // H
     onehot = F.one_hot(query_idx.reshape(K, N), Q).to(counts.dtype)  # [K, N, Q]
     X = (onehot[..., None] * counts.reshape(K, N, 1, Vp)).reshape(K, N, Q * Vp)
     both = torch.bmm(X, table)  # [K, N, H x e + H]
@@ -961,6 +985,28 @@ class _Population:
         self.epoch = self.step = 0
         self.clock: dict[str, float] = {}  # wall seconds by part of the run (the provenance's population.seconds)
         self.softmax_steps = 0  # token-count steps the weights form refused (weights_are_exact), in this process
+        # the token-count step's rows in C where the kernel takes this population (interp.count_native)
+        self.native_tables = None
+        if self._native_rows():
+            self.native_tables = (
+                compiled_step(_native_tables, dynamic=False, device=device) if compile else _native_tables
+            )
+
+    def _native_rows(self) -> bool:
+        """Whether training steps go through :mod:`interp.count_native`: :data:`NATIVE_ROWS`, the token-count
+        forward on the CPU in float32, weights-form pooling, no LayerNorm (the embedding folded into the logits),
+        a shape the kernel takes, and the kernel built and checked here."""
+        W_U = self.P["unembed.W_U"]
+        return (
+            NATIVE_ROWS
+            and self.forward == "token counts"
+            and torch.device(self.device).type == "cpu"
+            and W_U.dtype == torch.float32
+            and self.pooling in ("softmax", "additive")
+            and self.norm.kind is None
+            and count_native.shape_supported(W_U.shape[1], W_U.shape[2])
+            and count_native.status() == "c"
+        )
 
     @property
     def detached(self) -> dict[str, Tensor]:
@@ -1014,6 +1060,27 @@ class _Population:
             P, identity_w_o = narrow_heads(P, self.one_head), False
         args = (P, qidx, cnt, counted.queries, counted.present, self.attn_scale, out_mask, targets, self.norm)
         kw = dict(pooling=self.pooling, identity_w_o=identity_w_o)
+        if self.native_tables is not None:  # the rows in C (interp.count_native), the tables in torch
+            table, TE, exact = self.native_tables(
+                P, counted.queries, counted.present, self.attn_scale, self.norm, self.pooling, counted.always
+            )
+            if bool(exact):
+                K, H = qidx.shape[0], P["blocks.0.attn.W_Q"].shape[1]
+                return count_losses_native(
+                    table,
+                    None if identity_w_o else P["blocks.0.attn.W_O"].reshape(K, -1, d),
+                    P["blocks.0.attn.b_O"],
+                    TE,
+                    P["unembed.W_U"],
+                    P["unembed.b_U"],
+                    qidx.reshape(K, -1),
+                    cnt.reshape(K, -1, cnt.shape[-1]),
+                    None if out_mask is None else out_mask.reshape(K, -1, d),
+                    targets.reshape(K, -1),
+                    H,
+                )
+            self.softmax_steps += 1
+            return count_losses(*args, **kw)
         if self.pooling in ("softmax", "additive"):
             losses, exact = count_losses(*args, **kw, always=counted.always)
             if bool(exact):

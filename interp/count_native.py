@@ -1,0 +1,422 @@
+"""The token-count training step's rows in C: every model's losses and their gradients in one pass over its rows.
+
+A training step through the token-count forward in weights form (:func:`interp.population._weighted_count_logits`)
+spends most of its time in batched matrix products whose inner or outer dimensions are tiny (d_head 2, one head
+after halving, 8 output tokens, 3 query tokens): MKL runs each of the K models' small products apart, at a few
+GFLOP/s, and every product writes its ``[K, rows, d_model]`` result to memory and reads it back. Here each row goes
+through the whole step at once, its activations in registers and L1:
+
+- forward: the row's weighted values and denominators from its counts and its query token's table (``both``), the
+  attention output ``z`` (their ratio), ``out = z W_O + b_O`` (or ``z + b_O`` under an identity W_O), dropout's
+  mask, the logits ``TE[query] + b_U + W_U^T (mask * out)`` (``TE = W_E[queries] W_U``: without a LayerNorm the
+  query's own embedding enters the logits linearly, so it is folded into a ``[query token, vocab]`` table), the
+  cross-entropy;
+- backward, in the same pass: every parameter's gradient for a unit gradient of each model's mean loss, accumulated
+  over the rows (the upstream gradient only scales them, :class:`CountStep`).
+
+The tables (``table``, ``TE``) and their own gradients stay in torch (autograd, compiled where the step is), so
+every pooling the weights form takes goes through unchanged. Float32 throughout, as the torch step; the sums run in
+another order, so the losses and gradients equal the torch step's to float32 rounding (the self-check,
+:func:`status`, holds them within 1e-5 relative before the population uses the kernel). Built with the machine's C
+compiler (:func:`interp.native.build`); the CPU only; where no compiler builds it or the self-check fails, the torch
+step is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .errors import InterpError
+from .native import build
+
+_SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __cplusplus
+#define restrict __restrict__
+extern "C" {
+#endif
+/* The shapes are compile-time constants (the source is built once per shape): Q query tokens, Vp present tokens, H
+   heads of e columns, d = d_model and Vo output tokens, both multiples of 8 (vectors of 8 floats: DV and VV of
+   them), IDENTITY (1: no W_O, H e = d). Every row's activations live in vector registers: accumulating into arrays
+   in memory instead makes each sum a chain of stores and reloads (measured 2x slower). */
+#define HE (H * e)
+#define J (HE + H)
+#define DV (d / 8)
+#define VV (Vo / 8)
+#define IB (HE % 2 == 0 && DV <= 4 ? 2 : 1) /* rows of W_O's gradient summed at once */
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline v8 ld(const float *p) { v8 x; memcpy(&x, p, 32); return x; }
+static inline void st(float *p, v8 x) { memcpy(p, &x, 32); }
+static inline float hsum(v8 x) {
+  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+/* exp of x <= 0, eight at once, within 2 ulp of expf (Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, and
+   Cephes' degree-6 polynomial for e^r; below -87.3 it returns about 1e-38 instead of a subnormal or 0) */
+static inline v8 exp8(v8 x) {
+  const v8 lo = {-87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f};
+  const i8 below = x < lo; /* -1 where below, else 0 (a select by bits: C has no vector ?:) */
+  x = (v8)(((i8)x & ~below) | ((i8)lo & below));
+  const i8 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, i8); /* ceil(x log2 e - 1/2): x <= 0 */
+  const v8 nf = __builtin_convertvector(n, v8);
+  const v8 r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
+  v8 p = 1.9875691500e-4f * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const i8 bits = (n + 127) << 23;
+  v8 scale;
+  memcpy(&scale, &bits, 32);
+  return p * scale;
+}
+
+/* Each model k's mean cross-entropy over its N rows (losses[k]) and its gradient (into the g_* buffers, written
+   whole). Per model: table [Q Vp][J] (each head's weighted values, then its denominator, per query token and present
+   token), W_O [HE][d] (ignored under IDENTITY), b_O [d], TE [Q][Vo], W_U [d][Vo], W_Ut [Vo][d] (W_U transposed),
+   b_U [Vo]; per row: qidx (the query token's place), counts [Vp], mask [d] (NULL: no dropout), target. work:
+   N (2 d + Vo + HE) floats. */
+void count_step(int64_t K, int64_t N, const float *restrict table, const float *restrict W_O,
+                const float *restrict b_O, const float *restrict TE, const float *restrict W_U,
+                const float *restrict W_Ut, const float *restrict b_U, const int64_t *restrict qidx,
+                const float *restrict counts, const float *restrict mask, const int64_t *restrict targets,
+                float *restrict losses, float *restrict g_table, float *restrict g_W_O, float *restrict g_b_O,
+                float *restrict g_TE, float *restrict g_W_U, float *restrict g_b_U, float *restrict work) {
+  const float invN = 1.0f / (float)N;
+  float *restrict A = work, *restrict G = A + N * d, *restrict Z = G + N * Vo, *restrict GO = Z + N * HE;
+  for (int64_t k = 0; k < K; k++) {
+    const float *T = table + k * Q * Vp * J, *WO = W_O + (IDENTITY ? 0 : k * HE * d), *bO = b_O + k * d;
+    const float *TEk = TE + k * Q * Vo, *WU = W_U + k * d * Vo, *WUt = W_Ut + k * Vo * d, *bU = b_U + k * Vo;
+    float *gT = g_table + k * Q * Vp * J, *gWO = g_W_O + (IDENTITY ? 0 : k * HE * d), *gbO = g_b_O + k * d;
+    float *gTE = g_TE + k * Q * Vo, *gWU = g_W_U + k * d * Vo, *gbU = g_b_U + k * Vo;
+    memset(gT, 0, sizeof(float) * Q * Vp * J);
+    memset(gbO, 0, sizeof(float) * d);
+    memset(gTE, 0, sizeof(float) * Q * Vo);
+    memset(gbU, 0, sizeof(float) * Vo);
+    double total = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t row = k * N + n, q = qidx[row], t = targets[row];
+      const float *c = counts + row * Vp, *m = mask ? mask + row * d : NULL, *Tq = T + q * Vp * J;
+      float both[J], z[HE], a[d], gl[Vo], gz[HE], gboth[J];
+      /* forward: each head's weighted values and denominator, its output z, out = z W_O + b_O, the mask */
+      for (int64_t j = 0; j < J; j++) both[j] = 0.0f;
+      for (int64_t v = 0; v < Vp; v++)
+        if (c[v] != 0.0f)
+          for (int64_t j = 0; j < J; j++) both[j] += c[v] * Tq[v * J + j];
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < e; i++) z[h * e + i] = both[h * e + i] / both[HE + h];
+      v8 out[DV];
+      for (int u = 0; u < DV; u++) out[u] = IDENTITY ? ld(z + 8 * u) + ld(bO + 8 * u) : ld(bO + 8 * u);
+      if (!IDENTITY)
+        for (int64_t i = 0; i < HE; i++)
+          for (int u = 0; u < DV; u++) out[u] += z[i] * ld(WO + i * d + 8 * u);
+      for (int u = 0; u < DV; u++) st(a + 8 * u, m ? out[u] * ld(m + 8 * u) : out[u]);
+      /* the logits TE[q] + b_U + W_U^T a, four accumulators per vector (no chain of dependent additions) */
+      v8 lg[VV];
+      for (int w = 0; w < VV; w++) {
+        v8 l0 = {0}, l1 = {0}, l2 = {0}, l3 = {0};
+        for (int64_t j = 0; j < d; j += 4) {
+          l0 += a[j] * ld(WU + j * Vo + 8 * w);
+          l1 += a[j + 1] * ld(WU + (j + 1) * Vo + 8 * w);
+          l2 += a[j + 2] * ld(WU + (j + 2) * Vo + 8 * w);
+          l3 += a[j + 3] * ld(WU + (j + 3) * Vo + 8 * w);
+        }
+        lg[w] = ((l0 + l1) + (l2 + l3)) + (ld(TEk + q * Vo + 8 * w) + ld(bU + 8 * w));
+      }
+      float logit[Vo], mx = -INFINITY, sum = 0.0f;
+      for (int w = 0; w < VV; w++) st(logit + 8 * w, lg[w]);
+      for (int64_t v = 0; v < Vo; v++) mx = logit[v] > mx ? logit[v] : mx;
+      for (int w = 0; w < VV; w++) {
+        const v8 p = exp8(lg[w] - mx);
+        st(gl + 8 * w, p);
+        sum += hsum(p);
+      }
+      total += (double)(mx + logf(sum) - logit[t]);
+      /* backward: the gradient of this model's mean loss, softmax minus the target, over N */
+      const float scale = invN / sum;
+      for (int64_t v = 0; v < Vo; v++) gl[v] *= scale;
+      gl[t] -= invN;
+      v8 ga[DV];
+      for (int u = 0; u < DV; u++) ga[u] = (v8){0};
+      for (int w = 0; w < VV; w++) {
+        const v8 g = ld(gl + 8 * w);
+        st(gTE + q * Vo + 8 * w, ld(gTE + q * Vo + 8 * w) + g);
+        st(gbU + 8 * w, ld(gbU + 8 * w) + g);
+      }
+      memcpy(A + n * d, a, sizeof(float) * d); /* W_U's gradient sums a x gl over the rows: after them */
+      memcpy(G + n * Vo, gl, sizeof(float) * Vo);
+      for (int64_t v = 0; v < Vo; v++)
+        for (int u = 0; u < DV; u++) ga[u] += gl[v] * ld(WUt + v * d + 8 * u);
+      for (int u = 0; u < DV; u++) {
+        if (m) ga[u] *= ld(m + 8 * u); /* now the gradient of out */
+        st(gbO + 8 * u, ld(gbO + 8 * u) + ga[u]);
+      }
+      if (IDENTITY) {
+        for (int u = 0; u < DV; u++) st(gz + 8 * u, ga[u]);
+      } else {
+        for (int64_t i = 0; i < HE; i++) {
+          v8 s = {0};
+          for (int u = 0; u < DV; u++) s += ld(WO + i * d + 8 * u) * ga[u];
+          gz[i] = hsum(s);
+        }
+        memcpy(Z + n * HE, z, sizeof(float) * HE); /* W_O's gradient sums z x gout over the rows: after them */
+        for (int u = 0; u < DV; u++) st(GO + n * d + 8 * u, ga[u]);
+      }
+      /* through the ratio z = values / denominator, into the table */
+      for (int64_t h = 0; h < H; h++) {
+        const float den = both[HE + h];
+        float s = 0.0f;
+        for (int64_t i = 0; i < e; i++) {
+          gboth[h * e + i] = gz[h * e + i] / den;
+          s += gz[h * e + i] * z[h * e + i];
+        }
+        gboth[HE + h] = -s / den;
+      }
+      float *gTq = gT + q * Vp * J;
+      for (int64_t v = 0; v < Vp; v++)
+        if (c[v] != 0.0f)
+          for (int64_t j = 0; j < J; j++) gTq[v * J + j] += c[v] * gboth[j];
+    }
+    losses[k] = (float)(total / (double)N);
+    /* the outer products summed over the rows, blocks of each output held in registers while the rows stream by:
+       8 rows of W_U's gradient (d is a multiple of 8), IB rows of W_O's */
+    for (int64_t j = 0; j < d; j += 8)
+      for (int w = 0; w < VV; w++) {
+        v8 acc[8];
+        for (int jj = 0; jj < 8; jj++) acc[jj] = (v8){0};
+        for (int64_t n = 0; n < N; n++) {
+          const v8 g = ld(G + n * Vo + 8 * w);
+          for (int jj = 0; jj < 8; jj++) acc[jj] += A[n * d + j + jj] * g;
+        }
+        for (int jj = 0; jj < 8; jj++) st(gWU + (j + jj) * Vo + 8 * w, acc[jj]);
+      }
+    if (!IDENTITY)
+      for (int64_t i = 0; i < HE; i += IB) {
+        v8 acc[IB][DV];
+        for (int ii = 0; ii < IB; ii++)
+          for (int u = 0; u < DV; u++) acc[ii][u] = (v8){0};
+        for (int64_t n = 0; n < N; n++)
+          for (int u = 0; u < DV; u++) {
+            const v8 g = ld(GO + n * d + 8 * u);
+            for (int ii = 0; ii < IB; ii++) acc[ii][u] += Z[n * HE + i + ii] * g;
+          }
+        for (int ii = 0; ii < IB; ii++)
+          for (int u = 0; u < DV; u++) st(gWO + (i + ii) * d + 8 * u, acc[ii][u]);
+      }
+  }
+}
+#ifdef __cplusplus
+}
+#endif
+"""
+
+
+@functools.cache
+def library(Q: int, Vp: int, H: int, e: int, d: int, Vo: int, identity: bool) -> ctypes.CDLL:
+    """The kernel built for one shape (its loops' bounds compile-time constants, so the compiler unrolls and
+    vectorises them); ``OSError`` saying why where no compiler builds it."""
+    sizes = (("Q", Q), ("Vp", Vp), ("H", H), ("e", e), ("d", d), ("Vo", Vo), ("IDENTITY", int(identity)))
+    lib = build("".join(f"#define {n} {v}\n" for n, v in sizes) + _SOURCE, "count_step")
+    lib.count_step.restype = None
+    return lib
+
+
+def _ptr(t: Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr() if t is not None and t.numel() else None)
+
+
+def count_step_native(
+    table: Float[Tensor, "K QVp J"],
+    W_O: Float[Tensor, "K He d"] | None,
+    b_O: Float[Tensor, "K d"],
+    TE: Float[Tensor, "K Q Vo"],
+    W_U: Float[Tensor, "K d Vo"],
+    b_U: Float[Tensor, "K Vo"],
+    query_idx: Int[Tensor, "K N"],
+    counts: Float[Tensor, "K N Vp"],
+    mask: Float[Tensor, "K N d"] | None,
+    targets: Int[Tensor, "K N"],
+    n_heads: int,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Each model's mean loss ``[K]`` and the gradients of that mean with respect to ``table, W_O, b_O, TE, W_U,
+    b_U`` (an empty tensor for ``W_O``'s under an identity W_O, ``W_O=None``): the kernel on contiguous float32
+    CPU copies."""
+    K, N, Vp = counts.shape
+    Q, J = TE.shape[1], table.shape[-1]
+    d, Vo = W_U.shape[1:]
+    e = (J - n_heads) // n_heads
+    _check(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads)
+    f = [
+        x.detach().contiguous() if x is not None else None
+        for x in (table, W_O, b_O, TE, W_U, W_U.transpose(1, 2), b_U, counts, mask)
+    ]
+    qidx, tgt = query_idx.contiguous(), targets.contiguous()  # held: the kernel reads them
+    grads = [torch.empty_like(x) if x is not None else torch.zeros(0) for x in (f[0], f[1], f[2], f[3], f[4], f[6])]
+    losses = torch.empty(K)
+    work = torch.empty(N * (2 * d + Vo + (table.shape[-1] - n_heads)))
+    library(Q, Vp, n_heads, e, d, Vo, W_O is None).count_step(
+        ctypes.c_int64(K),
+        ctypes.c_int64(N),
+        *(_ptr(x) for x in f[:7]),
+        _ptr(qidx),
+        _ptr(f[7]),
+        _ptr(f[8]),
+        _ptr(tgt),
+        _ptr(losses),
+        *(_ptr(g) for g in grads),
+        _ptr(work),
+    )
+    return losses, tuple(grads)
+
+
+def _check(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads) -> None:
+    """The kernel reads raw memory: every argument's device, dtype and shape checked first (a clear error, not a
+    crash or a wrong number)."""
+    K, N, Vp = counts.shape
+    Q, Vo = TE.shape[1:]
+    d = W_U.shape[1]
+    J = table.shape[-1]
+    e = (J - n_heads) // n_heads if n_heads > 0 else 0
+    want = {
+        "table": (table, (K, Q * Vp, J)),
+        "W_O": (W_O, (K, n_heads * e, d)),
+        "b_O": (b_O, (K, d)),
+        "TE": (TE, (K, Q, Vo)),
+        "W_U": (W_U, (K, d, Vo)),
+        "b_U": (b_U, (K, Vo)),
+        "mask": (mask, (K, N, d)),
+    }
+    if n_heads < 1 or e < 1 or n_heads * (e + 1) != J:
+        raise InterpError(
+            f"the token-count table has {J} columns; expected n_heads x (d_head + 1) with {n_heads} heads"
+        )
+    if not shape_supported(d, Vo):
+        raise InterpError(f"the C token-count step takes d_model and d_vocab_out multiples of 8; got {d} and {Vo}")
+    if W_O is None and n_heads * e != d:
+        raise InterpError(f"an identity W_O needs n_heads x d_head = d_model; got {n_heads * e} and {d}")
+    for name, (x, shape) in want.items():
+        if x is None:
+            continue
+        if x.device.type != "cpu" or x.dtype != torch.float32 or tuple(x.shape) != shape:
+            raise InterpError(
+                f"the C token-count step takes {name} as a float32 CPU tensor of shape {list(shape)}; got "
+                f"{x.dtype} on {x.device}, shape {list(x.shape)}"
+            )
+    if counts.dtype != torch.float32 or counts.device.type != "cpu":
+        raise InterpError(f"counts must be a float32 CPU tensor; got {counts.dtype} on {counts.device}")
+    for name, x in (("query_idx", query_idx), ("targets", targets)):
+        if x.dtype != torch.int64 or x.device.type != "cpu" or tuple(x.shape) != (K, N):
+            raise InterpError(
+                f"{name} must be an int64 CPU tensor of shape {[K, N]}; got {x.dtype} on {x.device}, shape "
+                f"{list(x.shape)}"
+            )
+    if N and (int(query_idx.min()) < 0 or int(query_idx.max()) >= Q):
+        raise InterpError(
+            f"query_idx must index the {Q} query tokens; got values {int(query_idx.min())}..{int(query_idx.max())}"
+        )
+    if N and (int(targets.min()) < 0 or int(targets.max()) >= Vo):
+        raise InterpError(
+            f"targets must be output tokens 0..{Vo - 1}; got values {int(targets.min())}..{int(targets.max())}"
+        )
+
+
+class CountStep(torch.autograd.Function):
+    """:func:`count_step_native` as an autograd function: the forward computes the gradients of each model's mean
+    loss along with it, and the backward scales them by that model's upstream gradient (each model's loss is a
+    function of its own parameters alone, and every gradient is linear in the upstream one)."""
+
+    @staticmethod
+    def forward(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads):
+        losses, grads = count_step_native(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads)
+        return losses, *grads
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.grads = output[1:]
+        ctx.mark_non_differentiable(*output[1:])
+
+    @staticmethod
+    def backward(ctx, g, *_):
+        def scaled(x):
+            return None if not x.numel() else x * g.view(-1, *([1] * (x.dim() - 1)))
+
+        return (*(scaled(x) for x in ctx.grads), None, None, None, None, None)
+
+
+def count_losses_native(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads):
+    """Each model's mean loss ``[K]``, differentiable with respect to the tables and parameters (:class:`CountStep`)."""
+    return CountStep.apply(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads)[0]
+
+
+def shape_supported(d_model: int, d_vocab_out: int) -> bool:
+    """Whether the kernel takes this shape: d_model and the output vocabulary multiples of 8 (whole vectors)."""
+    return d_model % 8 == 0 and d_vocab_out % 8 == 0
+
+
+def _reference_losses(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads):
+    """The kernel's arithmetic in plain torch (float64 where given float64): the self-check's reference."""
+    K, N, Vp = counts.shape
+    J = table.shape[-1]
+    e = (J - n_heads) // n_heads
+    rows = table.view(K, -1, Vp, J).gather(1, query_idx[..., None, None].expand(K, N, Vp, J))  # [K, N, Vp, J]
+    both = (counts[..., None] * rows).sum(2)  # [K, N, J]
+    He = n_heads * e
+    z = (both[..., :He].view(K, N, n_heads, e) / both[..., He:, None]).view(K, N, He)
+    out = (z if W_O is None else torch.bmm(z, W_O)) + b_O[:, None]
+    a = out if mask is None else out * mask
+    logits = torch.bmm(a, W_U) + b_U[:, None] + TE.gather(1, query_idx[..., None].expand(K, N, TE.shape[-1]))
+    return (
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(K, N).mean(1)
+    )
+
+
+@functools.cache
+def status() -> str:
+    """``"c"`` where the kernel builds here and agrees with its float64 torch reference (:func:`_reference_losses`)
+    on a small problem (losses and every gradient within 1e-5 of their largest value, with and without W_O and
+    dropout's mask), else why not (the torch step is then used)."""
+    g = torch.Generator().manual_seed(0)
+    K, N, Q, Vp, H, e, d, Vo = 3, 37, 3, 5, 2, 4, 8, 8
+    for identity in (False, True):
+        for with_mask in (True, False):
+            x = {
+                "table": torch.rand(K, Q * Vp, H * e + H, generator=g) + 0.1,
+                "W_O": None if identity else torch.randn(K, H * e, d, generator=g),
+                "b_O": torch.randn(K, d, generator=g),
+                "TE": torch.randn(K, Q, Vo, generator=g),
+                "W_U": torch.randn(K, d, Vo, generator=g),
+                "b_U": torch.randn(K, Vo, generator=g),
+            }
+            rows = dict(
+                query_idx=torch.randint(0, Q, (K, N), generator=g),
+                counts=torch.randint(0, 4, (K, N, Vp), generator=g).float() + 1,
+                mask=(torch.rand(K, N, d, generator=g) > 0.2).float() / 0.8 if with_mask else None,
+                targets=torch.randint(0, Vo, (K, N), generator=g),
+            )
+            up = torch.rand(K, generator=g) + 0.5  # an upstream gradient other than 1
+            got, want = {}, {}
+            for into, dtype in ((got, torch.float32), (want, torch.float64)):
+                leaves = {n: v.to(dtype).clone().requires_grad_() for n, v in x.items() if v is not None}
+                r = {n: (v.to(dtype) if v is not None and v.is_floating_point() else v) for n, v in rows.items()}
+                fn = count_losses_native if dtype == torch.float32 else _reference_losses
+                try:
+                    losses = fn(**{n: leaves.get(n) for n in x}, **r, n_heads=H)
+                except OSError as err:
+                    return f"torch: {err}"
+                (losses * up.to(dtype)).sum().backward()
+                into.update({"losses": losses.detach().double(), **{n: v.grad.double() for n, v in leaves.items()}})
+            for n, w in want.items():
+                gap = float((got[n] - w).abs().max() / w.abs().max().clamp_min(1e-30))
+                if not gap <= 1e-5:
+                    return f"torch: the C token-count step differs from its reference here ({n}: {gap:.1e} apart)"
+    return "c"

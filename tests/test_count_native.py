@@ -1,0 +1,258 @@
+"""The C token-count step (interp/count_native.py) against independent computations: the population's torch step
+(the weights form, :func:`interp.population._count_losses`, autograd for the gradients) and a float64 reference of
+the same arithmetic, on one head, 16 and 64 heads, identity and learned W_O, with and without dropout's mask, with
+upstream gradients other than 1; and a population trained through it against the same population trained by the
+torch step, and against each model trained alone."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+
+import interp.population as ip
+from interp import count_native as cn
+from interp.errors import InterpError
+from interp.population import seed_population, train_population
+
+# Tolerances (measured, not widened): the kernel sums each row and each gradient in another order than torch's
+# products, so losses and gradients agree to float32 rounding. Largest gap over the shapes below, as a share of the
+# largest entry: 6.7e-7 against the torch step, 1.2e-6 against float64 (the torch step's own gap to float64: 1.3e-6).
+RTOL = 1e-5
+
+
+def _needs_c():
+    """Skip where the kernel is not used (the torch step runs there), or fail where INTERP_REQUIRE_C=1 (as CI sets
+    it), so these tests cannot pass by skipping."""
+    if cn.status() != "c":
+        if os.environ.get("INTERP_REQUIRE_C") == "1":
+            pytest.fail(f"the C token-count step is not used here ({cn.status()}), but INTERP_REQUIRE_C=1 requires it")
+        pytest.skip(f"the C token-count step is not used here: {cn.status()}")
+
+
+def test_the_kernel_is_what_runs_here():
+    """On this project's machines the kernel builds and passes its self-check, so populations train through it."""
+    _needs_c()
+    assert cn.status() == "c"
+
+
+SHAPES = {
+    "1 head, d32, learned W_O": dict(K=3, H=1, e=2, d=32, Vo=8, identity=False),
+    "16 heads, d32, identity W_O": dict(K=2, H=16, e=2, d=32, Vo=8, identity=True),
+    "64 heads, d8, learned W_O": dict(K=2, H=64, e=2, d=8, Vo=8, identity=False),
+    "4 heads of 4, d16, 16 outputs, K=1": dict(K=1, H=4, e=4, d=16, Vo=16, identity=True),
+}
+
+
+def _problem(K, H, e, d, Vo, identity, with_mask, b=37, k=2, V=9):
+    """Random stacked parameters of K one-layer attention-only models (no LayerNorm) and random token-count rows."""
+    g = torch.Generator().manual_seed(H * 100 + d)
+    P = {
+        "embed.W_E": torch.randn(K, V, d, generator=g),
+        "blocks.0.attn.W_Q": torch.randn(K, H, d, e, generator=g) * 0.3,
+        "blocks.0.attn.W_K": torch.randn(K, H, d, e, generator=g) * 0.3,
+        "blocks.0.attn.W_V": torch.randn(K, H, d, e, generator=g),
+        "blocks.0.attn.b_Q": torch.randn(K, H, e, generator=g),
+        "blocks.0.attn.b_K": torch.randn(K, H, e, generator=g),
+        "blocks.0.attn.b_V": torch.randn(K, H, e, generator=g),
+        "blocks.0.attn.W_O": torch.randn(K, H, e, d, generator=g) * 0.3,
+        "blocks.0.attn.b_O": torch.randn(K, d, generator=g),
+        "unembed.W_U": torch.randn(K, d, Vo, generator=g) * 0.5,
+        "unembed.b_U": torch.randn(K, Vo, generator=g),
+    }
+    present = torch.tensor([0, 2, 3, 5, 6, 8])
+    queries = torch.tensor([2, 3, 5])
+    counts = torch.randint(0, 6, (K, b, k, len(present)), generator=g).float()
+    counts[..., 0] = 1.0  # a token counted at every query (a BOS)
+    always = torch.zeros(len(present), dtype=torch.bool)
+    always[0] = True
+    rows = dict(
+        query_idx=torch.randint(0, len(queries), (K, b, k), generator=g),
+        counts=counts,
+        out_mask=(torch.rand(K, b, k, d, generator=g) > 0.2).float() / 0.8 if with_mask else None,
+        targets=torch.randint(0, Vo, (K, b, k), generator=g),
+    )
+    up = torch.rand(K, generator=g) + 0.5  # each model's upstream gradient
+    return P, queries, present, always, rows, up
+
+
+def _torch_step(P, queries, present, always, rows, identity):
+    losses, exact = ip._count_losses(
+        P,
+        rows["query_idx"],
+        rows["counts"],
+        queries,
+        present,
+        1.0,
+        rows["out_mask"],
+        rows["targets"],
+        identity_w_o=identity,
+        always=always,
+    )
+    assert bool(exact)
+    return losses
+
+
+def _native_step(P, queries, present, always, rows, identity):
+    table, TE, exact = ip._native_tables(P, queries, present, 1.0, ip.NO_NORM, "softmax", always)
+    assert bool(exact)
+    K, H, d = P["blocks.0.attn.W_Q"].shape[:3]
+    mask = rows["out_mask"]
+    return cn.count_losses_native(
+        table,
+        None if identity else P["blocks.0.attn.W_O"].reshape(K, -1, d),
+        P["blocks.0.attn.b_O"],
+        TE,
+        P["unembed.W_U"],
+        P["unembed.b_U"],
+        rows["query_idx"].reshape(K, -1),
+        rows["counts"].reshape(K, -1, rows["counts"].shape[-1]),
+        None if mask is None else mask.reshape(K, -1, d),
+        rows["targets"].reshape(K, -1),
+        H,
+    )
+
+
+def _losses_and_grads(step, P, *args, up, dtype=torch.float32):
+    leaves = {n: v.to(dtype).clone().requires_grad_() for n, v in P.items()}
+    queries, present, always, rows, identity = args
+    rows = {n: (v.to(dtype) if v is not None and v.is_floating_point() else v) for n, v in rows.items()}
+    losses = step(leaves, queries, present, always, rows, identity)
+    (losses * up.to(dtype)).sum().backward()
+    grads = {n: torch.zeros_like(v) if v.grad is None else v.grad for n, v in leaves.items()}
+    return losses.detach().double(), {n: g.double() for n, g in grads.items()}
+
+
+def _assert_close(got, want, what):
+    scale = want.abs().max().clamp_min(1e-30)
+    gap = float((got - want).abs().max() / scale)
+    assert gap <= RTOL, f"{what}: {gap:.2e} of the largest entry apart"
+
+
+@pytest.mark.parametrize("with_mask", [True, False], ids=["dropout mask", "no mask"])
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_the_kernel_equals_the_torch_step_and_a_float64_reference(shape, with_mask):
+    _needs_c()
+    identity = shape["identity"]
+    P, queries, present, always, rows, up = _problem(**shape, with_mask=with_mask)
+    if identity:  # an identity W_O is no parameter: H x d_head = d_model columns taken as they are
+        P.pop("blocks.0.attn.W_O")
+    args = (queries, present, always, rows, identity)
+    ours = _losses_and_grads(_native_step, P, *args, up=up)
+    theirs = _losses_and_grads(_torch_step, P, *args, up=up)
+    exact = _losses_and_grads(_torch_step, P, *args, up=up, dtype=torch.float64)
+    _assert_close(ours[0], theirs[0], "losses against the torch step")
+    _assert_close(ours[0], exact[0], "losses against float64")
+    for n in P:
+        if n == "blocks.0.attn.b_K":  # no gradient: a key bias moves every score of a query alike
+            assert ours[1][n].abs().max() <= 1e-5 * ours[1]["blocks.0.attn.b_Q"].abs().max()
+            continue
+        _assert_close(ours[1][n], theirs[1][n], f"{n}'s gradient against the torch step")
+        _assert_close(ours[1][n], exact[1][n], f"{n}'s gradient against float64")
+
+
+def test_the_kernel_refuses_what_it_cannot_read():
+    """Wrong dtypes, shapes, devices and indices are clear errors, never a read outside a buffer."""
+    _needs_c()
+    P, queries, present, always, rows, _ = _problem(K=2, H=1, e=2, d=8, Vo=8, identity=False, with_mask=True)
+    table, TE, _ = ip._native_tables(P, queries, present, 1.0, ip.NO_NORM, "softmax", always)
+    K, d = 2, 8
+    base = dict(
+        table=table,
+        W_O=P["blocks.0.attn.W_O"].reshape(K, -1, d),
+        b_O=P["blocks.0.attn.b_O"],
+        TE=TE,
+        W_U=P["unembed.W_U"],
+        b_U=P["unembed.b_U"],
+        query_idx=rows["query_idx"].reshape(K, -1),
+        counts=rows["counts"].reshape(K, -1, rows["counts"].shape[-1]),
+        mask=rows["out_mask"].reshape(K, -1, d),
+        targets=rows["targets"].reshape(K, -1),
+        n_heads=1,
+    )
+    cn.count_losses_native(**base)  # as given: fine
+    with pytest.raises(InterpError, match="float32 CPU tensor"):  # through the kernel's entry point
+        cn.count_losses_native(**{**base, "table": table.double()})
+    bad = {  # the check the entry point runs first (the test run's shape checker would refuse some of these sooner)
+        "a query place past the queries": dict(query_idx=base["query_idx"] + 3),
+        "a target past the vocabulary": dict(targets=base["targets"] + 8),
+        "int32 targets": dict(targets=base["targets"].int()),
+        "a mask of another width": dict(mask=base["mask"][..., :4]),
+        "W_O of another shape": dict(W_O=base["W_O"][:, :1]),
+        "a head count that does not divide the table": dict(n_heads=2),
+        "counts as float64": dict(counts=base["counts"].double()),
+    }
+    for what, change in bad.items():
+        with pytest.raises(InterpError):
+            cn._check(**{**base, **change})
+            pytest.fail(f"{what} was taken")
+    with pytest.raises(InterpError, match="multiples of 8"):
+        cn._check(
+            torch.rand(1, 3, 3),
+            None,
+            torch.rand(1, 2),
+            torch.rand(1, 1, 8),
+            torch.rand(1, 2, 8),
+            torch.rand(1, 8),
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.ones(1, 1, 1),
+            None,
+            torch.zeros(1, 1, dtype=torch.long),
+            1,
+        )
+
+
+def _train(tmp_path, name, task, spec, cfg, seeds, native, monkeypatch):
+    """A population trained with the kernel on or off; returns its results and how many steps went through it."""
+    calls = []
+    real = ip.count_losses_native
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ip, "NATIVE_ROWS", native)
+    monkeypatch.setattr(ip, "count_losses_native", counted)
+    specs, cfgs = seed_population(task, spec, cfg, seeds)
+    outs = [tmp_path / f"{name}{s}.safetensors" for s in seeds]
+    res = train_population(task, specs, cfgs, outs, device="cpu", progress=False)
+    return res, outs, len(calls)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [dict(d_model=8, n_heads=4, d_head=2), dict(d_model=32, n_heads=1, d_head=2, output_matrix="learned")],
+    ids=["d8, 4 heads", "d32, 1 head"],
+)
+def test_a_population_trained_through_the_kernel_equals_the_torch_step(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, shape, monkeypatch
+):
+    """Table 1's shapes (d = 8 with 4 heads; d = 32 with the one head halving leaves), dropout on the attention
+    output: every step through the kernel, the weights after 3 epochs within WEIGHT_ATOL of the torch step's."""
+    from safetensors.torch import load_file
+
+    from tests.test_population import WEIGHT_ATOL
+
+    _needs_c()
+    spec = replace(tiny_spec, **shape)
+    cfg = tiny_cfg(epochs=3, dropout_at="attention")
+    ours, ours_out, n_native = _train(tmp_path, "c", tiny_task, spec, cfg, [0, 1], True, monkeypatch)
+    theirs, theirs_out, n_torch = _train(tmp_path, "t", tiny_task, spec, cfg, [0, 1], False, monkeypatch)
+    steps = ours[0]["steps"]
+    assert n_native == steps and n_torch == 0  # every step through the kernel where it is on, none where off
+    for a, b, ra, rb in zip(ours_out, theirs_out, ours, theirs):
+        wa, wb = load_file(a), load_file(b)
+        for n in wa:
+            if wa[n].is_floating_point():
+                torch.testing.assert_close(wa[n], wb[n], atol=WEIGHT_ATOL, rtol=0, msg=n)
+        assert ra["accuracy"] == rb["accuracy"]
+
+
+def test_shapes_the_kernel_does_not_take_train_by_the_torch_step(tmp_path, tiny_task, tiny_spec, tiny_cfg, monkeypatch):
+    """d_model = 2 (Table 1's d = 2 cell) is not a whole vector of 8: the torch step trains it, and says so by not
+    calling the kernel."""
+    spec = replace(tiny_spec, d_model=2, n_heads=1, d_head=2)
+    _, _, n = _train(tmp_path, "c", tiny_task, spec, tiny_cfg(epochs=1), [0, 1], True, monkeypatch)
+    assert n == 0
