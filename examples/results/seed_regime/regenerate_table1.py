@@ -51,18 +51,18 @@ CELLS = (
     "d32-shapley-svc",
     "d32-mask-all-but-one",
 )
-# CPU seconds of each cell's 100 runs, measured (docs/benchmarks.md, "Table 1 regenerated"): what --split cells
-# balances the processes by
+# seconds of each cell's 100 runs (its populations' own, one process of one thread, the fifth timing in
+# docs/benchmarks.md, "Table 1 regenerated"): what --split cells balances the processes by
 CELL_COST = {
-    "d8-normal": 660,
-    "d8-svc": 650,
-    "d8-shapley-svc": 710,
-    "d8-mask-all-but-one": 780,
-    "d2-normal": 700,
-    "d32-normal": 1300,
-    "d32-svc": 1700,
-    "d32-shapley-svc": 2500,
-    "d32-mask-all-but-one": 1200,
+    "d8-normal": 540,
+    "d8-svc": 580,
+    "d8-shapley-svc": 540,
+    "d8-mask-all-but-one": 510,
+    "d2-normal": 470,
+    "d32-normal": 730,
+    "d32-svc": 970,
+    "d32-shapley-svc": 1520,
+    "d32-mask-all-but-one": 730,
 }
 IGNORED = ("wall_seconds", "population", "checkpoint")  # bookkeeping, not results
 OUTCOME = ("best_epoch", "kept_epoch", "epochs_run", "final_active_heads", "accuracy", "strategy", "seed")
