@@ -30,6 +30,7 @@ import functools
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .errors import InterpError
 from .native import build
@@ -251,11 +252,11 @@ def count_step_native(
     """Each model's mean loss ``[K]`` and the gradients of that mean with respect to ``table, W_O, b_O, TE, W_U,
     b_U`` (an empty tensor for ``W_O``'s under an identity W_O, ``W_O=None``): the kernel on contiguous float32
     CPU copies."""
+    _check(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads)
     K, N, Vp = counts.shape
     Q, J = TE.shape[1], table.shape[-1]
     d, Vo = W_U.shape[1:]
     e = (J - n_heads) // n_heads
-    _check(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads)
     f = [
         x.detach().contiguous() if x is not None else None
         for x in (table, W_O, b_O, TE, W_U, W_U.transpose(1, 2), b_U, counts, mask)
@@ -282,6 +283,15 @@ def count_step_native(
 def _check(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads) -> None:
     """The kernel reads raw memory: every argument's device, dtype and shape checked first (a clear error, not a
     crash or a wrong number)."""
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise InterpError(f"n_heads must be a positive int; got {n_heads!r}")
+    dims = {"table": (table, 3), "TE": (TE, 3), "W_U": (W_U, 3), "counts": (counts, 3), "query_idx": (query_idx, 2)}
+    for name, (x, ndim) in dims.items():
+        if not isinstance(x, Tensor) or x.dim() != ndim:
+            got = f"shape {list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+            raise InterpError(f"the C token-count step takes {name} with {ndim} dimensions; got {got}")
+    if counts.shape[0] < 1:
+        raise InterpError("the C token-count step needs at least one model (K = 0 given)")
     K, N, Vp = counts.shape
     Q, Vo = TE.shape[1:]
     d = W_U.shape[1]
@@ -333,7 +343,8 @@ def _check(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_he
 class CountStep(torch.autograd.Function):
     """:func:`count_step_native` as an autograd function: the forward computes the gradients of each model's mean
     loss along with it, and the backward scales them by that model's upstream gradient (each model's loss is a
-    function of its own parameters alone, and every gradient is linear in the upstream one)."""
+    function of its own parameters alone, and every gradient is linear in the upstream one). First derivatives only
+    (``once_differentiable``: a second backward, e.g. for a Hessian, is refused with torch's own error)."""
 
     @staticmethod
     def forward(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads):
@@ -346,6 +357,7 @@ class CountStep(torch.autograd.Function):
         ctx.mark_non_differentiable(*output[1:])
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g, *_):
         def scaled(x):
             return None if not x.numel() else x * g.view(-1, *([1] * (x.dim() - 1)))
@@ -381,42 +393,56 @@ def _reference_losses(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, ta
 
 
 @functools.cache
-def status() -> str:
-    """``"c"`` where the kernel builds here and agrees with its float64 torch reference (:func:`_reference_losses`)
-    on a small problem (losses and every gradient within 1e-5 of their largest value, with and without W_O and
-    dropout's mask), else why not (the torch step is then used)."""
+def shape_status(Q: int, Vp: int, H: int, e: int, d: int, Vo: int, identity: bool) -> str:
+    """``"c"`` where the kernel of this shape (:func:`library`) builds here and agrees with its float64 torch
+    reference (:func:`_reference_losses`) on a small random problem of the shape (losses and every gradient within
+    1e-5 of their largest value, with and without dropout's mask, upstream gradients other than 1), else why not:
+    the population then trains this shape by the torch step. Each shape is its own build, so each is checked."""
+    if not shape_supported(d, Vo) or min(Q, Vp, H, e) < 1 or (identity and H * e != d):
+        return f"torch: the kernel does not take this shape (d_model {d}, {Vo} outputs, {H} heads of {e})"
     g = torch.Generator().manual_seed(0)
-    K, N, Q, Vp, H, e, d, Vo = 3, 37, 3, 5, 2, 4, 8, 8
+    K, N = 2, 13
+    for with_mask in (True, False):
+        x = {
+            "table": torch.rand(K, Q * Vp, H * e + H, generator=g) + 0.1,
+            "W_O": None if identity else torch.randn(K, H * e, d, generator=g) / (H * e) ** 0.5,
+            "b_O": torch.randn(K, d, generator=g),
+            "TE": torch.randn(K, Q, Vo, generator=g),
+            "W_U": torch.randn(K, d, Vo, generator=g) / d**0.5,
+            "b_U": torch.randn(K, Vo, generator=g),
+        }
+        rows = dict(
+            query_idx=torch.randint(0, Q, (K, N), generator=g),
+            counts=torch.randint(0, 4, (K, N, Vp), generator=g).float() + 1,
+            mask=(torch.rand(K, N, d, generator=g) > 0.2).float() / 0.8 if with_mask else None,
+            targets=torch.randint(0, Vo, (K, N), generator=g),
+        )
+        up = torch.rand(K, generator=g) + 0.5  # an upstream gradient other than 1
+        got, want = {}, {}
+        for into, dtype in ((got, torch.float32), (want, torch.float64)):
+            leaves = {n: v.to(dtype).clone().requires_grad_() for n, v in x.items() if v is not None}
+            r = {n: (v.to(dtype) if v is not None and v.is_floating_point() else v) for n, v in rows.items()}
+            fn = count_losses_native if dtype == torch.float32 else _reference_losses
+            try:
+                losses = fn(**{n: leaves.get(n) for n in x}, **r, n_heads=H)
+            except OSError as err:
+                return f"torch: {err}"
+            (losses * up.to(dtype)).sum().backward()
+            into.update({"losses": losses.detach().double(), **{n: v.grad.double() for n, v in leaves.items()}})
+        for n, w in want.items():
+            gap = float((got[n] - w).abs().max() / w.abs().max().clamp_min(1e-30))
+            if not gap <= 1e-5:
+                return f"torch: the C token-count step differs from its reference here ({n}: {gap:.1e} apart)"
+    return "c"
+
+
+@functools.cache
+def status() -> str:
+    """``"c"`` where the kernel builds here and passes :func:`shape_status` on two small shapes (with and without
+    ``W_O``), else why not (populations then use the torch step everywhere; where it passes, each population shape
+    is checked again by :func:`shape_status` before its first step)."""
     for identity in (False, True):
-        for with_mask in (True, False):
-            x = {
-                "table": torch.rand(K, Q * Vp, H * e + H, generator=g) + 0.1,
-                "W_O": None if identity else torch.randn(K, H * e, d, generator=g),
-                "b_O": torch.randn(K, d, generator=g),
-                "TE": torch.randn(K, Q, Vo, generator=g),
-                "W_U": torch.randn(K, d, Vo, generator=g),
-                "b_U": torch.randn(K, Vo, generator=g),
-            }
-            rows = dict(
-                query_idx=torch.randint(0, Q, (K, N), generator=g),
-                counts=torch.randint(0, 4, (K, N, Vp), generator=g).float() + 1,
-                mask=(torch.rand(K, N, d, generator=g) > 0.2).float() / 0.8 if with_mask else None,
-                targets=torch.randint(0, Vo, (K, N), generator=g),
-            )
-            up = torch.rand(K, generator=g) + 0.5  # an upstream gradient other than 1
-            got, want = {}, {}
-            for into, dtype in ((got, torch.float32), (want, torch.float64)):
-                leaves = {n: v.to(dtype).clone().requires_grad_() for n, v in x.items() if v is not None}
-                r = {n: (v.to(dtype) if v is not None and v.is_floating_point() else v) for n, v in rows.items()}
-                fn = count_losses_native if dtype == torch.float32 else _reference_losses
-                try:
-                    losses = fn(**{n: leaves.get(n) for n in x}, **r, n_heads=H)
-                except OSError as err:
-                    return f"torch: {err}"
-                (losses * up.to(dtype)).sum().backward()
-                into.update({"losses": losses.detach().double(), **{n: v.grad.double() for n, v in leaves.items()}})
-            for n, w in want.items():
-                gap = float((got[n] - w).abs().max() / w.abs().max().clamp_min(1e-30))
-                if not gap <= 1e-5:
-                    return f"torch: the C token-count step differs from its reference here ({n}: {gap:.1e} apart)"
+        why = shape_status(3, 5, 2, 4, 8, 8, identity)
+        if why != "c":
+            return why
     return "c"

@@ -986,11 +986,20 @@ class _Population:
         self.clock: dict[str, float] = {}  # wall seconds by part of the run (the provenance's population.seconds)
         self.softmax_steps = 0  # token-count steps the weights form refused (weights_are_exact), in this process
         # the token-count step's rows in C where the kernel takes this population (interp.count_native)
-        self.native_tables = None
+        self.native_tables, self.native_refused = None, set()
         if self._native_rows():
             self.native_tables = (
                 compiled_step(_native_tables, dynamic=False, device=device) if compile else _native_tables
             )
+
+    def _native_shape(self, shape: tuple) -> bool:
+        """Whether the kernel of this step's shape built and passed its check here (:func:`count_native.shape_status`,
+        once per shape); where not, this shape trains by the torch step, with a warning saying why, once."""
+        why = count_native.shape_status(*shape)
+        if why != "c" and shape not in self.native_refused:
+            self.native_refused.add(shape)
+            warnings.warn(f"training this shape by the torch step: {why}", RuntimeWarning, stacklevel=3)
+        return why == "c"
 
     def _native_rows(self) -> bool:
         """Whether training steps go through :mod:`interp.count_native`: :data:`NATIVE_ROWS`, the token-count
@@ -1060,12 +1069,13 @@ class _Population:
             P, identity_w_o = narrow_heads(P, self.one_head), False
         args = (P, qidx, cnt, counted.queries, counted.present, self.attn_scale, out_mask, targets, self.norm)
         kw = dict(pooling=self.pooling, identity_w_o=identity_w_o)
-        if self.native_tables is not None:  # the rows in C (interp.count_native), the tables in torch
+        K, H, _, e = P["blocks.0.attn.W_Q"].shape
+        shape = (len(counted.queries), len(counted.present), H, e, d, P["unembed.W_U"].shape[-1], identity_w_o)
+        if self.native_tables is not None and self._native_shape(shape):  # the rows in C, the tables in torch
             table, TE, exact = self.native_tables(
                 P, counted.queries, counted.present, self.attn_scale, self.norm, self.pooling, counted.always
             )
             if bool(exact):
-                K, H = qidx.shape[0], P["blocks.0.attn.W_Q"].shape[1]
                 return count_losses_native(
                     table,
                     None if identity_w_o else P["blocks.0.attn.W_O"].reshape(K, -1, d),

@@ -7,6 +7,7 @@ torch step, and against each model trained alone."""
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -188,6 +189,14 @@ def test_the_kernel_refuses_what_it_cannot_read():
         with pytest.raises(InterpError):
             cn._check(**{**base, **change})
             pytest.fail(f"{what} was taken")
+    with pytest.raises(InterpError, match="n_heads"):  # not a division by zero
+        cn.count_losses_native(**{**base, "n_heads": 0})
+    for what, change in {"2-D counts": dict(counts=base["counts"][0]), "2-D TE": dict(TE=TE[0])}.items():
+        with pytest.raises(InterpError, match="dimensions"):
+            cn._check(**{**base, **change})
+            pytest.fail(f"{what} was taken")
+    with pytest.raises(InterpError, match="at least one model"):
+        cn._check(**{**base, **{n: v[:0] for n, v in base.items() if isinstance(v, torch.Tensor)}})
     with pytest.raises(InterpError, match="multiples of 8"):
         cn._check(
             torch.rand(1, 3, 3),
@@ -256,3 +265,37 @@ def test_shapes_the_kernel_does_not_take_train_by_the_torch_step(tmp_path, tiny_
     spec = replace(tiny_spec, d_model=2, n_heads=1, d_head=2)
     _, _, n = _train(tmp_path, "c", tiny_task, spec, tiny_cfg(epochs=1), [0, 1], True, monkeypatch)
     assert n == 0
+
+
+def test_a_shape_whose_kernel_does_not_build_trains_by_the_torch_step(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, monkeypatch
+):
+    """Each population shape is its own build, checked before its first step (``shape_status``): where the
+    compiler refuses this shape's source (a C compiler on the PATH that fails for d_model = 24 alone, as a timeout on
+    a loaded machine would), the population trains it by the torch step, warns once, and equals the torch step's
+    training; the other shapes keep the kernel."""
+    _needs_c()
+    from interp.native import COMPILERS
+
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    refuse = 'for a in "$@"; do case "$a" in *.c|*.cpp) grep -q "^#define d 24$" "$a" && exit 1;; esac; done\n'
+    for name in COMPILERS:  # every compiler the build tries, each refusing that one shape
+        real = shutil.which(name)
+        if real:
+            (fakebin / name).write_text(f'#!/bin/sh\n{refuse}exec {real} "$@"\n')
+            (fakebin / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fakebin}{os.pathsep}{os.environ['PATH']}")
+    spec = replace(tiny_spec, d_model=24, n_heads=3, d_head=2, output_matrix="learned")
+    cfg = tiny_cfg(epochs=2, dropout_at="attention")
+    with pytest.warns(RuntimeWarning, match="torch step"):
+        _, ours_out, n = _train(tmp_path, "c", tiny_task, spec, cfg, [0, 1], True, monkeypatch)
+    assert n == 0
+    assert cn.shape_status(3, 7, 3, 2, 24, 8, False).startswith("torch:")
+    _, theirs_out, _ = _train(tmp_path, "t", tiny_task, spec, cfg, [0, 1], False, monkeypatch)
+    from safetensors.torch import load_file
+
+    for a, b in zip(ours_out, theirs_out):
+        wa, wb = load_file(a), load_file(b)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)  # the same torch step: bit for bit
+    assert cn.shape_status(3, 7, 2, 2, 16, 8, False) == "c"  # another shape builds through the same PATH
