@@ -9,8 +9,11 @@ torch path for where no compiler is installed, and check the built code against 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -32,19 +35,29 @@ def build(source: str, name: str) -> ctypes.CDLL:
                 src = Path(folder) / (f"{name}.cpp" if "++" in compiler else f"{name}.c")
                 src.write_text(source)
                 lib = Path(folder) / f"{name}.so"
-                done = subprocess.run(
-                    [compiler, *flags, "-shared", "-fPIC", "-o", str(lib), str(src), "-lm"],
-                    check=False,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-                if done.returncode == 0:
+                returncode, stderr = _compile([compiler, *flags, "-shared", "-fPIC", "-o", str(lib), str(src), "-lm"])
+                if returncode == 0:
                     return ctypes.CDLL(str(lib))
-                last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                last = (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]
                 complaints.append(f"{compiler} {' '.join(flags)}: {last}")
             except (OSError, subprocess.SubprocessError) as e:
                 complaints.append(f"{compiler} {' '.join(flags)}: {e}")
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
     raise OSError(f"could not build the C {name} (" + "; ".join(complaints) + ")")
+
+
+def _compile(command: list[str], timeout: float = 120) -> tuple[int, str]:
+    """Run a compiler; its exit status and stderr. The compiler driver starts stages of its own (``cc1``, ``as``,
+    ``ld``), which killing the driver alone leaves running: so it runs in a process group of its own (in the
+    caller's session), and on anything that stops the wait (a timeout, SIGTERM's or Ctrl-C's exception in the
+    caller) the whole group is killed before the exception goes on."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc.returncode, stderr

@@ -199,3 +199,34 @@ def test_no_compiler_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(OSError, match=r"no C compiler on the PATH \(looked for cc, gcc, clang"):
         build("int f(void) { return 0; }", "probe")
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def _gone(pid: int) -> bool:
+    """The process ``pid`` has exited (absent, or a zombie not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def test_a_stopped_build_leaves_no_compiler_stage_running(tmp_path):
+    """A compiler driver starts stages of its own (cc1, as, ld); a build stopped while they run (here a timeout; a
+    SIGTERM or Ctrl-C in the caller goes the same way) kills them all, not only the driver."""
+    import subprocess
+    import time
+
+    from interp.native import _compile
+
+    pidfile = tmp_path / "stage.pid"
+    driver = tmp_path / "cc"
+    driver.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nwait\n")
+    driver.chmod(0o755)
+    with pytest.raises(subprocess.TimeoutExpired):
+        _compile([str(driver)], timeout=1)
+    stage = int(pidfile.read_text())
+    deadline = time.time() + 5
+    while not _gone(stage) and time.time() < deadline:
+        time.sleep(0.05)
+    assert _gone(stage), "the driver's own stage is still running"
+    assert _compile(["true"]) == (0, "")
