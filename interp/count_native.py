@@ -330,14 +330,10 @@ def _check(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_he
                 f"{name} must be an int64 CPU tensor of shape {[K, N]}; got {x.dtype} on {x.device}, shape "
                 f"{list(x.shape)}"
             )
-    if N and (int(query_idx.min()) < 0 or int(query_idx.max()) >= Q):
-        raise InterpError(
-            f"query_idx must index the {Q} query tokens; got values {int(query_idx.min())}..{int(query_idx.max())}"
-        )
-    if N and (int(targets.min()) < 0 or int(targets.max()) >= Vo):
-        raise InterpError(
-            f"targets must be output tokens 0..{Vo - 1}; got values {int(targets.min())}..{int(targets.max())}"
-        )
+    for name, x, top in (("query_idx", query_idx, Q), ("targets", targets, Vo)):
+        low, high = (int(v) for v in torch.aminmax(x)) if N else (0, 0)  # one pass over the indices
+        if low < 0 or high >= top:
+            raise InterpError(f"{name} must lie in 0..{top - 1}; got values {low}..{high}")
 
 
 class CountStep(torch.autograd.Function):

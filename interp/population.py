@@ -1069,32 +1069,31 @@ class _Population:
             P, identity_w_o = narrow_heads(P, self.one_head), False
         args = (P, qidx, cnt, counted.queries, counted.present, self.attn_scale, out_mask, targets, self.norm)
         kw = dict(pooling=self.pooling, identity_w_o=identity_w_o)
-        K, H, _, e = P["blocks.0.attn.W_Q"].shape
-        shape = (len(counted.queries), len(counted.present), H, e, d, P["unembed.W_U"].shape[-1], identity_w_o)
-        if self.native_tables is not None and self._native_shape(shape):  # the rows in C, the tables in torch
-            table, TE, exact = self.native_tables(
-                P, counted.queries, counted.present, self.attn_scale, self.norm, self.pooling, counted.always
-            )
-            if bool(exact):
-                return count_losses_native(
-                    table,
-                    None if identity_w_o else P["blocks.0.attn.W_O"].reshape(K, -1, d),
-                    P["blocks.0.attn.b_O"],
-                    TE,
-                    P["unembed.W_U"],
-                    P["unembed.b_U"],
-                    qidx.reshape(K, -1),
-                    cnt.reshape(K, -1, cnt.shape[-1]),
-                    None if out_mask is None else out_mask.reshape(K, -1, d),
-                    targets.reshape(K, -1),
-                    H,
+        if self.pooling in ("softmax", "additive"):  # the weights form, where exact
+            K, H, _, e = P["blocks.0.attn.W_Q"].shape
+            shape = (len(counted.queries), len(counted.present), H, e, d, P["unembed.W_U"].shape[-1], identity_w_o)
+            if self.native_tables is not None and self._native_shape(shape):  # the rows in C, the tables in torch
+                table, TE, exact = self.native_tables(
+                    P, counted.queries, counted.present, self.attn_scale, self.norm, self.pooling, counted.always
                 )
-            self.softmax_steps += 1
-            return count_losses(*args, **kw)
-        if self.pooling in ("softmax", "additive"):
-            losses, exact = count_losses(*args, **kw, always=counted.always)
-            if bool(exact):
-                return losses
+                if bool(exact):
+                    return count_losses_native(
+                        table,
+                        None if identity_w_o else P["blocks.0.attn.W_O"].reshape(K, -1, d),
+                        P["blocks.0.attn.b_O"],
+                        TE,
+                        P["unembed.W_U"],
+                        P["unembed.b_U"],
+                        qidx.reshape(K, -1),
+                        cnt.reshape(K, -1, cnt.shape[-1]),
+                        None if out_mask is None else out_mask.reshape(K, -1, d),
+                        targets.reshape(K, -1),
+                        H,
+                    )
+            else:
+                losses, exact = count_losses(*args, **kw, always=counted.always)
+                if bool(exact):
+                    return losses
             self.softmax_steps += 1
         return count_losses(*args, **kw)  # the softmax form: linear attention, or weights that could underflow
 

@@ -299,3 +299,13 @@ def test_a_shape_whose_kernel_does_not_build_trains_by_the_torch_step(
         wa, wb = load_file(a), load_file(b)
         assert all(torch.equal(wa[k], wb[k]) for k in wa)  # the same torch step: bit for bit
     assert cn.shape_status(3, 7, 2, 2, 16, 8, False) == "c"  # another shape builds through the same PATH
+
+
+def test_a_two_layer_model_is_refused_before_any_kernel_call(tmp_path, tiny_task, tiny_spec, tiny_cfg, monkeypatch):
+    """The token-count forward (and so the kernel) is for one-layer attention-only models: a two-layer population
+    with MLPs is a clear ConfigError before any step (so none goes through the kernel)."""
+    from interp.errors import ConfigError
+
+    spec = replace(tiny_spec, n_layers=2, attn_only=False, d_mlp=32)
+    with pytest.raises(ConfigError):
+        _train(tmp_path, "c", tiny_task, spec, tiny_cfg(epochs=1, dropout_at="attention"), [0, 1], True, monkeypatch)
