@@ -187,11 +187,17 @@ def evaluate_splits(
     }
 
 
-def target_positions(data) -> Tensor | None:
-    """``[batch, k]`` positions that carry a target when every row has the same few (else None)."""
+def target_positions(data, *, few: bool = True) -> Tensor | None:
+    """``[batch, k]`` positions that carry a target when every row has the same number of them, and (``few``) at
+    most a quarter of the padded width (where the query-restricted forward pays); else None. ``few=False`` for a
+    batch cut from data already found to qualify: :meth:`TaskData.select` trims a batch to its longest sentence,
+    so a batch of a few short sentences can fail the quarter test that its split passes, and a run whose forward
+    (and so its dropout draws) changed with it would not be the run its population reproduces."""
     mask = data.targets != IGNORE
     counts = mask.sum(1)
-    if not len(data) or int(counts.min()) != int(counts.max()) or int(counts.max()) * 4 > data.tokens.shape[1]:
+    if not len(data) or int(counts.min()) != int(counts.max()):
+        return None
+    if few and int(counts.max()) * 4 > data.tokens.shape[1]:
         return None
     return mask.nonzero()[:, 1].view(len(data), -1)
 

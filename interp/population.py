@@ -373,7 +373,9 @@ def _weights_table(P, queries, present, attn_scale, norm, pooling) -> tuple[Tens
     QK, vals = _count_tables(P, queries, present, attn_scale, norm, pooling)  # [K, H, Q, Vp], [K, H, Vp, e]
     K, H, Q, Vp = QK.shape
     e = vals.shape[-1]
-    Ew = (QK - QK.amax(-1, keepdim=True)).exp()  # [K, H, Q, Vp], at most 1
+    # the shift cancels in every ratio, so its exact gradient is zero: detached, no rounding residue reaches the best
+    # scoring token (a pad token no row counts would otherwise get a ~1e-9 gradient, which Adam scales to a step)
+    Ew = (QK - QK.amax(-1, keepdim=True).detach()).exp()  # [K, H, Q, Vp], at most 1
     numer = (Ew[:, :, None] * vals.transpose(-1, -2)[:, :, :, None]).reshape(K, H * e, Q * Vp)
     return QK, torch.cat([numer, Ew.reshape(K, H, Q * Vp)], 1).transpose(1, 2)
 

@@ -406,7 +406,7 @@ def evaluate_left_padded(model: HookedTransformer, task: Task, data: TaskData, b
         chunk = data.select(idx)
         lay = build_layout(chunk.tokens[None], chunk.targets[None], chunk.lengths[None], "answer", "left", pad)
         logits = stacked_position_logits(P, lay.tokens, lay.query_pos, scale, norm, key_valid=lay.key_valid)[0]
-        qpos = target_positions(chunk)
+        qpos = target_positions(chunk, few=False)  # a short last chunk can fail the "few" test its data passes
         rows = idx[:, None]
         preds[rows, qpos] = logits.argmax(-1)
         loss[rows, qpos] = F.cross_entropy(logits.transpose(1, 2).float(), lay.targets[0], reduction="none")

@@ -192,7 +192,7 @@ def prefix_count_losses(
         if blk.query >= 0:  # dense: z = ([w v | w]^T @ C) split
             kc = list(blk.keys)
             s = S[:, :, blk.query, kc]  # [K, H, n]
-            w = (s - s.amax(-1, keepdim=True)).exp()
+            w = (s - s.amax(-1, keepdim=True).detach()).exp()  # the shift cancels: no gradient through it
             table = torch.cat([vals[:, :, kc] * w[..., None], w[..., None]], -1)  # [K, H, n, e + 1]
             nd = torch.bmm(table.permute(0, 1, 3, 2).reshape(K, H * (e + 1), len(kc)), counts)
             nd = nd.view(K, H, e + 1, width)

@@ -98,14 +98,25 @@ def batch_loss(
     dropout: float,
     dtype: torch.dtype = torch.float32,
     dropout_at: str = "embedding+attention",
+    query_forward: bool | None = None,
 ) -> torch.Tensor:
-    """Training loss of one batch: the exact query-restricted forward where it applies, else TL's."""
-    qpos = target_positions(batch) if supports_query_forward(model) else None
+    """Training loss of one batch: the exact query-restricted forward where it applies, else TL's. The two draw
+    dropout masks of different shapes, so a run decides once, from its whole training split (``query_forward``,
+    :func:`uses_query_forward`), never batch by batch; None decides from this batch alone."""
+    if query_forward is None:
+        query_forward = uses_query_forward(model, batch)
+    qpos = target_positions(batch, few=False) if query_forward else None
     if qpos is not None:
         logits = logits_at(model, batch.tokens, qpos, dropout=dropout, embed_dropout=dropout_at != "attention")
         return task_loss(logits, batch.targets.gather(1, qpos), dtype)
     with model.hooks(fwd_hooks=hooks), fast_attention_where_possible(model):
         return task_loss(model(batch.tokens), batch.targets, dtype)
+
+
+def uses_query_forward(model: HookedTransformer, train_data) -> bool:
+    """Whether a run trains through the query-restricted forward: the model allows it and every row of its
+    training split has the same few target positions (what a population needs to batch the run)."""
+    return supports_query_forward(model) and target_positions(train_data) is not None
 
 
 def _recipe_path(cfg: TrainConfig) -> bool:
@@ -527,6 +538,7 @@ def _train_epoch(
     n = len(train_data)
     total = 0.0
     recipe = _recipe_path(cfg) and supports_query_forward(model)
+    query_forward = not recipe and uses_query_forward(model, train_data)
     identity_w_o = bool(model.cfg.n_heads * model.cfg.d_head == model.cfg.d_model and not model.W_O.requires_grad)
     levels, extras = None, {}
     if cfg.curriculum is None:
@@ -551,7 +563,7 @@ def _train_epoch(
         else:
             if cfg.objective == "lm":  # a model the per-position forward does not cover: TransformerLens' own
                 batch.targets = lm_targets(batch)
-            loss = batch_loss(model, batch, hooks, cfg.dropout, loss_dtype, cfg.dropout_at)
+            loss = batch_loss(model, batch, hooks, cfg.dropout, loss_dtype, cfg.dropout_at, query_forward)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

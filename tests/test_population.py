@@ -726,6 +726,34 @@ def test_population_of_one_head_and_of_64_heads_equals_solo(tmp_path, tiny_task,
             assert pop["halving"]["steps"] == solo["halving"]["steps"] and pop["halving"]["steps"]
 
 
+@pytest.mark.parametrize(
+    "cfg_kw",
+    [dict(dropout_at="attention"), dict(dropout_at="embedding+attention"), dict(dropout_at="attention", padding="left")],
+    ids=["token counts", "positions", "left padding"],
+)
+def test_batches_of_one_short_sentence_equal_solo(tmp_path, tiny_spec, tiny_cfg, cfg_kw):
+    """Batches of one sentence trimmed to its own length, some of them short enough that their two targets fill
+    more than a quarter of the batch: the solo run keeps the forward (and so the shapes of its dropout draws) its
+    training split chose, and the population equals it under torch's masks. Before, such a batch went through
+    TransformerLens' forward alone, drew masks of another shape, and the models parted by up to 0.43."""
+    from interp.tasks import get_task
+
+    task = get_task(
+        "noisy-majority",
+        train_size=24,
+        val_size=16,
+        test_size=16,
+        train_lengths=[0, 6],
+        val_lengths=[0, 6],
+        test_lengths=[0, 6],
+    )
+    short = task.dataset("train").lengths
+    assert int((short < 8).sum()) >= 3  # batches that fail the quarter test on their own
+    pairs = _population_equals_solo(tmp_path, task, tiny_spec, tiny_cfg(epochs=2, batch_size=1, **cfg_kw), [0, 1])
+    forward = "positions" if cfg_kw["dropout_at"] != "attention" else "token counts"
+    assert all(pop["population"]["forward"] == forward for pop, _ in pairs)
+
+
 def _counted_models(tiny_task, tiny_spec, std: float, **spec_kw):
     """Two models with random weights of size ``std`` (attention far from uniform), their stacked parameters, a
     validation slice's :class:`TokenCounts` and the solo logits at its targets (the query-restricted forward)."""
