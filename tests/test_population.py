@@ -728,7 +728,11 @@ def test_population_of_one_head_and_of_64_heads_equals_solo(tmp_path, tiny_task,
 
 @pytest.mark.parametrize(
     "cfg_kw",
-    [dict(dropout_at="attention"), dict(dropout_at="embedding+attention"), dict(dropout_at="attention", padding="left")],
+    [
+        dict(dropout_at="attention"),
+        dict(dropout_at="embedding+attention"),
+        dict(dropout_at="attention", padding="left"),
+    ],
     ids=["token counts", "positions", "left padding"],
 )
 def test_batches_of_one_short_sentence_equal_solo(tmp_path, tiny_spec, tiny_cfg, cfg_kw):
