@@ -104,16 +104,17 @@ void count_step(int64_t K, int64_t N, const float *restrict table, const float *
     memset(gbO, 0, sizeof(float) * d);
     memset(gTE, 0, sizeof(float) * Q * Vo);
     memset(gbU, 0, sizeof(float) * Vo);
-    double total = 0.0;
+    /* the loss sums mx - logit[t] + log(sum) over the rows; the sums (each in [1, Vo]: the largest term is exp(0))
+       are multiplied in double and their log taken once the product nears double's range, not once per row */
+    double total = 0.0, prod = 1.0;
     for (int64_t n = 0; n < N; n++) {
       const int64_t row = k * N + n, q = qidx[row], t = targets[row];
       const float *c = counts + row * Vp, *m = mask ? mask + row * d : NULL, *Tq = T + q * Vp * J;
       float both[J], z[HE], a[d], gl[Vo], gz[HE], gboth[J];
       /* forward: each head's weighted values and denominator, its output z, out = z W_O + b_O, the mask */
       for (int64_t j = 0; j < J; j++) both[j] = 0.0f;
-      for (int64_t v = 0; v < Vp; v++)
-        if (c[v] != 0.0f)
-          for (int64_t j = 0; j < J; j++) both[j] += c[v] * Tq[v * J + j];
+      for (int64_t v = 0; v < Vp; v++) /* zero counts too: exact (0 x a finite entry), and no unpredictable branch */
+        for (int64_t j = 0; j < J; j++) both[j] += c[v] * Tq[v * J + j];
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < e; i++) z[h * e + i] = both[h * e + i] / both[HE + h];
       v8 out[DV];
@@ -142,7 +143,12 @@ void count_step(int64_t K, int64_t N, const float *restrict table, const float *
         st(gl + 8 * w, p);
         sum += hsum(p);
       }
-      total += (double)(mx + logf(sum) - logit[t]);
+      total += (double)(mx - logit[t]);
+      prod *= (double)sum;
+      if (prod > 1e280) {
+        total += log(prod);
+        prod = 1.0;
+      }
       /* backward: the gradient of this model's mean loss, softmax minus the target, over N */
       const float scale = invN / sum;
       for (int64_t v = 0; v < Vo; v++) gl[v] *= scale;
@@ -185,10 +191,9 @@ void count_step(int64_t K, int64_t N, const float *restrict table, const float *
       }
       float *gTq = gT + q * Vp * J;
       for (int64_t v = 0; v < Vp; v++)
-        if (c[v] != 0.0f)
-          for (int64_t j = 0; j < J; j++) gTq[v * J + j] += c[v] * gboth[j];
+        for (int64_t j = 0; j < J; j++) gTq[v * J + j] += c[v] * gboth[j];
     }
-    losses[k] = (float)(total / (double)N);
+    losses[k] = (float)((total + log(prod)) / (double)N);
     /* the outer products summed over the rows, blocks of each output held in registers while the rows stream by:
        8 rows of W_U's gradient (d is a multiple of 8), IB rows of W_O's */
     for (int64_t j = 0; j < d; j += 8)
