@@ -73,7 +73,7 @@ from .resume_file import Encoded, check_identity, read_resume_file, write_resume
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
 from .task import task_dataset
-from .training import TrainConfig, snapshot_directory, snapshot_name, snapshot_training
+from .training import TrainConfig, check_fits, snapshot_directory, snapshot_name, snapshot_training
 from .variants import parse_attention
 
 if TYPE_CHECKING:
@@ -217,9 +217,9 @@ def token_counts(data, d_vocab: int, pad_token: int | None = None, pads: Tensor 
     positions, with no dropout before its attention, computes its logits there from these alone. Under left
     padding (``pad_token``) the pad token is a column of its own, with ``pads`` (each sentence's pads; none
     where None) as its count."""
-    qpos = target_positions(data)
+    qpos = target_positions(data, few=False)  # exact however many: a split of short sentences is evaluated too
     if qpos is None:
-        raise ConfigError("batched training needs tasks whose targets sit at the same few positions per row")
+        raise ConfigError("batched training needs tasks whose rows all have the same number of targets")
     cum = F.one_hot(data.tokens, d_vocab).cumsum(1)  # [batch, pos, vocab]
     rows = torch.arange(len(data), device=data.tokens.device)[:, None]
     counts = cum[rows, qpos]  # [batch, k, vocab]
@@ -727,9 +727,9 @@ def _val_metrics(
         raise ConfigError("batched training with padding='left' covers models without positional embedding")
     K = next(iter(P.values())).shape[0]
     H, d = P["blocks.0.attn.W_Q"].shape[1:3]
-    qpos = target_positions(data)
+    qpos = target_positions(data, few=False)  # exact however many: a split of short sentences is evaluated too
     if qpos is None:
-        raise ConfigError("batched training needs tasks whose targets sit at the same few positions per row")
+        raise ConfigError("batched training needs tasks whose rows all have the same number of targets")
     n, k = qpos.shape
     tgt = data.targets.gather(1, qpos)
     width = H * len(counted.present) * k if counted is not None else data.tokens.shape[1] * max(d, H * k)
@@ -1273,6 +1273,13 @@ def _train_population(
     train_data, val_data = task_dataset(task, "train").to(device), task_dataset(task, validation_split(task)).to(device)
     if cfg.objective == "lm":
         check_lm_targets(task, train_data)
+    check_fits(pop.models[0], task, {s: task_dataset(task, s) for s in task.splits})
+    if cfg.objective != "lm" and target_positions(train_data) is None:
+        # a solo run of such data trains through TransformerLens' forward, whose dropout masks cover every position
+        raise ConfigError(
+            "batched training needs tasks whose targets sit at the same few positions per row (at most a quarter of "
+            "the training split's padded width; its solo runs train otherwise): train these runs one by one"
+        )
     d_vocab = pop.models[0].cfg.d_vocab
     # the O(vocab) forwards where nothing position-dependent comes before attention (interp.population_paths);
     # evaluation has no dropout, so counts suffice there for every model without positions
@@ -1283,7 +1290,7 @@ def _train_population(
         raise ConfigError(f"padding='left' needs a task with a pad token; {task.name} has none")
     if forward == "token counts":
         train_counted = token_counts(train_data, d_vocab, pad_token)
-        pop.train_qpos = target_positions(train_data)
+        pop.train_qpos = target_positions(train_data, few=False)
         pop.train_targets = train_data.targets.gather(1, pop.train_qpos)
         count_losses = compiled_step(_count_losses, dynamic=False, device=device) if compile else _count_losses
     elif forward == "prefix counts":

@@ -145,7 +145,7 @@ def pack(rows: PrefixRows, idx: Int[Tensor, "K b"], widths: Sequence[int] | None
         counts = rows.counts.index_select(0, layout)[:, list(blk.keys)]  # [K x width, keys]
         blocks.append(
             PackedBlock(
-                counts.view(K, width, -1).transpose(1, 2).contiguous(),
+                counts.view(K, width, len(blk.keys)).transpose(1, 2).contiguous(),  # width 0: no model has a row
                 rows.query.index_select(0, layout).view(K, width),
                 rows.target.index_select(0, layout).view(K, width),
                 rows.sentence.index_select(0, layout).view(K, width),

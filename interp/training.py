@@ -44,8 +44,8 @@ from .curriculum import batches as curriculum_batches
 from .determinism import deterministic
 from .device import pick_device
 from .dropout_masks import dropout as dropout_of
-from .errors import CheckpointError, ConfigError
-from .evaluation import evaluate, target_positions
+from .errors import CheckpointError, ConfigError, TokenError
+from .evaluation import check_tokens, evaluate, target_positions
 from .fast_attention import fast_attention, has_fast_path
 from .files import AtomicFile
 from .halving import Halving, Scorer
@@ -59,7 +59,7 @@ from .query_forward import logits_at, supports_query_forward
 from .resume_file import Encoded, check_identity, read_resume_file, read_resume_metadata, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
-from .task import IGNORE, Task, TaskData, task_dataset
+from .task import IGNORE, Task, TaskData, check_model_task, task_dataset
 from .variants import Attention
 
 if TYPE_CHECKING:
@@ -117,6 +117,29 @@ def uses_query_forward(model: HookedTransformer, train_data) -> bool:
     """Whether a run trains through the query-restricted forward: the model allows it and every row of its
     training split has the same few target positions (what a population needs to batch the run)."""
     return supports_query_forward(model) and target_positions(train_data) is not None
+
+
+def solo_forward(model: HookedTransformer, cfg: TrainConfig, train_data) -> str:
+    """Which forward a solo run of ``cfg`` trains ``model`` through (and so in which shapes it draws torch's dropout
+    masks): ``"positions"`` (:func:`interp.position_forward.solo_batch_loss`: the recipe's options),
+    ``"query"`` (:func:`interp.query_forward.logits_at`) or ``"transformer-lens"`` (the model's own forward)."""
+    if _recipe_path(cfg) and supports_query_forward(model):
+        return "positions"
+    if not cfg.aux_loss and uses_query_forward(model, train_data):
+        return "query"
+    return "transformer-lens"
+
+
+def check_fits(model: HookedTransformer, task: Task, splits: dict[str, TaskData]) -> None:
+    """Refuse, before any training, a model that cannot take the task's data: vocabulary sizes other than the
+    task's (:func:`interp.task.check_model_task`) or a split's sentences longer than its context (a TaskError /
+    TokenError naming the split), rather than a failure deep in torch epochs later."""
+    check_model_task(model, task)
+    for name, data in splits.items():
+        try:
+            check_tokens(model, data.tokens)
+        except TokenError as e:
+            raise TokenError(f"the {name!r} split of task {task.name!r}: {e}") from None
 
 
 def _recipe_path(cfg: TrainConfig) -> bool:
@@ -394,6 +417,7 @@ def _train(
     if cfg.objective == "lm":
         check_lm_targets(task, train_data)
     val_data = task_dataset(task, validation_split(task)).to(device)
+    check_fits(model, task, {s: task_dataset(task, s) for s in task.splits})
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
     _check_recipe(model, cfg)
@@ -537,8 +561,8 @@ def _train_epoch(
     model.train()
     n = len(train_data)
     total = 0.0
-    recipe = _recipe_path(cfg) and supports_query_forward(model)
-    query_forward = not recipe and uses_query_forward(model, train_data)
+    forward = solo_forward(model, cfg, train_data)
+    recipe, query_forward = forward == "positions", forward == "query"
     identity_w_o = bool(model.cfg.n_heads * model.cfg.d_head == model.cfg.d_model and not model.W_O.requires_grad)
     levels, extras = None, {}
     if cfg.curriculum is None:

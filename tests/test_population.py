@@ -393,6 +393,57 @@ def test_mixed_populations_are_refused(tmp_path, tiny_task, tiny_spec, tiny_cfg)
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.parametrize(
+    "spec_kw, error, match",
+    [
+        (dict(d_vocab_out=None), "TaskError", "does not fit task"),
+        (dict(d_vocab=5), "TaskError", "does not fit task"),
+        (dict(n_ctx=10), "TokenError", "'train' split .* longer than the model's context"),
+    ],
+    ids=["output vocabulary", "input vocabulary", "context"],
+)
+def test_a_model_that_does_not_fit_the_task_is_refused_before_training(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, spec_kw, error, match
+):
+    """Solo and population alike: a clear error before the first step, not a checkpoint error after every epoch
+    (an output vocabulary of 9 for 8 outputs) or an index error deep in torch (a vocabulary or a context too small)."""
+    from dataclasses import replace
+
+    import interp.errors
+
+    spec, cfg = replace(tiny_spec, **spec_kw), tiny_cfg(epochs=50)
+    with pytest.raises(getattr(interp.errors, error), match=match):
+        train(tiny_task, spec, cfg, tmp_path / "solo.safetensors", device="cpu", progress=False, snapshot_every=1)
+    specs, cfgs = seed_population(tiny_task, spec, cfg, [0, 1])
+    outs = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    with pytest.raises(getattr(interp.errors, error), match=match):
+        train_population(tiny_task, specs, cfgs, outs, device="cpu", progress=False, snapshot_every=1)
+    assert not list(tmp_path.rglob("*.safetensors"))  # no epoch ran: not even a snapshot
+
+
+def _short_task(**lengths):
+    """noisy-majority with small splits; ``lengths`` overrides a split's sentence lengths (digits)."""
+    from interp.tasks import get_task
+
+    kw = {"train_lengths": [0, 20], "val_lengths": [21, 30], "test_lengths": [31, 40], **lengths}
+    return get_task("noisy-majority", train_size=64, val_size=16, test_size=16, **kw)
+
+
+def test_a_split_of_short_sentences(tmp_path, tiny_spec, tiny_cfg):
+    """Sentences of 0-3 digits: two targets in at most 7 tokens, more than a quarter of the padded width. In the
+    test split they are evaluated exactly (the population equals its solo runs; before, it trained every epoch and
+    then failed in the final evaluation). In the training split the solo run trains through TransformerLens'
+    forward, whose torch dropout masks a population does not draw: refused before the first step (before, the
+    population trained other models than the solo runs, 0.15 apart, and failed at the end)."""
+    cfg = tiny_cfg(epochs=2, batch_size=8)
+    _population_equals_solo(tmp_path, _short_task(test_lengths=[0, 3]), tiny_spec, cfg, [0, 1])
+    short = _short_task(train_lengths=[0, 3])
+    specs, cfgs = seed_population(short, tiny_spec, cfg, [0])
+    with pytest.raises(ConfigError, match="a quarter of the training split"):
+        train_population(short, specs, cfgs, [tmp_path / "short.safetensors"], device="cpu", progress=False)
+    assert not (tmp_path / "short.safetensors").exists()
+
+
 def test_evaluation_in_chunks_equals_one_chunk(tiny_task, tiny_spec):
     """Validation of a population runs in chunks of rows (bounded memory); the chunking changes nothing."""
     from interp.population import _val_metrics, token_counts
@@ -732,14 +783,17 @@ def test_population_of_one_head_and_of_64_heads_equals_solo(tmp_path, tiny_task,
         dict(dropout_at="attention"),
         dict(dropout_at="embedding+attention"),
         dict(dropout_at="attention", padding="left"),
+        dict(objective="lm", dropout=0.0),
+        dict(objective="lm", dropout_at="attention", dropout_rng="counter"),
     ],
-    ids=["token counts", "positions", "left padding"],
+    ids=["token counts", "positions", "left padding", "lm (prefix counts)", "lm, counter masks (prefix counts)"],
 )
 def test_batches_of_one_short_sentence_equal_solo(tmp_path, tiny_spec, tiny_cfg, cfg_kw):
     """Batches of one sentence trimmed to its own length, some of them short enough that their two targets fill
     more than a quarter of the batch: the solo run keeps the forward (and so the shapes of its dropout draws) its
     training split chose, and the population equals it under torch's masks. Before, such a batch went through
-    TransformerLens' forward alone, drew masks of another shape, and the models parted by up to 0.43."""
+    TransformerLens' forward alone, drew masks of another shape, and the models parted by up to 0.43; and under the
+    language-model objective a step where no model had a row in one of the prefix forward's blocks crashed."""
     from interp.tasks import get_task
 
     task = get_task(
@@ -754,7 +808,8 @@ def test_batches_of_one_short_sentence_equal_solo(tmp_path, tiny_spec, tiny_cfg,
     short = task.dataset("train").lengths
     assert int((short < 8).sum()) >= 3  # batches that fail the quarter test on their own
     pairs = _population_equals_solo(tmp_path, task, tiny_spec, tiny_cfg(epochs=2, batch_size=1, **cfg_kw), [0, 1])
-    forward = "positions" if cfg_kw["dropout_at"] != "attention" else "token counts"
+    forward = {"embedding+attention": "positions", "attention": "token counts"}[cfg_kw.get("dropout_at", "attention")]
+    forward = "prefix counts" if cfg_kw.get("objective") == "lm" else forward
     assert all(pop["population"]["forward"] == forward for pop, _ in pairs)
 
 
