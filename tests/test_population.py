@@ -421,12 +421,12 @@ def test_a_model_that_does_not_fit_the_task_is_refused_before_training(
     assert not list(tmp_path.rglob("*.safetensors"))  # no epoch ran: not even a snapshot
 
 
-def _short_task(**lengths):
+def _short_task(train_size: int = 64, **lengths):
     """noisy-majority with small splits; ``lengths`` overrides a split's sentence lengths (digits)."""
     from interp.tasks import get_task
 
     kw = {"train_lengths": [0, 20], "val_lengths": [21, 30], "test_lengths": [31, 40], **lengths}
-    return get_task("noisy-majority", train_size=64, val_size=16, test_size=16, **kw)
+    return get_task("noisy-majority", train_size=train_size, val_size=16, test_size=16, **kw)
 
 
 def test_a_split_of_short_sentences(tmp_path, tiny_spec, tiny_cfg):
@@ -794,17 +794,7 @@ def test_batches_of_one_short_sentence_equal_solo(tmp_path, tiny_spec, tiny_cfg,
     training split chose, and the population equals it under torch's masks. Before, such a batch went through
     TransformerLens' forward alone, drew masks of another shape, and the models parted by up to 0.43; and under the
     language-model objective a step where no model had a row in one of the prefix forward's blocks crashed."""
-    from interp.tasks import get_task
-
-    task = get_task(
-        "noisy-majority",
-        train_size=24,
-        val_size=16,
-        test_size=16,
-        train_lengths=[0, 6],
-        val_lengths=[0, 6],
-        test_lengths=[0, 6],
-    )
+    task = _short_task(train_size=24, train_lengths=[0, 6], val_lengths=[0, 6], test_lengths=[0, 6])
     short = task.dataset("train").lengths
     assert int((short < 8).sum()) >= 3  # batches that fail the quarter test on their own
     pairs = _population_equals_solo(tmp_path, task, tiny_spec, tiny_cfg(epochs=2, batch_size=1, **cfg_kw), [0, 1])
