@@ -72,8 +72,7 @@ from .query_forward import supports_query_forward
 from .resume_file import Encoded, check_identity, read_resume_file, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
-from .task import task_dataset
-from .training import TrainConfig, check_fits, snapshot_directory, snapshot_name, snapshot_training
+from .training import TrainConfig, check_fits, snapshot_directory, snapshot_name, snapshot_training, task_splits
 from .variants import parse_attention
 
 if TYPE_CHECKING:
@@ -1270,10 +1269,11 @@ def _train_population(
     snapshot = _snapshot_writer(outs, snapshot_every)
     pop = _Population(task, specs, cfgs, device, head_scorer, compile)
     cfg, K = pop.cfg, pop.K
-    train_data, val_data = task_dataset(task, "train").to(device), task_dataset(task, validation_split(task)).to(device)
+    splits = task_splits(task)  # built once: checked, trained on, validated on, evaluated at the end
+    check_fits(pop.models[0], task, splits)
+    train_data, val_data = splits["train"].to(device), splits[validation_split(task)].to(device)
     if cfg.objective == "lm":
         check_lm_targets(task, train_data)
-    check_fits(pop.models[0], task, {s: task_dataset(task, s) for s in task.splits})
     if cfg.objective != "lm" and target_positions(train_data) is None:
         # a solo run of such data trains through TransformerLens' forward, whose dropout masks cover every position
         raise ConfigError(
@@ -1372,7 +1372,7 @@ def _train_population(
     _kept, final = pop.kept()
     split_metrics, examples = {}, {}
     for split in task.splits:
-        data = task_dataset(task, split).to(device)
+        data = splits[split].to(device)
         examples[split] = len(data)
         split_metrics[split] = _val_metrics(
             task,

@@ -130,6 +130,11 @@ def solo_forward(model: HookedTransformer, cfg: TrainConfig, train_data) -> str:
     return "transformer-lens"
 
 
+def task_splits(task: Task) -> dict[str, TaskData]:
+    """The task's training split and every split it names, each built once."""
+    return {s: task_dataset(task, s) for s in dict.fromkeys(("train", *task.splits))}
+
+
 def check_fits(model: HookedTransformer, task: Task, splits: dict[str, TaskData]) -> None:
     """Refuse, before any training, a model that cannot take the task's data: vocabulary sizes other than the
     task's (:func:`interp.task.check_model_task`) or a split's sentences longer than its context (a TaskError /
@@ -413,11 +418,13 @@ def _train(
     halving = record.halving
     if halving is not None:
         halving.start(model, opt)
-    train_data = task_dataset(task, "train").to(device)
+    splits = task_splits(task)  # built once: checked, trained on, validated on, evaluated at the end
+    check_fits(model, task, splits)
+    train_data = splits["train"].to(device)
     if cfg.objective == "lm":
         check_lm_targets(task, train_data)
-    val_data = task_dataset(task, validation_split(task)).to(device)
-    check_fits(model, task, {s: task_dataset(task, s) for s in task.splits})
+    val_data = splits[validation_split(task)].to(device)
+    forward = solo_forward(model, cfg, train_data)
     loss_dtype = LOSS_DTYPES[cfg.loss_dtype]
     hooks = dropout_hooks(model, cfg.dropout, cfg.dropout_at)
     _check_recipe(model, cfg)
@@ -427,7 +434,7 @@ def _train(
         raise ConfigError(f"the resumed run has already done {state.epoch} epochs; ask for more than that")
     bar = tqdm(total=cfg.epochs, initial=state.epoch, desc=f"train {task.name}", unit="epoch", disable=not progress)
     while state.epoch < cfg.epochs:
-        train_loss, extras = _train_epoch(state, cfg, train_data, hooks, loss_dtype)
+        train_loss, extras = _train_epoch(state, cfg, train_data, hooks, loss_dtype, forward)
         model.eval()
         val = _evaluate(model, task, val_data, cfg)
         state.epoch += 1
@@ -468,7 +475,7 @@ def _train(
     if record.kept != "last":
         model.load_state_dict(state.best_state)
     model.eval()
-    final = {s: task_dataset(task, s) for s in task.splits}
+    final = {s: splits[s] for s in task.splits}
     metrics = {
         s: _evaluate(model, task, data.to(device), cfg) if cfg.padding == "left" else evaluate(model, task, data)
         for s, data in final.items()
@@ -551,7 +558,7 @@ def _start(
 
 
 def _train_epoch(
-    state: _State, cfg: TrainConfig, train_data: TaskData, hooks: list, loss_dtype: torch.dtype
+    state: _State, cfg: TrainConfig, train_data: TaskData, hooks: list, loss_dtype: torch.dtype, forward: str
 ) -> tuple[float, dict[str, Any]]:
     """One epoch of AdamW steps over the training data in this epoch's order (under a curriculum, the batches its
     schedule allows: :mod:`interp.curriculum`); the mean training loss and what the epoch's history record adds
@@ -561,8 +568,7 @@ def _train_epoch(
     model.train()
     n = len(train_data)
     total = 0.0
-    forward = solo_forward(model, cfg, train_data)
-    recipe, query_forward = forward == "positions", forward == "query"
+    recipe, query_forward = forward == "positions", forward == "query"  # forward: solo_forward's, for every batch
     identity_w_o = bool(model.cfg.n_heads * model.cfg.d_head == model.cfg.d_model and not model.W_O.requires_grad)
     levels, extras = None, {}
     if cfg.curriculum is None:
