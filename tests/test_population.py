@@ -803,6 +803,46 @@ def test_batches_of_one_short_sentence_equal_solo(tmp_path, tiny_spec, tiny_cfg,
     assert all(pop["population"]["forward"] == forward for pop, _ in pairs)
 
 
+SHAPES = {
+    "1 head": dict(d_model=2, n_heads=1, d_head=2, output_matrix="identity"),
+    "64 heads, trained W_O": dict(d_model=8, n_heads=64, d_head=2, output_matrix="learned"),
+    "2 layers": dict(n_layers=2),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_short_batches_and_unfit_models_on_every_shape(tmp_path, tiny_spec, tiny_cfg, shape):
+    """On one head, 64 heads with a trained W_O and two layers: a run trained in batches of one short sentence
+    keeps the forward its training split chose (the one-layer models: the query-restricted forward, and their
+    population equals them; two layers: TransformerLens' forward, which populations refuse), and a model whose
+    context is too short for the task is refused before training."""
+    from dataclasses import replace
+
+    from interp.errors import TokenError
+    from interp.model import build_model
+    from interp.training import solo_forward
+
+    spec = replace(tiny_spec, **SHAPES[shape])
+    task = _short_task(train_size=16, train_lengths=[0, 6], val_lengths=[0, 6], test_lengths=[0, 6])
+    cfg = tiny_cfg(epochs=1, batch_size=1, dropout_at="attention")
+    train_data = task.dataset("train")
+    layers = spec.n_layers
+    assert solo_forward(build_model(spec, device="cpu"), cfg, train_data) == (
+        "query" if layers == 1 else "transformer-lens"
+    )
+    if layers == 1:
+        pairs = _population_equals_solo(tmp_path, task, spec, cfg, [0, 1])
+        assert all(pop["population"]["forward"] == "token counts" for pop, _ in pairs)
+    else:
+        two = train(task, spec, cfg, tmp_path / "two.safetensors", device="cpu", progress=False)
+        assert two["steps"] == len(train_data) and (tmp_path / "two.safetensors").exists()
+        with pytest.raises(ConfigError, match="one-layer"):
+            train_population(task, [spec], [cfg], [tmp_path / "pop.safetensors"], device="cpu", progress=False)
+    with pytest.raises(TokenError, match="longer than the model's context"):
+        train(task, replace(spec, n_ctx=4), cfg, tmp_path / "short_ctx.safetensors", device="cpu", progress=False)
+    assert not (tmp_path / "short_ctx.safetensors").exists()
+
+
 def _counted_models(tiny_task, tiny_spec, std: float, **spec_kw):
     """Two models with random weights of size ``std`` (attention far from uniform), their stacked parameters, a
     validation slice's :class:`TokenCounts` and the solo logits at its targets (the query-restricted forward)."""
