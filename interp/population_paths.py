@@ -124,6 +124,7 @@ def position_losses(
     lengths: Int[Tensor, "K b"] | None = None,
     losses_fn=_position_losses,
     pooling: str = "softmax",
+    buffers: dict[str, Tensor] | None = None,
 ) -> Float[Tensor, " K"]:
     """Each model's loss on its laid-out batch through the per-position forward, with its solo run's masks
     (:func:`interp.position_forward.draw_masks`).
@@ -136,9 +137,10 @@ def position_losses(
     run's shapes and order, then put in the sorted order), then cut with it; counter masks are drawn per run of
     rows (they depend on the training run's seed, the epoch, the site, the sentence, the position in it and the
     unit, not on the batch's order or width). A model's loss is its runs' losses weighed by their targets: its mean
-    over the batch, up to float rounding."""
+    over the batch, up to float rounding. ``buffers``: where the torch masks are written, kept by the caller from
+    step to step (:func:`interp.position_forward.scratch`)."""
     sites, p, rng = cfg.dropout_sites, float(cfg.dropout), cfg.dropout_rng
-    mask_kw = dict(generators=generators, seeds=seeds, epoch=epoch)
+    mask_kw = dict(generators=generators, seeds=seeds, epoch=epoch, buffers=buffers)
 
     def losses(lay, masks):
         return losses_fn(

@@ -290,6 +290,7 @@ def draw_masks(
     epoch: int = 0,
     sentences: Int[Tensor, "K batch"] | None = None,
     rows: Int[Tensor, "K batch"] | None = None,
+    buffers: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """The dropout multipliers ``(embedding, pattern, attention output)`` of a laid-out batch (None where
     dropout does not act). ``rng="torch"``: each model's masks, of its solo run's shapes (its own width; every
@@ -297,7 +298,8 @@ def draw_masks(
     order embedding, pattern, output; placed where its layout lies. ``rng="counter"``: from each model's seed, the
     ``epoch`` and the ``sentences`` (indices into the training split), every model at once. ``rows``: the layout
     holds each model's batch in this order (:func:`sort_rows`); torch masks, drawn in the solo run's order, are put
-    in it too (counter masks follow the ``sentences``, given in the layout's order)."""
+    in it too (counter masks follow the ``sentences``, given in the layout's order). ``buffers``: where torch masks
+    are written, kept by the caller from step to step (:func:`scratch`)."""
     if not sites:
         return None, None, None
     K, b, t = layout.tokens.shape
@@ -317,8 +319,8 @@ def draw_masks(
         return emb, pat, out
     # the embedding mask is the largest: only the positions outside a model's own layout are zeroed (pads: finite,
     # never attended)
-    emb = torch.empty(K, b, t, d_model, device=dev) if "embedding" in sites else None
-    pat = torch.zeros(K, b, k, n_heads, t, device=dev) if "pattern" in sites else None
+    emb = scratch(buffers, "embedding", (K, b, t, d_model), dev) if "embedding" in sites else None
+    pat = scratch(buffers, "pattern", (K, b, k, n_heads, t), dev).zero_() if "pattern" in sites else None
     out = torch.zeros(K, b, k, d_model, device=dev) if "attention" in sites else None
     rank = (
         None
@@ -338,6 +340,23 @@ def draw_masks(
         if out is not None:
             _place(out[m, :, qs], generator_mask((b, nq, d_model), p, gen), rank, m)
     return emb, pat, out
+
+
+def scratch(buffers: dict[str, Tensor] | None, name: str, shape: tuple[int, ...], device) -> Tensor:
+    """An uninitialised ``shape`` tensor: a view of ``buffers[name]``, which is kept from call to call (grown when
+    too small), or a new tensor where ``buffers`` is None. Why: a step's embedding mask (``[K, batch, pos, d_model]``,
+    51 MB at K = 30) is larger than what glibc's malloc keeps on its heap, so a new one is mapped afresh from the
+    system each step and every page of it faults on its first write, which cost ~10% of a per-position step. The
+    views are saved for the backward, so a buffer is only rewritten by the next step."""
+    if buffers is None:
+        return torch.empty(shape, device=device)
+    buf = buffers.get(name)
+    if buf is None or buf.device != torch.device(device) or buf.ndim != len(shape):
+        buf = None
+    if buf is None or any(n > m for n, m in zip(shape, buf.shape)):
+        grown = shape if buf is None else tuple(max(n, m) for n, m in zip(shape, buf.shape))
+        buf = buffers[name] = torch.empty(grown, device=device)
+    return buf[tuple(slice(0, n) for n in shape)]
 
 
 def _place(into: Tensor, mask: Tensor, rank: Tensor | None, m: int) -> None:

@@ -378,6 +378,53 @@ def test_the_text_table_names_only_the_task_parameters_that_differ():
     assert "0.50 [" in lines[1] and "1.00 [" in lines[2]
 
 
+def test_masks_written_into_kept_buffers_equal_new_ones(tiny_task):
+    """Torch masks written into buffers kept from step to step (``buffers``: how a population draws them) equal
+    masks drawn into new tensors bit for bit, at every site, over steps whose batches grow and shrink in rows and
+    width (a buffer left bigger by an earlier step is cut to the step, and nothing stale shows), sorted or not, under
+    both objectives and both paddings; the buffer is reused, not reallocated, once it is big enough."""
+    from interp.position_forward import build_layout, draw_masks
+
+    data = tiny_task.dataset("train")
+    g = torch.Generator().manual_seed(3)
+    sites = frozenset({"embedding", "pattern", "attention"})
+    for objective, padding in (("answer", "right"), ("lm", "right"), ("answer", "left")):
+        buffers, widths = {}, set()
+        for step, rows in enumerate((40, 12, 20, 5)):
+            idx = torch.stack([torch.randperm(len(data), generator=g)[:rows] for _ in range(3)])
+            if step == 0:
+                first = idx
+            if step == 2:  # rows of step 0: no wider, fewer
+                idx = first[:, :rows]
+            lengths = data.lengths[idx]
+            lay = build_layout(data.tokens[idx], data.targets[idx], lengths, objective, padding, data.vocab.pad)
+            order = lengths.argsort(dim=1, stable=True) if step % 2 else None
+            widths.add(lay.tokens.shape[-1])
+            before = {n: b.data_ptr() for n, b in buffers.items()}
+            kw = dict(epoch=step, rows=order, sentences=idx)
+            got = draw_masks(
+                lay,
+                sites,
+                0.3,
+                "torch",
+                8,
+                4,
+                generators=[torch.Generator().manual_seed(s) for s in range(3)],
+                buffers=buffers,
+                **kw,
+            )
+            new = draw_masks(
+                lay, sites, 0.3, "torch", 8, 4, generators=[torch.Generator().manual_seed(s) for s in range(3)], **kw
+            )
+            for a, b in zip(got, new):
+                assert torch.equal(a, b), (objective, padding, step)
+            assert got[0].data_ptr() == buffers["embedding"].data_ptr()
+            assert got[1].data_ptr() == buffers["pattern"].data_ptr()
+            if step == 2:  # the buffers of the steps before serve
+                assert {n: b.data_ptr() for n, b in buffers.items()} == before
+        assert len(widths) > 1
+
+
 def test_a_step_cut_into_runs_by_length_has_the_losses_of_the_whole_batch(tiny_task, tiny_spec):
     """A right-padded per-position step sorts each model's batch by length and pads each run of sentences to its own
     longest (``position_losses`` given the lengths): each model's loss equals its loss over the whole batch padded
