@@ -72,11 +72,19 @@ def _keep_mask(h: Tensor, threshold: int, scale: float) -> Tensor:
     return (mix32(h & M32) >> 8 >= threshold).to(torch.float32) * scale
 
 
-def _mask(h: Int[Tensor, "*shape"], p: float) -> Float[Tensor, "*shape"]:
+def _keep_mask_of(base: Tensor, units: int, threshold: int, scale: float) -> Tensor:
+    return _keep_mask(base[..., None] + torch.arange(units, device=base.device), threshold, scale)
+
+
+def _mask(h: Int[Tensor, "*shape"], p: float, units: int | None = None) -> Float[Tensor, "*shape ..."]:
+    """:func:`keep_multiplier` of the hash inputs ``h``; with ``units``, of ``h + unit`` for every ``unit <
+    units`` (a new last axis), formed inside the compiled loop rather than as an int64 tensor of the mask's size (8
+    bytes a number, built and read back: a third of the counter masks' time)."""
     threshold, scale = round(p * (1 << 24)), 1.0 / (1.0 - p)
+    fn, args = (_keep_mask, (h,)) if units is None else (_keep_mask_of, (h, units))
     if h.device.type == "cpu":
-        return compiled_or_plain(_keep_mask, dynamic=True)(h, threshold, scale)
-    return _keep_mask(h, threshold, scale)
+        fn = compiled_or_plain(fn, dynamic=True)
+    return fn(*args, threshold, scale)
 
 
 def position_mask(
@@ -86,8 +94,7 @@ def position_mask(
     pads negative) of each sentence (``rows``: :func:`row_keys`)."""
     if units > MAX_UNITS:
         raise ConfigError(f"dropout_rng='counter' indexes at most {MAX_UNITS} residual dimensions, got {units}")
-    base = rows[:, :, None] + (positions + OFFSET) * MAX_UNITS  # [K, b, t]
-    return _mask(base[..., None] + torch.arange(units, device=rows.device), p)
+    return _mask(rows[:, :, None] + (positions + OFFSET) * MAX_UNITS, p, units)
 
 
 def pattern_mask(

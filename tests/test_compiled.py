@@ -75,6 +75,15 @@ def test_counter_masks_compile_once_for_every_dropout_rate():
         assert torch.equal(got, _keep_mask(h + 11, round(p * (1 << 24)), 1.0 / (1.0 - p))), p
         assert set(got.unique().tolist()) <= {0.0, torch.tensor(1.0 / (1.0 - p)).item()}
     assert graphs() == before
+    # the unit axis formed inside the compiled loop (what position masks use): the same hash inputs, bit for bit
+    base = h[..., 0] * 1024
+    _mask(base, 0.3, 16)
+    before = graphs()
+    for p, units in ((0.1, 16), (0.5, 32), (0.25, 3)):
+        got = _mask(base + 11, p, units)
+        want = _keep_mask(base[..., None] + 11 + torch.arange(units), round(p * (1 << 24)), 1.0 / (1.0 - p))
+        assert got.shape == (*base.shape, units) and torch.equal(got, want), (p, units)
+    assert graphs() == before
 
 
 def _embedded_sum(P, tokens, mask):
