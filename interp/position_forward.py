@@ -346,8 +346,9 @@ def scratch(buffers: dict[str, Tensor] | None, name: str, shape: tuple[int, ...]
     """An uninitialised ``shape`` tensor: a view of ``buffers[name]``, which is kept from call to call (grown when
     too small), or a new tensor where ``buffers`` is None. Why: a step's embedding mask (``[K, batch, pos, d_model]``,
     51 MB at K = 30) is larger than what glibc's malloc keeps on its heap, so a new one is mapped afresh from the
-    system each step and every page of it faults on its first write, which cost ~10% of a per-position step. The
-    views are saved for the backward, so a buffer is only rewritten by the next step."""
+    system each step and every page of it faults on its first write, which cost ~10% of a per-position step. A
+    step's backward uses the views it saved: writing the buffer again before that backward makes the backward raise
+    (torch's version counter), never use the new masks."""
     if buffers is None:
         return torch.empty(shape, device=device)
     buf = buffers.get(name)
