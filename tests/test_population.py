@@ -843,6 +843,20 @@ def test_short_batches_and_unfit_models_on_every_shape(tmp_path, tiny_spec, tiny
     assert not (tmp_path / "short_ctx.safetensors").exists()
 
 
+@pytest.mark.parametrize("rng", ["torch", "counter"])
+@pytest.mark.parametrize("shape", ["1 head", "64 heads, trained W_O"])
+def test_per_position_populations_on_every_shape(tmp_path, tiny_spec, tiny_cfg, shape, rng):
+    """Dropout on the embedding (the per-position forward: torch masks written into buffers kept from step to step,
+    counter masks hashed with their unit axis inside the compiled loop) on one head and on 64 heads with a trained
+    W_O: each model of a population equals its solo run, over steps of different widths and a short last batch."""
+    from dataclasses import replace
+
+    spec = replace(tiny_spec, **SHAPES[shape])
+    cfg = tiny_cfg(epochs=2, batch_size=12, dropout_at="embedding+attention", dropout_rng=rng)
+    pairs = _population_equals_solo(tmp_path, _short_task(), spec, cfg, [0, 1])
+    assert all(pop["population"]["forward"] == "positions" for pop, _ in pairs)
+
+
 def _counted_models(tiny_task, tiny_spec, std: float, **spec_kw):
     """Two models with random weights of size ``std`` (attention far from uniform), their stacked parameters, a
     validation slice's :class:`TokenCounts` and the solo logits at its targets (the query-restricted forward)."""
