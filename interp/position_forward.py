@@ -121,7 +121,11 @@ def stacked_position_logits(
     q = torch.einsum("Kbkd,Khde->Kbkhe", xn.gather(2, at_queries), W_Q) + P["blocks.0.attn.b_Q"][:, None, None]
     hidden = torch.arange(t, device=tokens.device)[None, None, None, :] > query_pos[..., None]  # [K, b, k, t]
     if key_valid is not None:
-        hidden = hidden | ~key_valid[:, :, None, :]
+        # a query outside its model's own layout (left padding with every position a query: the positions before a
+        # narrower model's offset) keeps the keys up to itself, pads all: with none its softmax was NaN, and NaN
+        # times its zero gradient (its target is ignored) reached every weight. Its loss and gradient stay zero.
+        inside = key_valid.gather(-1, query_pos)  # [K, b, k]
+        hidden = hidden | (~key_valid[:, :, None, :] & inside[..., None])
     if pooling == "softmax":
         # every head's query folded into W_K, and the scale into the query (a [query, d_model] product, not a pass
         # over the scores); the query-key bias and the hidden keys' -inf are the input the scores' product adds to

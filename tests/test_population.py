@@ -857,6 +857,17 @@ def test_per_position_populations_on_every_shape(tmp_path, tiny_spec, tiny_cfg, 
     assert all(pop["population"]["forward"] == "positions" for pop, _ in pairs)
 
 
+@pytest.mark.parametrize("dropout_at", ["attention", "embedding+attention"])
+def test_left_padded_language_models_of_different_widths(tmp_path, tiny_spec, tiny_cfg, dropout_at):
+    """Left padding under the language-model objective, several batches an epoch: each model's batch is laid out to
+    the widest model's, so a narrower model's leading positions are queries with no key of its own. Their softmax
+    was NaN and reached every weight through their zero gradient (the population failed saving, after training);
+    they now keep finite pads as keys, and each model equals its solo run."""
+    cfg = tiny_cfg(epochs=2, batch_size=7, padding="left", objective="lm", dropout_at=dropout_at)
+    pairs = _population_equals_solo(tmp_path, _short_task(), tiny_spec, cfg, [0, 1])
+    assert all(pop["population"]["forward"] == "positions" for pop, _ in pairs)
+
+
 def _counted_models(tiny_task, tiny_spec, std: float, **spec_kw):
     """Two models with random weights of size ``std`` (attention far from uniform), their stacked parameters, a
     validation slice's :class:`TokenCounts` and the solo logits at its targets (the query-restricted forward)."""
