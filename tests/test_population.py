@@ -857,14 +857,22 @@ def test_per_position_populations_on_every_shape(tmp_path, tiny_spec, tiny_cfg, 
     assert all(pop["population"]["forward"] == "positions" for pop, _ in pairs)
 
 
-@pytest.mark.parametrize("dropout_at", ["attention", "embedding+attention"])
-def test_left_padded_language_models_of_different_widths(tmp_path, tiny_spec, tiny_cfg, dropout_at):
+@pytest.mark.parametrize(
+    "shape, dropout_at",
+    [("4 heads", "attention"), ("4 heads", "embedding+attention")]
+    + [(s, "embedding+attention") for s in ("1 head", "64 heads, trained W_O")],
+)
+def test_left_padded_language_models_of_different_widths(tmp_path, tiny_spec, tiny_cfg, shape, dropout_at):
     """Left padding under the language-model objective, several batches an epoch: each model's batch is laid out to
     the widest model's, so a narrower model's leading positions are queries with no key of its own. Their softmax
     was NaN and reached every weight through their zero gradient (the population failed saving, after training);
-    they now keep finite pads as keys, and each model equals its solo run."""
+    they now keep finite pads as keys, and each model equals its solo run, on 4 heads, 1 head and 64 heads with a
+    trained W_O (two-layer models: populations refuse them, tested above)."""
+    from dataclasses import replace
+
+    spec = replace(tiny_spec, **SHAPES.get(shape, {}))
     cfg = tiny_cfg(epochs=2, batch_size=7, padding="left", objective="lm", dropout_at=dropout_at)
-    pairs = _population_equals_solo(tmp_path, _short_task(), tiny_spec, cfg, [0, 1])
+    pairs = _population_equals_solo(tmp_path, _short_task(), spec, cfg, [0, 1])
     assert all(pop["population"]["forward"] == "positions" for pop, _ in pairs)
 
 
