@@ -42,11 +42,14 @@ def interrupted(signum, frame) -> None:
 
 
 def run_cleanups() -> None:
-    """Remove the temp files of outputs being written and run :data:`cleanups`, last registered first; a cleanup
-    that fails does not stop the others."""
+    """Remove the temp files of outputs being written, stop any C build still compiling (its compiler and folder),
+    and run :data:`cleanups`, last registered first; a cleanup that fails does not stop the others."""
     files = sys.modules.get("interp.files")  # only if something was written: importing it here could be slow
     if files is not None:
         files.discard_open_temps()
+    native = sys.modules.get("interp.native")  # only if a C function was built: a compiler may still be running
+    if native is not None:
+        native.abandon_builds()
     while cleanups:
         with contextlib.suppress(BaseException):
             cleanups.pop()()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from interp.app.cli import main
 from interp.app.sweeps import parse_grid, run_sweep
 from interp.errors import ConfigError, HeadError, InterpError
 from interp.model import ModelSpec
+from interp.native import COMPILERS
 from interp.sweep_directory import RESULTS, load_results, read_results
 from interp.tasks import get_task, load_checkpoint
 from interp.training import TrainConfig
@@ -226,9 +228,76 @@ def test_long_shapley_work_says_how_long_first(capsys):
     assert "learned-accuracy of all 8,192 coalitions of 13 heads: about" in err
 
 
+def _live_processes(session: int, grace: float = 10.0) -> list[str]:
+    """The processes of ``session`` still running after up to ``grace`` seconds (a SIGKILLed one takes a moment to
+    go). Zombies are not counted: they have ended, and reaping an orphan's is the init process's job, not ours
+    (this machine's init reaps them late)."""
+    deadline = time.time() + grace
+    while True:
+        ps = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-s", str(session)], capture_output=True, text=True)
+        alive = [line.strip() for line in ps.stdout.splitlines() if line.split()[1:2] and "Z" not in line.split()[1]]
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in COMPILERS), reason="no C compiler on the PATH")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_c_build_stops_the_compiler_and_removes_its_folder(tmp_path, sig):
+    """Before: the command line ends on a signal with ``os._exit`` (nothing unwinds), so a C function being built
+    at that moment (the SVC solver, the count kernel) left its compiler running after the process and its folder in
+    the temp directory (CI saw the compiler still alive once)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    # a real compile long enough to be caught in the middle: many functions the optimizer works on
+    source = "".join(
+        f"double f{i}(double x) {{ for (int k = 0; k < {i}; k++) x = x * 1.0001 + k; return x; }}\n"
+        for i in range(3000)
+    )
+    script = (
+        "import signal, sys\n"
+        "from interp.app.signals import exit_now\n"
+        "for s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, exit_now)\n"
+        "from interp.native import build\n"
+        f"build({source!r}, 'slow')\n"
+        "print('built', flush=True)\n"
+    )
+    (tmp_path / "build.py").write_text(script)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "build.py")],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        started = time.time()
+        stages = []  # the compiler driver's stages (cc1, as, collect2, ld): the processes of the session below it
+        while time.time() - started < 60 and proc.poll() is None and not stages:
+            ps = subprocess.run(["ps", "-o", "pid=,ppid=", "-s", str(proc.pid)], capture_output=True, text=True)
+            rows = [line.split() for line in ps.stdout.splitlines() if line.strip()]
+            stages = [pid for pid, ppid in rows if ppid != str(proc.pid) and pid != str(proc.pid)]
+            time.sleep(0.02)
+        assert proc.poll() is None, "the build ended before a compiler stage was seen: make the source longer"
+        assert list(temp.iterdir()), "the build's folder is not in TMPDIR"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "interrupted" in err and "built" not in out, (proc.returncode, err[-2000:])
+    assert list(temp.iterdir()) == []  # the build's folder removed
+    alive = _live_processes(proc.pid)
+    assert not alive, f"processes of the build still running: {alive}"
+
+
 @pytest.mark.slow
 def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
     out = tmp_path / "s.json"
+    temp = tmp_path.parent / f"{tmp_path.name}-tmp"  # the run's TMPDIR (the C solver is built in it)
+    temp.mkdir()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -246,6 +315,7 @@ def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
             "1",
         ],
         cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(temp)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -264,8 +334,10 @@ def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "interrupted" in err
     assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
-    alive = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert not alive, f"processes of the run still alive: {alive}"
+    # nor a C build's folder or its compiler's temp files (torch's compile cache is torch's, kept by design)
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
+    alive = _live_processes(proc.pid)
+    assert not alive, f"processes of the run still running: {alive}"
 
 
 # -- C8 ---------------------------------------------------------------------------------------------------------------

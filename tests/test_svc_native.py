@@ -223,10 +223,10 @@ def test_a_stopped_build_leaves_no_compiler_stage_running(tmp_path):
     driver.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nwait\n")
     driver.chmod(0o755)
     with pytest.raises(subprocess.TimeoutExpired):
-        _compile([str(driver)], timeout=1)
+        _compile([str(driver)], str(tmp_path), timeout=1)
     stage = int(pidfile.read_text())
     deadline = time.time() + 5
     while not _gone(stage) and time.time() < deadline:
         time.sleep(0.05)
     assert _gone(stage), "the driver's own stage is still running"
-    assert _compile(["true"]) == (0, "")
+    assert _compile(["true"], str(tmp_path)) == (0, "")
