@@ -23,12 +23,12 @@ the thesis's models, with any pooling (softmax, linear, additive: in a model wit
 tokens, so the token-count forward covers them too) and any Q/K/V shape, but no sparse mask (masks depend on
 positions: those models train one at a time). On CUDA the dropout masks are drawn by per-model CPU generators, as a
 solo run on CUDA draws them (:func:`interp.dropout_masks.dropout`), so the numbers match a solo run on either device
-up to float error. Two exceptions to equality, both where the true gradient is 0 and the computed one rounding
-noise, which Adam scales to full steps, so the population and the solo run drift apart in those directions: linear
-attention with ``relu`` features (where a query's features have one positive coordinate its pattern does not depend
-on that coordinate's size), and the key bias ``b_K`` under softmax attention (``attn_bias=True``: a per-head constant
-added to every key's score leaves the softmax unchanged; measured 1.6e-4 to 3.3e-4 apart after 3 epochs, every other
-tensor within 1e-7).
+up to float error. One exception to equality, where the true gradient is 0
+and the computed one rounding noise, which Adam scales to full steps, so the population and the solo run drift apart
+in that direction: linear attention with ``relu`` features (where a query's features have one positive coordinate
+its pattern does not depend on that coordinate's size). The key bias ``b_K`` under softmax attention
+(``attn_bias=True``: a per-head constant added to every key's score leaves the softmax unchanged) was the other; both
+runs now set its gradient to its exact value, zero (:func:`interp.training.inert_parameters`), and it equals too.
 """
 
 from __future__ import annotations
@@ -72,7 +72,15 @@ from .query_forward import supports_query_forward
 from .resume_file import Encoded, check_identity, read_resume_file, write_resume_file
 from .run_record import RunRecord, validation_split
 from .schedules import warmup_factor
-from .training import TrainConfig, check_fits, snapshot_directory, snapshot_name, snapshot_training, task_splits
+from .training import (
+    TrainConfig,
+    check_fits,
+    inert_parameters,
+    snapshot_directory,
+    snapshot_name,
+    snapshot_training,
+    task_splits,
+)
 from .variants import parse_attention
 
 if TYPE_CHECKING:
@@ -975,6 +983,7 @@ class _Population:
             compile=compile,
         )
         self.P = {n: self.opt.params[n] if n in views else stacked[n].clone() for n in self.names}
+        self.inert = [n for n in inert_parameters(self.models[0]) if n in views]  # gradients set to exactly zero
         self.data_gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
         self.best_state = {n: self.P[n].detach().clone() for n in self.names}
         self.last_state = {n: self.P[n].detach().clone() for n in self.names}
@@ -1134,6 +1143,8 @@ class _Population:
         with warnings.catch_warnings():  # the flat buffer's strided views: see LAYOUT_WARNING
             warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
             losses.sum().backward()
+        for name in self.inert:  # exactly zero, not rounding noise, as in the solo run (inert_parameters)
+            self.opt.params[name].grad.zero_()
         self.opt.step(warmup_factor(self.cfg, self.step))
         if self.head_on is not None:
             _mask_heads(self.P, self.masked, self.head_on)  # masked heads stay exactly zero

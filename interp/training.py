@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .attention import attention_of, is_plain
+from .attention import attention_of, is_plain, layer_attention
 from .configs import TrainConfig, check_snapshot_every
 from .curriculum import Curriculum, parse_curriculum
 from .curriculum import batches as curriculum_batches
@@ -128,6 +128,20 @@ def solo_forward(model: HookedTransformer, cfg: TrainConfig, train_data) -> str:
     if not cfg.aux_loss and uses_query_forward(model, train_data):
         return "query"
     return "transformer-lens"
+
+
+def inert_parameters(model: HookedTransformer) -> tuple[str, ...]:
+    """The trainable parameters whose exact gradient is zero, which each step sets to zero rather than leave at the
+    rounding noise autograd computes for them: the key bias ``b_K`` of a softmax layer. It adds ``q . b_K``, one
+    constant per query and head, to every score of that query, and a softmax ignores a constant. Adam divides each
+    gradient by its own running scale (Kingma and Ba, "Adam: A Method for Stochastic Optimization"), so noise of
+    1e-9 moves ``b_K`` as far as a true gradient would, and two runs that round differently (a population and its
+    solo run) drift apart in it. Only in the models a population batches (one attention-only layer, softmax
+    pooling, standard positions, no soft cap: :func:`interp.query_forward.supports_query_forward`): elsewhere rotary
+    keys or capped scores can make ``b_K`` matter, and those models keep TransformerLens' own gradient."""
+    if not supports_query_forward(model) or layer_attention(model, 0).pooling != "softmax":
+        return ()
+    return ("blocks.0.attn.b_K",) if model.blocks[0].attn.b_K.requires_grad else ()
 
 
 def task_splits(task: Task) -> dict[str, TaskData]:
@@ -570,6 +584,7 @@ def _train_epoch(
     total = 0.0
     recipe, query_forward = forward == "positions", forward == "query"  # forward: solo_forward's, for every batch
     identity_w_o = bool(model.cfg.n_heads * model.cfg.d_head == model.cfg.d_model and not model.W_O.requires_grad)
+    inert = [dict(model.named_parameters())[n] for n in inert_parameters(model)]
     levels, extras = None, {}
     if cfg.curriculum is None:
         perm = torch.randperm(n, generator=state.gen).to(train_data.device)
@@ -596,6 +611,9 @@ def _train_epoch(
             loss = batch_loss(model, batch, hooks, cfg.dropout, loss_dtype, cfg.dropout_at, query_forward)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        for p in inert:  # exactly zero, not rounding noise (inert_parameters)
+            if p.grad is not None:
+                p.grad.zero_()
         opt.step()
         if halving is not None:
             halving.apply(model)  # masked heads stay exactly zero

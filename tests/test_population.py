@@ -1115,3 +1115,37 @@ def test_the_transposed_unembedding_has_autograds_gradients(rows):
     assert torch.equal(ours, plain)
     for name, a, t in zip(("resid", "W_U", "b_U"), mine, (resid, W_U, b_U)):
         torch.testing.assert_close(a, t.grad, rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    "forward, cfg_kw",
+    [
+        ("token counts", dict(dropout_at="attention")),
+        ("positions", dict(dropout_at="embedding+attention")),
+        ("prefix counts", dict(objective="lm", dropout_at="attention", dropout_rng="counter")),
+    ],
+)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(d_model=8, n_heads=4, d_head=2, output_matrix="identity"),
+        dict(d_model=2, n_heads=1, d_head=2, output_matrix="identity"),
+        dict(d_model=8, n_heads=64, d_head=2, output_matrix="learned"),
+    ],
+    ids=["4 heads", "1 head", "64 heads, trained W_O"],
+)
+def test_trained_attention_biases_equal_solo_key_bias_included(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, forward, cfg_kw, shape
+):
+    """``attn_bias=True``: every parameter of each model equals its solo run, the key bias ``b_K`` too. Under
+    softmax attention ``b_K`` adds one constant to every score of a query, which the softmax removes: its exact
+    gradient is zero. Before, the computed one was rounding noise, which Adam scales to full steps, so ``b_K``
+    random-walked differently in the population and alone (1e-4 to 3e-3 apart; every other tensor within 1e-7)."""
+    from dataclasses import replace
+
+    spec = replace(tiny_spec, attn_bias=True, **shape)
+    # init="torch" draws the biases (TransformerLens zeroes them), so b_K is not trivially zero in both runs
+    cfg = tiny_cfg(epochs=3, init="torch", weight_decay=0.1, **cfg_kw)
+    pairs = _population_equals_solo(tmp_path, tiny_task, spec, cfg, [0, 1])
+    assert all(pop["population"]["forward"] == forward for pop, _ in pairs)
+    assert torch.count_nonzero(load_file(tmp_path / "pop0.safetensors")["blocks.0.attn.b_K"]) > 0
