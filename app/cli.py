@@ -16,7 +16,7 @@ from typing import Any
 
 from interp.errors import CheckpointWarning, ConfigError, InterpError, TaskError
 
-from .signals import INTERRUPTED, handled, interrupted
+from .signals import INTERRUPTED, announce, handled, interrupted
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1097,7 +1097,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
-        print("interp: interrupted", file=sys.stderr)
+        announce()
         return INTERRUPTED
     except OSError as e:
         where = f" ({e.filename})" if e.filename else ""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from .signals import INTERRUPTED, exit_now, interrupted, received
+from .signals import INTERRUPTED, announce, exit_now, interrupted, received
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,17 +34,17 @@ def main(argv: list[str] | None = None) -> int:
 
         rc = run(argv)
         if received:  # the interrupt was swallowed on its way up (a library's `except BaseException`)
-            print("interp: interrupted", file=sys.stderr)
+            announce()
             rc = INTERRUPTED
     except KeyboardInterrupt:
-        print("interp: interrupted", file=sys.stderr)
+        announce()
         rc = INTERRUPTED
     except Exception:
         # A library may turn the KeyboardInterrupt our handler raised into its own error (transformers' lazy
         # imports re-raise whatever an import raised as ModuleNotFoundError): after a signal, that is the interrupt.
         if not received:
             raise
-        print("interp: interrupted", file=sys.stderr)
+        announce()
         rc = INTERRUPTED
     finally:
         for sig, handler in previous.items():

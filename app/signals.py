@@ -63,8 +63,16 @@ def exit_now(signum, frame) -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     with contextlib.suppress(OSError, ValueError):
-        print("interp: interrupted", file=sys.stderr, flush=True)
+        announce()
     os._exit(INTERRUPTED)
+
+
+def announce() -> None:
+    """Print ``interp: interrupted`` on stderr, on a line of its own: after a newline where a progress bar (tqdm)
+    was drawing on that line."""
+    tqdm = sys.modules.get("tqdm")
+    bars = getattr(getattr(tqdm, "tqdm", None), "_instances", None)
+    print(("\n" if bars else "") + "interp: interrupted", file=sys.stderr, flush=True)
 
 
 def handled(handler) -> bool:

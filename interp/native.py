@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -35,10 +36,9 @@ def build(source: str, name: str) -> ctypes.CDLL:
     complaints = []
     for compiler in found:
         for flags in (["-O3", "-march=native"], ["-O3"]):
-            folder = tempfile.mkdtemp(prefix=f"interp-{name}-")
-            with _LOCK:
-                _RUNNING[folder] = None
+            folder = _new_folder(name)
             try:
+                os.mkdir(folder, 0o700)
                 src = Path(folder) / (f"{name}.cpp" if "++" in compiler else f"{name}.c")
                 src.write_text(source)
                 lib = Path(folder) / f"{name}.so"
@@ -50,11 +50,42 @@ def build(source: str, name: str) -> ctypes.CDLL:
                 complaints.append(f"{compiler} {' '.join(flags)}: {last}")
             except (OSError, subprocess.SubprocessError) as e:
                 complaints.append(f"{compiler} {' '.join(flags)}: {e}")
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-                with _LOCK:
-                    _RUNNING.pop(folder, None)
+            finally:  # unregistered last, so a signal at any moment here still finds what is left
+                try:
+                    proc = _RUNNING.get(folder)
+                    if proc is not None:  # an interrupt that got here before _compile stopped its compiler
+                        _stop(proc)
+                finally:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    with _LOCK:
+                        _RUNNING.pop(folder, None)
     raise OSError(f"could not build the C {name} (" + "; ".join(complaints) + ")")
+
+
+def _new_folder(name: str) -> str:
+    """The path of a new private folder in the temp directory for one build, registered before :func:`build` makes
+    it, so that a signal at any moment finds it (:func:`abandon_builds`). The name has 64 random bits: a registered
+    name is never another's folder (``os.mkdir`` would refuse one that exists)."""
+    folder = os.path.join(tempfile.gettempdir(), f"interp-{name}-{secrets.token_hex(8)}")
+    with _LOCK:
+        _RUNNING[folder] = None
+    return folder
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM held back until the block ends, in the main thread (where Python runs its signal
+    handlers; other threads' blocks are covered by ``_LOCK``, which the handler's :func:`abandon_builds` waits
+    for). A signal that arrived just before is still handled inside: callers stay correct without this, it only
+    narrows the moments an interrupt can fall between two steps that belong together."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _compile(command: list[str], folder: str, timeout: float = 120) -> tuple[int, str]:
@@ -62,12 +93,14 @@ def _compile(command: list[str], folder: str, timeout: float = 120) -> tuple[int
     its own (``cc1``, ``as``, ``collect2``, ``ld``), which killing the driver alone leaves running: so it runs in a
     process group of its own (in the caller's session), with its temp files in ``folder``, and on anything that stops
     the wait (a timeout, SIGTERM's or Ctrl-C's exception in the caller) the whole group is killed before the
-    exception goes on."""
+    exception goes on. It is started with SIGINT and SIGTERM held (:func:`_signals_held`) until it is registered, and
+    inherits them blocked; that costs nothing, as its own process group gets no terminal signals and it is stopped
+    with SIGKILL."""
     env = {**os.environ, "TMPDIR": folder}  # the stages' own temp files (``cc*.s``, ``cc*.o``) go in the folder too
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, env=env
-    )
-    with _LOCK:
+    with _LOCK, _signals_held():
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, env=env
+        )
         if folder in _RUNNING:  # a build's folder (build adds and removes it)
             _RUNNING[folder] = proc
     try:
@@ -80,14 +113,23 @@ def _compile(command: list[str], folder: str, timeout: float = 120) -> tuple[int
 
 def _stop(proc: subprocess.Popen) -> None:
     """Kill a compiler's whole process group and reap its driver. ``os.waitpid``, not ``proc.wait``: from a signal
-    handler, the interrupted ``communicate`` may hold the ``Popen``'s wait lock."""
-    if proc.returncode is not None:  # already reaped: its pid may belong to another process now
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        _, status = os.waitpid(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    handler, the interrupted ``communicate`` may hold the ``Popen``'s wait lock. A Ctrl-C that lands meanwhile (a
+    second one while the first unwinds) is raised once the group is dead, not in the middle."""
+    interrupt = None
+    while proc.returncode is None:  # not yet reaped: once it is, its pid may belong to another process
+        try:
+            with _signals_held():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                try:
+                    _, status = os.waitpid(proc.pid, 0)
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                except ChildProcessError:  # reaped elsewhere
+                    proc.returncode = -signal.SIGKILL
+        except KeyboardInterrupt as e:
+            interrupt = e
+    if interrupt is not None:
+        raise interrupt
 
 
 def abandon_builds() -> None:

@@ -293,6 +293,96 @@ def test_a_signal_during_a_c_build_stops_the_compiler_and_removes_its_folder(tmp
     assert not alive, f"processes of the build still running: {alive}"
 
 
+# An interrupt put at one exact moment of a build (found by a researcher's trial, which forced them the same way):
+# the script patches what interp.native calls to send the signal itself, right after that step.
+_MOMENT = """
+import json, os, signal, subprocess, sys, types
+import interp.native as native
+from interp.app.signals import exit_now
+
+moment, ends = sys.argv[1], sys.argv[2]
+if ends == "exit":  # the command line's handler: os._exit, nothing unwinds
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, exit_now)
+patched = types.ModuleType("os")
+patched.__dict__.update(os.__dict__)
+native.os = patched
+if moment == "folder made":
+    patched.mkdir = lambda *a: (os.mkdir(*a), signal.raise_signal(signal.SIGTERM))[0]
+if moment == "compiler started":
+    class Popen(subprocess.Popen):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            signal.raise_signal(signal.SIGINT if ends == "raise" else signal.SIGTERM)
+    native.subprocess = types.SimpleNamespace(**{**subprocess.__dict__, "Popen": Popen})
+if moment == "second ctrl-c while stopping":
+    import threading  # the first Ctrl-C half a second in, while the compiler works (the compile takes longer)
+
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+
+    def killpg(*a):
+        signal.raise_signal(signal.SIGINT)  # a second Ctrl-C just as the first one's cleanup kills the compiler
+        os.killpg(*a)
+    patched.killpg = killpg
+try:
+    native.build(open(sys.argv[3]).read(), "slow")
+    print(json.dumps({"built": True}))
+except KeyboardInterrupt:
+    print(json.dumps({"interrupted": True, "registry": list(native._RUNNING)}))
+"""
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in COMPILERS), reason="no C compiler on the PATH")
+@pytest.mark.parametrize(
+    "moment, ends",
+    [
+        ("folder made", "exit"),
+        ("compiler started", "exit"),
+        ("compiler started", "raise"),
+        ("second ctrl-c while stopping", "raise"),
+    ],
+)
+def test_an_interrupt_at_each_moment_of_a_c_build_leaves_nothing(tmp_path, moment, ends):
+    """Before: a signal just after the build's folder was made, or just after its compiler started, fell before
+    either was registered for the clean-up (the folder, or the running compiler, was left); and in a caller's
+    process a second Ctrl-C while the first one's clean-up ran left the compiler running. ``ends``: ``exit`` is
+    the command line's handler (os._exit), ``raise`` a caller's KeyboardInterrupt. The first and last cases fail on
+    the code before; the "compiler started" ones guard: there the compiler, started just before its folder was
+    removed, usually ended at once for want of its source."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    (tmp_path / "moment.py").write_text(_MOMENT)
+    # a compile that takes a second or more: a compiler left running would still be seen below
+    source = "".join(
+        f"double f{i}(double x) {{ for (int k = 0; k < {i}; k++) x = x * 1.0001 + k; return x; }}\n"
+        for i in range(3000)
+    )
+    (tmp_path / "source.c").write_text(source)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "moment.py"), moment, ends, str(tmp_path / "source.c")],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if ends == "exit":
+        assert proc.returncode == 130 and "interrupted" in err and "built" not in out, err[-2000:]
+    else:
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out) == {"interrupted": True, "registry": []}
+    assert list(temp.iterdir()) == []  # the build's folder removed
+    # the script's session: its compiler, if still running, is in it (start_new_session: the session id is the pid)
+    alive = _live_processes(proc.pid, grace=0.5)
+    assert not alive, f"processes of the build still running: {alive}"
+
+
 @pytest.mark.slow
 def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
     out = tmp_path / "s.json"
