@@ -76,10 +76,12 @@ from .training import (
     TrainConfig,
     check_fits,
     inert_parameters,
+    recipe_options,
     snapshot_directory,
     snapshot_name,
     snapshot_training,
     task_splits,
+    variant_refusal,
 )
 from .variants import parse_attention
 
@@ -139,6 +141,11 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
             "batched training draws every example each epoch with the task's loss alone; a curriculum or an "
             "auxiliary loss trains one at a time with `interp train`"
         )
+    if s.positional not in ("none", "standard"):
+        raise ConfigError(
+            f"batched training covers positional='none' or 'standard' (positions added to the residual stream); got "
+            f"positional={s.positional!r}: train these one at a time with `interp train`"
+        )
     if cfgs[0].padding == "left" and s.positional != "none":
         raise ConfigError("batched training with padding='left' covers models without positional embedding")
     if parse_attention(s.attention).masks:
@@ -147,11 +154,8 @@ def check_population(specs: Sequence[ModelSpec], cfgs: Sequence[TrainConfig]) ->
             "these one at a time with `interp train`"
         )
     variant = parse_attention(s.attention).pooling != "softmax" or s.qkv != "full"
-    if variant and forward_of(s, cfgs[0]) == "prefix counts":
-        raise ConfigError(
-            f"the prefix-count forward (objective='lm') covers softmax attention with full Q/K/V; got attention="
-            f"{s.attention!r}, qkv={s.qkv!r}: train these one at a time with `interp train`"
-        )
+    if variant and recipe_options(cfgs[0]):  # as the solo run refuses them: there is no solo run to equal
+        raise ConfigError(variant_refusal(recipe_options(cfgs[0]), s.attention, s.qkv))
 
 
 def stacked_logits_at(

@@ -165,30 +165,39 @@ def _recipe_path(cfg: TrainConfig) -> bool:
     """Whether a run goes through :func:`interp.position_forward.solo_batch_loss` (the options the query-restricted
     forward with ``F.dropout`` does not express: the language-model objective, left padding, dropout on the
     attention probabilities, counter-drawn masks) rather than the path every earlier run took."""
+    return bool(recipe_options(cfg))
+
+
+def recipe_options(cfg: TrainConfig) -> list[str]:
+    """The options of ``cfg`` that train through the per-position forward (:func:`_recipe_path`), as a user spells
+    them; empty where none does."""
+    return [
+        text
+        for text, is_on in (
+            (f"objective={cfg.objective!r}", cfg.objective == "lm"),
+            ("padding='left'", cfg.padding == "left"),
+            (f"dropout_at={cfg.dropout_at!r}", "pattern" in cfg.dropout_sites),
+            ("dropout_rng='counter'", cfg.dropout_rng == "counter"),
+        )
+        if is_on
+    ]
+
+
+def variant_refusal(options: list[str], attention: str, qkv: str) -> str:
+    """The one line refusing ``options`` (:func:`recipe_options`) for a model whose attention is not softmax with
+    full Q/K/V: the solo run's and the population's, the same words."""
     return (
-        cfg.objective == "lm" or cfg.padding == "left" or "pattern" in cfg.dropout_sites or cfg.dropout_rng == "counter"
+        f"{', '.join(options)} train{'s' if len(options) == 1 else ''} through the per-position forward, which "
+        f"covers softmax attention with full Q/K/V; this model has attention={attention!r}, qkv={qkv!r}"
     )
 
 
 def _check_recipe(model: HookedTransformer, cfg: TrainConfig) -> None:
     """Refuse, before training, recipe options a model's forward cannot carry out (one line naming them)."""
     if _recipe_path(cfg) and not is_plain(model):
-        on = [
-            text
-            for text, is_on in (
-                (f"objective={cfg.objective!r}", cfg.objective == "lm"),
-                ("padding='left'", cfg.padding == "left"),
-                (f"dropout_at={cfg.dropout_at!r}", "pattern" in cfg.dropout_sites),
-                ("dropout_rng='counter'", cfg.dropout_rng == "counter"),
-            )
-            if is_on
-        ]
         variant = next(a for a in attention_of(model) if not (a.is_softmax and a.qkv == "full"))
         attention = str(Attention(variant.pooling, variant.masks))
-        raise ConfigError(
-            f"{', '.join(on)} train{'s' if len(on) == 1 else ''} through the per-position forward, which covers "
-            f"softmax attention with full Q/K/V; this model has attention={attention!r}, qkv={variant.qkv!r}"
-        )
+        raise ConfigError(variant_refusal(recipe_options(cfg), attention, variant.qkv))
     if supports_query_forward(model):
         return
     other = [

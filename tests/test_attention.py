@@ -479,14 +479,32 @@ def test_recipe_options_refuse_attention_variants_in_one_line(tmp_path, tiny_tas
         assert not (tmp_path / "m.safetensors").exists()
 
 
-def test_prefix_count_populations_refuse_attention_variants(tiny_task, tiny_spec, tiny_cfg):
-    """The prefix-count forward of the language-model objective scores softmax with full Q/K/V only."""
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(objective="lm", dropout=0.0),  # the prefix-count forward
+        dict(objective="lm", dropout_at="embedding+attention"),  # per position
+        dict(padding="left"),
+        dict(dropout_at="attention+pattern"),
+        dict(dropout_at="attention", dropout_rng="counter"),  # the token-count forward, counter masks
+    ],
+    ids=["lm (prefix counts)", "lm (per position)", "left padding", "pattern dropout", "counter masks"],
+)
+def test_populations_refuse_attention_variants_as_the_solo_run_does(tmp_path, tiny_task, tiny_spec, tiny_cfg, options):
+    """The options that train through the per-position forward (or the prefix counts) score softmax with full
+    Q/K/V only. Before, a population refused variants under the prefix-count forward alone and trained them on the
+    other paths, which the solo run refuses: checkpoints with no solo run to equal (found by a researcher's trial)."""
     from interp.population import check_population, seed_population
+    from interp.training import train
 
-    for attention, qkv in (("linear:relu", "full"), ("additive", "full"), ("softmax", "sparse:0.5")):
+    for attention, qkv in (("linear:relu", "full"), ("additive", "full"), ("softmax", "diagonal")):
         spec = replace(tiny_spec, attention=attention, qkv=qkv)
-        with pytest.raises(ConfigError, match="prefix-count forward"):
-            check_population(*seed_population(tiny_task, spec, tiny_cfg(objective="lm", dropout=0.0), [0, 1]))
+        specs, cfgs = seed_population(tiny_task, spec, tiny_cfg(**options), [0, 1])
+        with pytest.raises(ConfigError, match="through the per-position forward, which covers softmax") as refused:
+            check_population(specs, cfgs)
+        with pytest.raises(ConfigError) as solo:
+            train(tiny_task, specs[0], cfgs[0], tmp_path / "solo.safetensors", device="cpu", progress=False)
+        assert str(solo.value) == str(refused.value)
 
 
 @pytest.mark.parametrize(

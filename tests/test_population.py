@@ -1149,3 +1149,16 @@ def test_trained_attention_biases_equal_solo_key_bias_included(
     pairs = _population_equals_solo(tmp_path, tiny_task, spec, cfg, [0, 1])
     assert all(pop["population"]["forward"] == forward for pop, _ in pairs)
     assert torch.count_nonzero(load_file(tmp_path / "pop0.safetensors")["blocks.0.attn.b_K"]) > 0
+
+
+@pytest.mark.parametrize("positional", ["shortformer", "rotary", "random", "alibi"])
+def test_populations_name_the_positional_embedding_they_refuse(tiny_task, tiny_spec, tiny_cfg, positional):
+    """Before, these were refused after the models were built, by a line that did not name the cause ("batched
+    training needs a model the exact query-restricted forward covers"; found by a researcher's trial)."""
+    from dataclasses import replace
+
+    from interp.population import check_population
+
+    specs, cfgs = seed_population(tiny_task, replace(tiny_spec, positional=positional), tiny_cfg(), [0, 1])
+    with pytest.raises(ConfigError, match=f"positional={positional!r}"):
+        check_population(specs, cfgs)
