@@ -228,6 +228,20 @@ def test_long_shapley_work_says_how_long_first(capsys):
     assert "learned-accuracy of all 8,192 coalitions of 13 heads: about" in err
 
 
+def _in_own_session(argv: list[str], temp: Path) -> subprocess.Popen:
+    """``argv`` started from the repository in a session of its own (its id is the pid: :func:`_live_processes`
+    lists what is left of it), with ``temp`` as its TMPDIR and its output captured as text."""
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def _live_processes(session: int, grace: float = 10.0) -> list[str]:
     """The processes of ``session`` still running after up to ``grace`` seconds (a SIGKILLed one takes a moment to
     go). Zombies are not counted: they have ended, and reaping an orphan's is the init process's job, not ours
@@ -263,15 +277,7 @@ def test_a_signal_during_a_c_build_stops_the_compiler_and_removes_its_folder(tmp
         "print('built', flush=True)\n"
     )
     (tmp_path / "build.py").write_text(script)
-    proc = subprocess.Popen(
-        [sys.executable, str(tmp_path / "build.py")],
-        cwd=ROOT,
-        env={**os.environ, "TMPDIR": str(temp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _in_own_session([sys.executable, str(tmp_path / "build.py")], temp)
     try:
         started = time.time()
         stages = []  # the compiler driver's stages (cc1, as, collect2, ld): the processes of the session below it
@@ -358,14 +364,8 @@ def test_an_interrupt_at_each_moment_of_a_c_build_leaves_nothing(tmp_path, momen
         for i in range(3000)
     )
     (tmp_path / "source.c").write_text(source)
-    proc = subprocess.Popen(
-        [sys.executable, str(tmp_path / "moment.py"), moment, ends, str(tmp_path / "source.c")],
-        cwd=ROOT,
-        env={**os.environ, "TMPDIR": str(temp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    proc = _in_own_session(
+        [sys.executable, str(tmp_path / "moment.py"), moment, ends, str(tmp_path / "source.c")], temp
     )
     try:
         out, err = proc.communicate(timeout=120)
@@ -388,7 +388,7 @@ def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
     out = tmp_path / "s.json"
     temp = tmp_path.parent / f"{tmp_path.name}-tmp"  # the run's TMPDIR (the C solver is built in it)
     temp.mkdir()
-    proc = subprocess.Popen(
+    proc = _in_own_session(
         [
             sys.executable,
             "-m",
@@ -404,12 +404,7 @@ def test_sigterm_stops_a_long_shapley_run_cleanly(tmp_path):
             "--threads",
             "1",
         ],
-        cwd=ROOT,
-        env={**os.environ, "TMPDIR": str(temp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        temp,
     )
     try:
         started = time.time()

@@ -1125,15 +1125,7 @@ def test_the_transposed_unembedding_has_autograds_gradients(rows):
         ("prefix counts", dict(objective="lm", dropout_at="attention", dropout_rng="counter")),
     ],
 )
-@pytest.mark.parametrize(
-    "shape",
-    [
-        dict(d_model=8, n_heads=4, d_head=2, output_matrix="identity"),
-        dict(d_model=2, n_heads=1, d_head=2, output_matrix="identity"),
-        dict(d_model=8, n_heads=64, d_head=2, output_matrix="learned"),
-    ],
-    ids=["4 heads", "1 head", "64 heads, trained W_O"],
-)
+@pytest.mark.parametrize("shape", ["4 heads", "1 head", "64 heads, trained W_O"])
 def test_trained_attention_biases_equal_solo_key_bias_included(
     tmp_path, tiny_task, tiny_spec, tiny_cfg, forward, cfg_kw, shape
 ):
@@ -1143,7 +1135,7 @@ def test_trained_attention_biases_equal_solo_key_bias_included(
     random-walked differently in the population and alone (1e-4 to 3e-3 apart; every other tensor within 1e-7)."""
     from dataclasses import replace
 
-    spec = replace(tiny_spec, attn_bias=True, **shape)
+    spec = replace(tiny_spec, attn_bias=True, **SHAPES.get(shape, {}))
     # init="torch" draws the biases (TransformerLens zeroes them), so b_K is not trivially zero in both runs
     cfg = tiny_cfg(epochs=3, init="torch", weight_decay=0.1, **cfg_kw)
     pairs = _population_equals_solo(tmp_path, tiny_task, spec, cfg, [0, 1])
