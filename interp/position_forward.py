@@ -356,10 +356,9 @@ def scratch(buffers: dict[str, Tensor] | None, name: str, shape: tuple[int, ...]
     if buffers is None:
         return torch.empty(shape, device=device)
     buf = buffers.get(name)
-    if buf is None or buf.device != torch.device(device) or buf.ndim != len(shape):
-        buf = None
-    if buf is None or any(n > m for n, m in zip(shape, buf.shape)):
-        grown = shape if buf is None else tuple(max(n, m) for n, m in zip(shape, buf.shape))
+    kept = buf is not None and buf.device == torch.device(device) and buf.ndim == len(shape)
+    if not kept or any(n > m for n, m in zip(shape, buf.shape)):
+        grown = tuple(max(n, m) for n, m in zip(shape, buf.shape)) if kept else shape
         buf = buffers[name] = torch.empty(grown, device=device)
     return buf[tuple(slice(0, n) for n in shape)]
 
