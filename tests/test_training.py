@@ -134,3 +134,33 @@ def test_dropout_hooks_sit_after_embedding_and_attention(tiny_task, tiny_spec):
     x = torch.ones(1000)
     dropped = dropout_hooks(model, 0.5)[0][1](x, hook=None)
     assert 300 < int((dropped == 0).sum()) < 700 and set(dropped.unique().tolist()) <= {0.0, 2.0}
+
+
+@pytest.mark.parametrize(
+    "shape, inert",
+    [
+        (dict(), True),
+        (dict(d_model=2, n_heads=1, d_head=2, output_matrix="identity"), True),
+        (dict(n_heads=64, output_matrix="learned"), True),
+        (dict(attention="linear:elu"), False),  # b_K changes a linear score: a true gradient
+        (dict(positional="rotary"), False),  # rotated with the key: not one constant per query
+        (dict(n_layers=2), False),  # not batched by populations: TransformerLens' own gradient
+    ],
+    ids=["4 heads", "1 head", "64 heads, trained W_O", "linear attention", "rotary", "2 layers"],
+)
+def test_the_key_bias_gradient_is_zeroed_exactly_where_populations_batch_softmax(
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, shape, inert
+):
+    """``inert_parameters``: b_K's gradient is set to its exact value, zero, in one-layer softmax models only; a
+    solo run there keeps b_K where weight decay alone moves it (0 without decay), elsewhere trains it."""
+    from dataclasses import replace
+
+    from interp.model import build_model
+    from interp.training import inert_parameters
+
+    spec = replace(tiny_spec, attn_bias=True, **shape)
+    assert inert_parameters(build_model(spec, device="cpu")) == (("blocks.0.attn.b_K",) if inert else ())
+    out = tmp_path / "m.safetensors"
+    train(tiny_task, spec, tiny_cfg(epochs=1, weight_decay=0.0), out, device="cpu", progress=False)
+    b_K = load_file(out)["blocks.0.attn.b_K"]  # TransformerLens starts every bias at zero
+    assert (torch.count_nonzero(b_K) == 0) == inert
