@@ -33,9 +33,10 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .errors import InterpError
-from .native import build
+from .native import VECTORS, build
 
-_SOURCE = r"""
+_SOURCE = (
+    r"""
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -52,36 +53,9 @@ extern "C" {
 #define DV (d / 8)
 #define VV (Vo / 8)
 #define IB (HE % 2 == 0 && DV <= 4 ? 2 : 1) /* rows of W_O's gradient summed at once */
-typedef float v8 __attribute__((vector_size(32)));
-
-static inline v8 ld(const float *p) { v8 x; memcpy(&x, p, 32); return x; }
-static inline void st(float *p, v8 x) { memcpy(p, &x, 32); }
-static inline float hsum(v8 x) {
-  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-}
-typedef int32_t i8 __attribute__((vector_size(32)));
-
-/* exp of x <= 0, eight at once, within 2 ulp of expf (Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, and
-   Cephes' degree-6 polynomial for e^r; below -87.3 it returns about 1e-38 instead of a subnormal or 0) */
-static inline v8 exp8(v8 x) {
-  const v8 lo = {-87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f, -87.3f};
-  const i8 below = x < lo; /* -1 where below, else 0 (a select by bits: C has no vector ?:) */
-  x = (v8)(((i8)x & ~below) | ((i8)lo & below));
-  const i8 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, i8); /* ceil(x log2 e - 1/2): x <= 0 */
-  const v8 nf = __builtin_convertvector(n, v8);
-  const v8 r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
-  v8 p = 1.9875691500e-4f * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const i8 bits = (n + 127) << 23;
-  v8 scale;
-  memcpy(&scale, &bits, 32);
-  return p * scale;
-}
-
+"""
+    + VECTORS
+    + r"""
 /* Each model k's mean cross-entropy over its N rows (losses[k]) and its gradient (into the g_* buffers, written
    whole). Per model: table [Q Vp][J] (each head's weighted values, then its denominator, per query token and present
    token), W_O [HE][d] (ignored under IDENTITY), b_O [d], TE [Q][Vo], W_U [d][Vo], W_Ut [Vo][d] (W_U transposed),
@@ -225,6 +199,7 @@ void count_step(int64_t K, int64_t N, const float *restrict table, const float *
 }
 #endif
 """
+)
 
 
 @functools.cache

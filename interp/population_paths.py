@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from . import attention_native
 from .configs import ModelSpec, TrainConfig
 from .dropout_masks import run_keys
 from .position_forward import (
@@ -38,6 +39,10 @@ from .position_forward import (
 )
 from .prefix_counts import PrefixRows, pack, prefix_count_losses
 from .task import IGNORE
+
+# train the per-position forward's softmax attention through the C kernel where it applies (interp.attention_native:
+# the answer objective, right padding, no dropout on the pattern, the CPU; False: torch's products everywhere)
+NATIVE_ATTENTION = True
 
 
 def forward_of(spec: ModelSpec, cfg: TrainConfig) -> str:
@@ -86,6 +91,7 @@ def _position_losses(
     pattern_mask,
     out_mask,
     pooling: str = "softmax",
+    native: bool = False,
 ) -> Float[Tensor, " K"]:
     logits = inspect.unwrap(stacked_position_logits)(
         P,
@@ -99,6 +105,7 @@ def _position_losses(
         pattern_mask=pattern_mask,
         out_mask=out_mask,
         pooling=pooling,
+        native=native,
     )
     return inspect.unwrap(mean_losses)(logits, targets)
 
@@ -142,7 +149,18 @@ def position_losses(
     sites, p, rng = cfg.dropout_sites, float(cfg.dropout), cfg.dropout_rng
     mask_kw = dict(generators=generators, seeds=seeds, epoch=epoch, buffers=buffers)
 
+    W_Q = P["blocks.0.attn.W_Q"]
+
     def losses(lay, masks):
+        k = lay.query_pos.shape[-1]
+        native = (  # the C kernel (decided here, outside compiled code: its first use builds and checks it)
+            NATIVE_ATTENTION
+            and pooling == "softmax"
+            and "pattern" not in sites
+            and lay.key_valid is None
+            and not lay.all_queries
+            and attention_native.usable(k * n_heads, d_model, k, W_Q.device, W_Q.dtype)
+        )
         return losses_fn(
             P,
             lay.tokens,
@@ -154,6 +172,7 @@ def position_losses(
             lay.key_valid,
             *masks,
             pooling,
+            native,
         )
 
     if lengths is None or layout.key_valid is not None:

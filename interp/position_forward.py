@@ -20,6 +20,7 @@ padded to their own longest sentence (:func:`cut_rows`; :func:`interp.population
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from . import attention_native
 from .attention import ADDITIVE, attention_pattern, pair_scores
 from .dropout_masks import generator_mask, pattern_mask, position_mask, row_keys, run_keys
 from .errors import ConfigError
@@ -98,17 +100,21 @@ def stacked_position_logits(
     pattern_mask: Float[Tensor, "K batch k heads pos"] | None = None,
     out_mask: Float[Tensor, "K batch k d_model"] | None = None,
     pooling: str = "softmax",
+    native: bool = False,
 ) -> Float[Tensor, "K batch k vocab_out"]:
     """Logits at ``query_pos`` of K one-layer attention-only models (``P[name]`` is ``[K, ...]``, state-dict
     names). Keys are the positions at or before each query that ``key_valid`` allows (all where None). Dropout
     multipliers: ``emb_mask`` on the embedding (before ``ln1``: the residual stream keeps it too), ``pattern_mask``
     on the attention probabilities, ``out_mask`` on the attention output. ``identity_w_o``: ``W_O`` is the frozen
     identity (skipped: multiplying by it is exact anyway). ``pooling``: the models' attention pooling
-    (:func:`interp.attention.pair_scores`; additive takes ``v`` from ``P``)."""
+    (:func:`interp.attention.pair_scores`; additive takes ``v`` from ``P``). ``native``: softmax attention without
+    pattern dropout or left padding goes through the C kernel (:mod:`interp.attention_native`; equal to the torch
+    products to float32 rounding); the caller has checked that the kernel takes the shape here
+    (:func:`interp.attention_native.usable`)."""
     K, b, t = tokens.shape
     k = query_pos.shape[-1]
-    W_Q, W_K, W_V = P["blocks.0.attn.W_Q"], P["blocks.0.attn.W_K"], P["blocks.0.attn.W_V"]
-    H, d, e = W_Q.shape[1:]
+    W_Q, W_K = P["blocks.0.attn.W_Q"], P["blocks.0.attn.W_K"]
+    H, d = W_Q.shape[1:3]
     W_E = P["embed.W_E"]
     # each model's embedding as one lookup in the stacked table (an index_select, whose backward is an index_add:
     # no advanced-indexing index_put, which deterministic mode makes slow)
@@ -119,6 +125,12 @@ def stacked_position_logits(
     xn = norm.apply(P, "blocks.0.ln1", x)
     at_queries = query_pos[..., None].expand(-1, -1, -1, x.shape[-1])  # [K, b, k, d]
     q = torch.einsum("Kbkd,Khde->Kbkhe", xn.gather(2, at_queries), W_Q) + P["blocks.0.attn.b_Q"][:, None, None]
+    if native and pooling == "softmax" and pattern_mask is None and key_valid is None:
+        # every head's query folded into W_K and scaled, as below; the kernel skips the hidden keys itself and leaves
+        # out q . b_K, a constant per query that the softmax removes
+        u = torch.einsum("Kbkhe,Khde->Kbkhd", q / attn_scale, W_K).reshape(K * b, k * H, d)
+        y = inspect.unwrap(attention_native.weighted_inputs)(u, xn.reshape(K * b, t, d), query_pos.reshape(K * b, k))
+        return _after_attention(P, x, y.view(K, b, k, H, d), at_queries, norm, identity_w_o, out_mask)
     hidden = torch.arange(t, device=tokens.device)[None, None, None, :] > query_pos[..., None]  # [K, b, k, t]
     if key_valid is not None:
         # a query outside its model's own layout (left padding with every position a query: the positions before a
@@ -142,14 +154,32 @@ def stacked_position_logits(
     if pattern_mask is not None:
         pattern = pattern * pattern_mask
     y = torch.matmul(pattern.view(K, b, k * H, t), xn).view(K, b, k, H, d)  # attention-weighted inputs
-    b_V = P["blocks.0.attn.b_V"][:, None, None]
     # each query's values carry b_V weighed by its pattern's sum: 1 for a softmax (up to rounding) unless dropout
     # acts on the pattern
-    z = torch.einsum("Kbkhd,Khde->Kbkhe", y, W_V) + (
-        b_V if pooling == "softmax" and pattern_mask is None else pattern.sum(-1, keepdim=True) * b_V
+    sums = None if pooling == "softmax" and pattern_mask is None else pattern.sum(-1, keepdim=True)
+    return _after_attention(P, x, y, at_queries, norm, identity_w_o, out_mask, sums)
+
+
+def _after_attention(
+    P: dict[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    at_queries: Tensor,
+    norm: Norm,
+    identity_w_o: bool,
+    out_mask: Tensor | None,
+    pattern_sums: Tensor | None = None,
+) -> Tensor:
+    """The logits from the attention-weighted inputs ``y`` (``[K, b, k, H, d_model]``): values, output, the
+    residual at the queries, the final norm and the unembedding. ``pattern_sums`` (``[K, b, k, H, 1]``): what each
+    query's ``b_V`` is weighed by (None: 1, a softmax's pattern without dropout)."""
+    K, b, k = y.shape[:3]
+    b_V = P["blocks.0.attn.b_V"][:, None, None]
+    z = torch.einsum("Kbkhd,Khde->Kbkhe", y, P["blocks.0.attn.W_V"]) + (
+        b_V if pattern_sums is None else pattern_sums * b_V
     )
     if identity_w_o:
-        out = z.reshape(K, b, k, H * e) + P["blocks.0.attn.b_O"][:, None, None]
+        out = z.reshape(K, b, k, -1) + P["blocks.0.attn.b_O"][:, None, None]
     else:
         out = torch.einsum("Kbkhe,Khed->Kbkd", z, P["blocks.0.attn.W_O"]) + P["blocks.0.attn.b_O"][:, None, None]
     if out_mask is not None:
