@@ -110,6 +110,16 @@ static void transpose(const float *restrict a, float *restrict b) { /* a [R][D] 
   for (int r = 0; r < R; r++)
     for (int i = 0; i < D; i++) b[i * R + r] = a[r * D + i];
 }
+/* out[t][r] = sum_i x[t][i] a[r][i] for the keys t < L of a sentence (a: [R][D], rows of the queries or of their
+   gradient), and each row's key count (len); returns L, the most keys any row has */
+static int64_t against_keys(const float *restrict a, const float *restrict x, const int64_t *restrict qp, int64_t T,
+                            i8 len[RV], float *restrict out) {
+  float aT[D * R];
+  const int64_t L = lengths(qp, T, len);
+  transpose(a, aT);
+  combine_rows(RV, L, D, x, D, 1, aT, NULL, NULL, out);
+  return L;
+}
 /* Forward, per sentence s of n: scores of each row's query against its keys (t <= its query's position), the
    softmax over them (P [T][R], zero past each row's keys) and the weighted inputs y [R][D]. u [R][D] (the queries
    folded into W_K, scaled), x [T][D] (the normalised residual stream), qpos [KQ]. */
@@ -118,11 +128,8 @@ void attend(int64_t n, int64_t T, const float *restrict u, const float *restrict
   for (int64_t s = 0; s < n; s++) {
     const float *us = u + s * R * D, *xs = x + s * T * D;
     float *Ps = P + s * T * R;
-    float uT[D * R];
     i8 len[RV];
-    const int64_t L = lengths(qpos + s * KQ, T, len);
-    transpose(us, uT);
-    combine_rows(RV, L, D, xs, D, 1, uT, NULL, NULL, Ps); /* scores [t][r] */
+    const int64_t L = against_keys(us, xs, qpos + s * KQ, T, len, Ps); /* scores [t][r] */
     for (int v = 0; v < RV; v++) {
       v8 m = bc(-3.0e38f), sum = (v8){0};
       for (int64_t t = 0; t < L; t++) {
@@ -150,11 +157,8 @@ void attend_backward(int64_t n, int64_t T, const float *restrict u, const float 
   for (int64_t s = 0; s < n; s++) {
     const float *us = u + s * R * D, *xs = x + s * T * D, *Ps = P + s * T * R, *gys = gy + s * R * D;
     float *gxs = gx + s * T * D;
-    float gyT[D * R];
     i8 len[RV];
-    const int64_t L = lengths(qpos + s * KQ, T, len);
-    transpose(gys, gyT);
-    combine_rows(RV, L, D, xs, D, 1, gyT, NULL, NULL, work); /* dP [t][r] */
+    const int64_t L = against_keys(gys, xs, qpos + s * KQ, T, len, work); /* dP [t][r] */
     for (int v = 0; v < RV; v++) {
       v8 c = (v8){0};
       for (int64_t t = 0; t < L; t++) c += ld(Ps + t * R + v * 8) * ld(work + t * R + v * 8);

@@ -69,6 +69,30 @@ def tiny_cfg():
 
 
 @pytest.fixture
+def refusing_compilers(tmp_path, monkeypatch):
+    """``refusing_compilers(line)``: every C compiler the run-time builds try (:data:`interp.native.COMPILERS`)
+    wrapped, on the front of the PATH, to fail for a source holding ``line`` (e.g. ``#define D 16``) and compile
+    anything else as before: one shape's build failing, as a timeout on a loaded machine would."""
+    import os
+    import shutil
+
+    from interp.native import COMPILERS
+
+    def install(line: str) -> None:
+        fakebin = tmp_path / "refusing-bin"
+        fakebin.mkdir(exist_ok=True)
+        refuse = f'for a in "$@"; do case "$a" in *.c|*.cpp) grep -q "^{line}$" "$a" && exit 1;; esac; done\n'
+        for name in COMPILERS:
+            real = shutil.which(name)
+            if real:
+                (fakebin / name).write_text(f'#!/bin/sh\n{refuse}exec {real} "$@"\n')
+                (fakebin / name).chmod(0o755)
+        monkeypatch.setenv("PATH", f"{fakebin}{os.pathsep}{os.environ['PATH']}")
+
+    return install
+
+
+@pytest.fixture
 def cpu_generator():
     return torch.Generator().manual_seed(0)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import shutil
 from dataclasses import replace
 
 import pytest
@@ -238,27 +237,20 @@ def test_what_the_kernel_does_not_take_trains_by_torchs_products(
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_shape_whose_kernel_does_not_build_trains_by_torchs_products(tmp_path, tiny_spec, tiny_cfg, monkeypatch):
+def test_a_shape_whose_kernel_does_not_build_trains_by_torchs_products(
+    tmp_path, tiny_spec, tiny_cfg, monkeypatch, refusing_compilers
+):
     """Each shape is its own build, checked before its first use (``shape_status``): where the compiler refuses
     this shape's source (d_model 16 alone), the population warns once, trains by torch's products and equals a
     population with the kernel off bit for bit; another shape still builds through the same PATH."""
     from safetensors.torch import load_file
 
-    from interp.native import COMPILERS
     from tests.test_population import _short_task
 
     _needs_c()
     an.shape_status.cache_clear()  # built earlier in this session through the real compiler
     an.library.cache_clear()
-    fakebin = tmp_path / "bin"
-    fakebin.mkdir()
-    refuse = 'for a in "$@"; do case "$a" in *.c|*.cpp) grep -q "^#define D 16$" "$a" && exit 1;; esac; done\n'
-    for name in COMPILERS:
-        real = shutil.which(name)
-        if real:
-            (fakebin / name).write_text(f'#!/bin/sh\n{refuse}exec {real} "$@"\n')
-            (fakebin / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fakebin}{os.pathsep}{os.environ['PATH']}")
+    refusing_compilers("#define D 16")
     spec = replace(tiny_spec, d_model=16, n_heads=4, d_head=2, output_matrix="learned")
     cfg = tiny_cfg(epochs=1, batch_size=12, dropout_at="embedding+attention")
     task = _short_task()

@@ -7,7 +7,6 @@ torch step, and against each model trained alone."""
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import replace
 
 import pytest
@@ -268,24 +267,14 @@ def test_shapes_the_kernel_does_not_take_train_by_the_torch_step(tmp_path, tiny_
 
 
 def test_a_shape_whose_kernel_does_not_build_trains_by_the_torch_step(
-    tmp_path, tiny_task, tiny_spec, tiny_cfg, monkeypatch
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, monkeypatch, refusing_compilers
 ):
     """Each population shape is its own build, checked before its first step (``shape_status``): where the
     compiler refuses this shape's source (a C compiler on the PATH that fails for d_model = 24 alone, as a timeout on
     a loaded machine would), the population trains it by the torch step, warns once, and equals the torch step's
     training; the other shapes keep the kernel."""
     _needs_c()
-    from interp.native import COMPILERS
-
-    fakebin = tmp_path / "bin"
-    fakebin.mkdir()
-    refuse = 'for a in "$@"; do case "$a" in *.c|*.cpp) grep -q "^#define d 24$" "$a" && exit 1;; esac; done\n'
-    for name in COMPILERS:  # every compiler the build tries, each refusing that one shape
-        real = shutil.which(name)
-        if real:
-            (fakebin / name).write_text(f'#!/bin/sh\n{refuse}exec {real} "$@"\n')
-            (fakebin / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fakebin}{os.pathsep}{os.environ['PATH']}")
+    refusing_compilers("#define d 24")
     spec = replace(tiny_spec, d_model=24, n_heads=3, d_head=2, output_matrix="learned")
     cfg = tiny_cfg(epochs=2, dropout_at="attention")
     with pytest.warns(RuntimeWarning, match="torch step"):
