@@ -205,7 +205,8 @@ def shape_supported(rows: int, d_model: int, queries: int) -> bool:
 def _unfilled():
     """New tensors left unfilled within, deterministic mode or not: the kernel writes every element of what it is
     given (``torch.use_deterministic_algorithms`` otherwise fills each new tensor with NaN first, a whole pass over
-    the pattern ``[n, pos, rows]``, ~15% of the kernel's time)."""
+    the pattern ``[n, pos, rows]``, ~15% of the kernel's time). The flag is global: another thread's new tensors
+    in that moment go unfilled too, which only ever skips that NaN fill, never changes a result."""
     flag = torch.utils.deterministic
     old = flag.fill_uninitialized_memory
     flag.fill_uninitialized_memory = False
@@ -227,6 +228,8 @@ def _check(u: Tensor, x: Tensor, qpos: Tensor) -> None:
             f"{list(u.shape)}, {list(x.shape)} and {list(qpos.shape)}"
         )
     (n, R, D), T, KQ = u.shape, x.shape[1], qpos.shape[1]
+    if T == 0:
+        raise InterpError(f"the C attention needs at least one position; x has none (shape {list(x.shape)})")
     if x.shape[0] != n or x.shape[2] != D or qpos.shape[0] != n:
         raise InterpError(
             f"the C attention's inputs disagree: u {list(u.shape)}, x {list(x.shape)}, qpos {list(qpos.shape)}"
@@ -252,7 +255,8 @@ def _check(u: Tensor, x: Tensor, qpos: Tensor) -> None:
 )
 def _attend(u: Tensor, x: Tensor, qpos: Tensor) -> tuple[Tensor, Tensor]:
     """``(y, P)``: the weighted inputs ``[n, rows, d_model]`` and the pattern ``[n, pos, rows]`` (kept for the
-    backward)."""
+    backward; not differentiable). Keys after a row's query are never read, so a NaN there does not reach the row,
+    where torch's masked product (``0 x NaN``) would."""
     _check(u, x, qpos)
     u, x, qpos = u.contiguous(), x.contiguous(), qpos.contiguous()
     (n, R, D), T = u.shape, x.shape[1]
@@ -297,6 +301,7 @@ def _(u, x, qpos, P, gy):
 
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs, output[1])
+    ctx.mark_non_differentiable(output[1])  # the pattern is kept for the backward, not a result to differentiate
 
 
 def _backward(ctx, gy, _gP):

@@ -2,11 +2,14 @@
 
 :func:`build` compiles a C source into a shared library in a private temporary folder (a fraction of a second;
 ``-O3 -march=native``, so nothing built is shared with another machine), loads it with :mod:`ctypes` and removes the
-folder at once (the loaded code stays mapped), so no process leaves files behind. A process that ends on a signal
-without unwinding (``os._exit`` in the command line's handler, :mod:`interp.app.signals`) calls
-:func:`abandon_builds` first, which stops a compiler still running and removes its folder. Each compiler on the PATH is
-tried in turn, with and without ``-march=native``; the error names each one's last complaint. Callers keep a pure
-torch path for where no compiler is installed, and check the built code against it before they use it.
+folder at once (the loaded code stays mapped). A process that ends on a signal without unwinding (``os._exit`` in
+the command line's handler, :mod:`interp.app.signals`) calls :func:`abandon_builds` first, which stops a compiler still
+running and removes its folder. A program that calls the library and is killed by a signal it does not handle ends
+without either: a compiler running at that moment finishes on its own (its own process group) and its folder stays in
+the temporary directory (``interp-<name>-<random>``); such a program can call :func:`abandon_builds` from its own
+handler. Each compiler on the PATH is tried in turn, with and without ``-march=native``; the error names each one's
+last complaint. Callers keep a pure torch path for where no compiler is installed, and check the built code against
+it before they use it.
 """
 
 from __future__ import annotations

@@ -89,6 +89,13 @@ def test_a_row_sees_no_key_past_its_query():
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
     assert torch.equal(first[2][:, :12], second[2][:, :12]) and not first[2][:, 12:].any()
     assert not first[2][2, 11:].any()  # sentence 2 sees positions 0..10 only
+    x3 = x.clone()
+    x3[:, 12:] = float("nan")  # never read (torch's masked product would give 0 x NaN = NaN)
+    third = _results(an.weighted_inputs, u, x3, qpos, gy, torch.float32)
+    assert all(
+        torch.equal(a[:, :12] if i == 2 else a, b[:, :12] if i == 2 else b)
+        for i, (a, b) in enumerate(zip(first, third))
+    )
 
 
 def test_the_kernel_refuses_what_it_cannot_read():
@@ -107,6 +114,10 @@ def test_the_kernel_refuses_what_it_cannot_read():
         an._weighted(u, torch.randn(3, 5, 8), qpos)
     with pytest.raises(InterpError, match=r"u \[n, rows, d_model\]"):
         an._weighted(u[0], x, qpos)
+    with pytest.raises(InterpError, match="at least one position"):
+        an.weighted_inputs(u, x[:, :0], qpos)
+    y, P = an._attend(u.requires_grad_(), x, qpos)
+    assert y.requires_grad and not P.requires_grad  # the kept pattern is not a differentiable result
     assert not an.usable(8, 8, 2, "meta", torch.float32) and not an.usable(8, 8, 2, "cpu", torch.float64)
     assert not an.usable(2, 8, 2, "cpu", torch.float32) and not an.usable(128, 8, 2, "cpu", torch.float32)
 
