@@ -13,7 +13,8 @@ The forward is a function of the recipe (:func:`forward_of`), recorded in each c
   attention output drawn by the counter (or none).
 - ``positions``: everything else (dropout on the embedding or the attention probabilities, positional embeddings,
   the language-model objective with torch-drawn masks or left padding): the per-position forward, vectorised over
-  the models, with each model's masks as its solo run draws them.
+  the models, with each model's masks as its solo run draws them; on the CPU its softmax attention goes through a C
+  kernel where it applies (:mod:`interp.attention_native`, :data:`NATIVE_ATTENTION`).
 """
 
 from __future__ import annotations
