@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.errors import InterpError
-from interp.native import build
+from interp.native import build, pointer
 
 _SOURCE = r"""
 #include <math.h>
@@ -396,21 +396,21 @@ def solve_lattice_native(
             ctypes.c_int64(D),
             ctypes.c_int64(n),
             ctypes.c_int64(e),
-            ctypes.c_void_p(XT.data_ptr()),
-            ctypes.c_void_p(X.data_ptr()),
-            ctypes.c_void_p(yv.data_ptr()),
+            pointer(XT),
+            pointer(X),
+            pointer(yv),
             ctypes.c_int64(j - i),
-            ctypes.c_void_p(masks[i:j].data_ptr()),
-            ctypes.c_void_p(par[i:j].contiguous().data_ptr()),
+            pointer(masks[i:j]),
+            pointer(par[i:j]),
             ctypes.c_double(C),
             ctypes.c_double(tol),
             ctypes.c_int64(max_iter),
             ctypes.c_int64(k_min),
             ctypes.c_int64(full_fraction),
             ctypes.c_int64(i),
-            ctypes.c_void_p(W.data_ptr()),
-            ctypes.c_void_p(iters.data_ptr()),
-            ctypes.c_void_p(stack.data_ptr()),
+            pointer(W),
+            pointer(iters),
+            pointer(stack),
         )
         if rc:
             raise MemoryError(f"the C SVC solver could not allocate its buffers for {N} samples x {D} columns")

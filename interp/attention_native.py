@@ -19,7 +19,6 @@ compiler builds it or its check fails, the torch forward is used.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import warnings
@@ -29,7 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .errors import InterpError
-from .native import VECTORS, build
+from .native import VECTORS, build, pointer, unfilled
 
 # the most rows (query x head) per sentence and the widest d_model the kernel takes: its per-sentence arrays live on
 # the C stack (2 x rows x d_model floats) and its accumulators in vector registers
@@ -201,25 +200,6 @@ def shape_supported(rows: int, d_model: int, queries: int) -> bool:
     )
 
 
-@contextlib.contextmanager
-def _unfilled():
-    """New tensors left unfilled within, deterministic mode or not: the kernel writes every element of what it is
-    given (``torch.use_deterministic_algorithms`` otherwise fills each new tensor with NaN first, a whole pass over
-    the pattern ``[n, pos, rows]``, ~15% of the kernel's time). The flag is global: another thread's new tensors
-    in that moment go unfilled too, which only ever skips that NaN fill, never changes a result."""
-    flag = torch.utils.deterministic
-    old = flag.fill_uninitialized_memory
-    flag.fill_uninitialized_memory = False
-    try:
-        yield
-    finally:
-        flag.fill_uninitialized_memory = old
-
-
-def _ptr(t: Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
-
-
 def _check(u: Tensor, x: Tensor, qpos: Tensor) -> None:
     """Refuse what the kernel cannot take, naming it (never a wrong number from C)."""
     if u.ndim != 3 or x.ndim != 3 or qpos.ndim != 2:
@@ -260,12 +240,10 @@ def _attend(u: Tensor, x: Tensor, qpos: Tensor) -> tuple[Tensor, Tensor]:
     _check(u, x, qpos)
     u, x, qpos = u.contiguous(), x.contiguous(), qpos.contiguous()
     (n, R, D), T = u.shape, x.shape[1]
-    with _unfilled():
+    with unfilled():
         y, P = u.new_empty(n, R, D), u.new_empty(n, T, R)
-    if n and T:
-        library(R, D, qpos.shape[1]).attend(n, T, _ptr(u), _ptr(x), _ptr(qpos), _ptr(P), _ptr(y))
-    else:
-        y.zero_()
+    if n:  # T >= 1 (checked); with no sentence both outputs are empty
+        library(R, D, qpos.shape[1]).attend(n, T, *(pointer(t) for t in (u, x, qpos, P, y)))
     return y, P
 
 
@@ -283,14 +261,10 @@ def _attend_backward(u: Tensor, x: Tensor, qpos: Tensor, P: Tensor, gy: Tensor) 
     """The gradients of ``u`` and ``x`` for the gradient ``gy`` of :func:`_attend`'s ``y``."""
     u, x, qpos, P, gy = u.contiguous(), x.contiguous(), qpos.contiguous(), P.contiguous(), gy.contiguous()
     (n, R, D), T = u.shape, x.shape[1]
-    with _unfilled():
+    with unfilled():
         gu, gx, work = torch.empty_like(u), torch.empty_like(x), u.new_empty(T * R)
-    if n and T:
-        library(R, D, qpos.shape[1]).attend_backward(
-            n, T, _ptr(u), _ptr(x), _ptr(qpos), _ptr(P), _ptr(gy), _ptr(gu), _ptr(gx), _ptr(work)
-        )
-    else:
-        gu.zero_(), gx.zero_()
+    if n:  # T >= 1 (the forward checked it); with no sentence both gradients are empty
+        library(R, D, qpos.shape[1]).attend_backward(n, T, *(pointer(t) for t in (u, x, qpos, P, gy, gu, gx, work)))
     return gu, gx
 
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .errors import InterpError
-from .native import VECTORS, build
+from .native import VECTORS, build, pointer, unfilled
 
 _SOURCE = (
     r"""
@@ -212,10 +212,6 @@ def library(Q: int, Vp: int, H: int, e: int, d: int, Vo: int, identity: bool) ->
     return lib
 
 
-def _ptr(t: Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr() if t is not None and t.numel() else None)
-
-
 def count_step_native(
     table: Float[Tensor, "K QVp J"],
     W_O: Float[Tensor, "K He d"] | None,
@@ -242,20 +238,21 @@ def count_step_native(
         for x in (table, W_O, b_O, TE, W_U, W_U.transpose(1, 2), b_U, counts, mask)
     ]
     qidx, tgt = query_idx.contiguous(), targets.contiguous()  # held: the kernel reads them
-    grads = [torch.empty_like(x) if x is not None else torch.zeros(0) for x in (f[0], f[1], f[2], f[3], f[4], f[6])]
-    losses = torch.empty(K)
-    work = torch.empty(N * (2 * d + Vo + (table.shape[-1] - n_heads)))
+    with unfilled():  # the kernel writes every element
+        grads = [torch.empty_like(x) if x is not None else torch.zeros(0) for x in (f[0], f[1], f[2], f[3], f[4], f[6])]
+        losses = torch.empty(K)
+        work = torch.empty(N * (2 * d + Vo + (table.shape[-1] - n_heads)))
     library(Q, Vp, n_heads, e, d, Vo, W_O is None).count_step(
         ctypes.c_int64(K),
         ctypes.c_int64(N),
-        *(_ptr(x) for x in f[:7]),
-        _ptr(qidx),
-        _ptr(f[7]),
-        _ptr(f[8]),
-        _ptr(tgt),
-        _ptr(losses),
-        *(_ptr(g) for g in grads),
-        _ptr(work),
+        *(pointer(x) for x in f[:7]),
+        pointer(qidx),
+        pointer(f[7]),
+        pointer(f[8]),
+        pointer(tgt),
+        pointer(losses),
+        *(pointer(g) for g in grads),
+        pointer(work),
     )
     return losses, tuple(grads)
 

@@ -25,6 +25,9 @@ import tempfile
 import threading
 from pathlib import Path
 
+import torch
+from torch import Tensor
+
 # C helpers shared by the kernels: vectors of 8 floats (GCC and Clang vector extensions; loads and stores through
 # memcpy, so no alignment is assumed), a horizontal sum, and exp of eight non-positive numbers at once
 VECTORS = r"""
@@ -179,3 +182,30 @@ def abandon_builds() -> None:
         if proc is not None:
             _stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def pointer(t: Tensor | None) -> ctypes.c_void_p:
+    """The address of a tensor's first element, for a C function to read or write (NULL for None or an empty
+    tensor). The tensor must be contiguous on the CPU: C reads it as one dense block, and a contiguous copy made here
+    would be freed before the call. The caller keeps the tensor alive until the call returns."""
+    if t is None or t.numel() == 0:
+        return ctypes.c_void_p(None)
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"a C function reads a contiguous CPU tensor; got one on {t.device}, strides {t.stride()}")
+    return ctypes.c_void_p(t.data_ptr())
+
+
+@contextlib.contextmanager
+def unfilled():
+    """New tensors left unfilled within, deterministic mode or not, for outputs a C function writes in full:
+    ``torch.use_deterministic_algorithms`` otherwise fills each new tensor with NaN first, a whole pass over it (the
+    attention kernel's pattern: ~15% of its time; a step's dropout masks: ~1 ms of a population step). The flag is
+    global: another thread's new tensors in that moment go unfilled too, which only ever skips that NaN fill, never
+    changes a result."""
+    flag = torch.utils.deterministic
+    old = flag.fill_uninitialized_memory
+    flag.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        flag.fill_uninitialized_memory = old

@@ -1,0 +1,38 @@
+"""interp.native's helpers for the C kernels: the address a kernel reads (refusing what it cannot read as one dense
+block) and the window in which deterministic mode does not fill new tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interp.native import pointer, unfilled
+
+
+def test_pointer_is_the_first_elements_address_and_refuses_what_c_cannot_read():
+    t = torch.arange(12.0).view(3, 4)
+    assert pointer(t).value == t.data_ptr()
+    assert pointer(t[1:]).value == t.data_ptr() + 4 * 4  # a contiguous slice: its own first element
+    assert pointer(None).value is None and pointer(t[:0]).value is None  # NULL: nothing to read
+    with pytest.raises(ValueError, match="contiguous CPU tensor"):
+        pointer(t.T)  # a copy made for it would be freed before the call
+    with pytest.raises(ValueError, match="contiguous CPU tensor"):
+        pointer(t[:, ::2])
+    with pytest.raises(ValueError, match="on meta"):
+        pointer(torch.empty(3, device="meta"))
+
+
+def test_unfilled_skips_deterministic_modes_fill_only_within_and_restores_it():
+    flag = torch.utils.deterministic
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert flag.fill_uninitialized_memory
+        with unfilled():
+            assert not flag.fill_uninitialized_memory
+        assert flag.fill_uninitialized_memory and torch.empty(64).isnan().all()  # filled again outside
+        with pytest.raises(RuntimeError, match="inside"), unfilled():
+            raise RuntimeError("inside")
+        assert flag.fill_uninitialized_memory  # restored on an exception too
+    finally:
+        torch.use_deterministic_algorithms(before)
