@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .errors import InterpError
-from .native import VECTORS, build, pointer, unfilled
+from .native import VECTORS, build, pointer
 
 _SOURCE = (
     r"""
@@ -238,10 +238,9 @@ def count_step_native(
         for x in (table, W_O, b_O, TE, W_U, W_U.transpose(1, 2), b_U, counts, mask)
     ]
     qidx, tgt = query_idx.contiguous(), targets.contiguous()  # held: the kernel reads them
-    with unfilled():  # the kernel writes every element
-        grads = [torch.empty_like(x) if x is not None else torch.zeros(0) for x in (f[0], f[1], f[2], f[3], f[4], f[6])]
-        losses = torch.empty(K)
-        work = torch.empty(N * (2 * d + Vo + (table.shape[-1] - n_heads)))
+    grads = [torch.empty_like(x) if x is not None else torch.zeros(0) for x in (f[0], f[1], f[2], f[3], f[4], f[6])]
+    losses = torch.empty(K)
+    work = torch.empty(N * (2 * d + Vo + (table.shape[-1] - n_heads)))
     library(Q, Vp, n_heads, e, d, Vo, W_O is None).count_step(
         ctypes.c_int64(K),
         ctypes.c_int64(N),

@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .native import build, pointer, unfilled
+from .native import build, pointer
 
 _STATE_BYTES = 5056  # torch's CPUGeneratorImplState: seed, left, seeded, next, 624 words as uint64, normal caches
 _SOURCE = r"""
@@ -140,8 +140,7 @@ def _kept(p: float) -> float:
 def _replay(states: Tensor, n: int, p: float) -> Float[Tensor, "K n"]:
     """Replays ``n`` draws of each generator whose state bytes are a row of ``states`` (advanced in place); float32
     on the CPU, whatever torch's defaults."""
-    with unfilled():  # the replay writes every element
-        out = torch.empty(states.shape[0], n, dtype=torch.float32, device="cpu")
+    out = torch.empty(states.shape[0], n, dtype=torch.float32, device="cpu")
     if n and states.shape[0]:
         _library().replay_bernoulli(
             ctypes.c_int64(states.shape[0]),

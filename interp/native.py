@@ -199,7 +199,8 @@ def pointer(t: Tensor | None) -> ctypes.c_void_p:
 def unfilled():
     """New tensors left unfilled within, deterministic mode or not, for outputs a C function writes in full:
     ``torch.use_deterministic_algorithms`` otherwise fills each new tensor with NaN first, a whole pass over it (the
-    attention kernel's pattern: ~15% of its time; a step's dropout masks: ~1 ms of a population step). The flag is
+    attention kernel's pattern: ~15% of its time; for the token-count step's outputs and the replayed masks the fill
+    measured nothing whole epochs would show, so they keep it). The flag is
     global: another thread's new tensors in that moment go unfilled too, which only ever skips that NaN fill, never
     changes a result."""
     flag = torch.utils.deterministic
