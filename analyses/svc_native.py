@@ -372,7 +372,7 @@ def solve_lattice_native(
     """What :func:`analyses.batched_svc._solve_lattice` returns (the sorted unique coalitions, their weights
     ``[coalition, 1 + n * d_head]`` and Newton steps), solved by the C loop, depth first; float64 on the CPU."""
     N, n, e = x_tr.shape
-    index = torch.unique(index.cpu()).contiguous()
+    index = torch.unique(index.cpu().long()).contiguous()  # C reads int64 bitmasks
     X = torch.cat([torch.ones(N, 1, dtype=torch.float64), x_tr.cpu().double().reshape(N, n * e)], 1).contiguous()
     XT = X.T.contiguous()
     yv = y.cpu().double().contiguous()
@@ -396,21 +396,21 @@ def solve_lattice_native(
             ctypes.c_int64(D),
             ctypes.c_int64(n),
             ctypes.c_int64(e),
-            pointer(XT),
-            pointer(X),
-            pointer(yv),
+            pointer(XT, torch.float64),
+            pointer(X, torch.float64),
+            pointer(yv, torch.float64),
             ctypes.c_int64(j - i),
-            pointer(masks[i:j]),
-            pointer(par[i:j]),
+            pointer(masks[i:j], torch.int64),
+            pointer(par[i:j], torch.int64),
             ctypes.c_double(C),
             ctypes.c_double(tol),
             ctypes.c_int64(max_iter),
             ctypes.c_int64(k_min),
             ctypes.c_int64(full_fraction),
             ctypes.c_int64(i),
-            pointer(W),
-            pointer(iters),
-            pointer(stack),
+            pointer(W, torch.float64),
+            pointer(iters, torch.int64),
+            pointer(stack, torch.float64),
         )
         if rc:
             raise MemoryError(f"the C SVC solver could not allocate its buffers for {N} samples x {D} columns")

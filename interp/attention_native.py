@@ -258,19 +258,27 @@ def _(u, x, qpos):
     schema="(Tensor u, Tensor x, Tensor qpos, Tensor P, Tensor gy) -> (Tensor, Tensor)",
 )
 def _attend_backward(u: Tensor, x: Tensor, qpos: Tensor, P: Tensor, gy: Tensor) -> tuple[Tensor, Tensor]:
-    """The gradients of ``u`` and ``x`` for the gradient ``gy`` of :func:`_attend`'s ``y``."""
-    u, x, qpos, P, gy = u.contiguous(), x.contiguous(), qpos.contiguous(), P.contiguous(), gy.contiguous()
+    """The gradients of ``u`` and ``x`` for the gradient ``gy`` of :func:`_attend`'s ``y``, from its pattern ``P``
+    (contiguous whatever the inputs' layout: the fake implementation below says so to compiled code)."""
+    _check(u, x, qpos)
     (n, R, D), T = u.shape, x.shape[1]
+    for name, t, shape in (("P", P, (n, T, R)), ("gy", gy, (n, R, D))):
+        if t.device.type != "cpu" or t.dtype != torch.float32 or tuple(t.shape) != shape:
+            raise InterpError(
+                f"the C attention's backward takes {name} as a float32 CPU tensor of shape {list(shape)}; got "
+                f"{t.dtype} on {t.device}, shape {list(t.shape)}"
+            )
+    u, x, qpos, P, gy = u.contiguous(), x.contiguous(), qpos.contiguous(), P.contiguous(), gy.contiguous()
     with unfilled():
-        gu, gx, work = torch.empty_like(u), torch.empty_like(x), u.new_empty(T * R)
-    if n:  # T >= 1 (the forward checked it); with no sentence both gradients are empty
+        gu, gx, work = u.new_empty(u.shape), x.new_empty(x.shape), u.new_empty(T * R)
+    if n:  # T >= 1 (checked); with no sentence both gradients are empty
         library(R, D, qpos.shape[1]).attend_backward(n, T, *(pointer(t) for t in (u, x, qpos, P, gy, gu, gx, work)))
     return gu, gx
 
 
 @_attend_backward.register_fake
 def _(u, x, qpos, P, gy):
-    return torch.empty_like(u), torch.empty_like(x)
+    return u.new_empty(u.shape), x.new_empty(x.shape)  # contiguous, as the kernel's
 
 
 def _setup_context(ctx, inputs, output):

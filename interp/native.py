@@ -184,15 +184,27 @@ def abandon_builds() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def pointer(t: Tensor | None) -> ctypes.c_void_p:
+def pointer(t: Tensor | None, dtype: torch.dtype | None = None) -> ctypes.c_void_p:
     """The address of a tensor's first element, for a C function to read or write (NULL for None or an empty
-    tensor). The tensor must be contiguous on the CPU: C reads it as one dense block, and a contiguous copy made here
-    would be freed before the call. The caller keeps the tensor alive until the call returns."""
+    tensor). The tensor must be a dense, contiguous CPU tensor whose memory holds its values (not a negated or
+    conjugated view, whose sign torch applies lazily), of ``dtype`` where given: C reads it as one block of that type,
+    and a copy made here would be freed before the call. The caller keeps the tensor alive until the call returns."""
     if t is None or t.numel() == 0:
         return ctypes.c_void_p(None)
-    if t.device.type != "cpu" or not t.is_contiguous():
-        raise ValueError(f"a C function reads a contiguous CPU tensor; got one on {t.device}, strides {t.stride()}")
+    if t.layout != torch.strided or t.device.type != "cpu" or not t.is_contiguous() or t.is_neg() or t.is_conj():
+        raise ValueError(
+            f"a C function reads a dense contiguous CPU tensor holding its own values; got one on {t.device}, "
+            f"layout {t.layout}, strides {t.stride() if t.layout == torch.strided else None}"
+            + (", a negated or conjugated view" if t.layout == torch.strided and (t.is_neg() or t.is_conj()) else "")
+        )
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"a C function reads {dtype} here; got {t.dtype}")
     return ctypes.c_void_p(t.data_ptr())
+
+
+_UNFILLED = threading.Lock()  # guards the state below: unfilled() may be entered from several threads at once
+# how many unfilled() blocks are open now, in any thread, and the flag as the first of them found it
+_UNFILLED_STATE = {"depth": 0, "saved": True}
 
 
 @contextlib.contextmanager
@@ -200,13 +212,20 @@ def unfilled():
     """New tensors left unfilled within, deterministic mode or not, for outputs a C function writes in full:
     ``torch.use_deterministic_algorithms`` otherwise fills each new tensor with NaN first, a whole pass over it (the
     attention kernel's pattern: ~15% of its time; for the token-count step's outputs and the replayed masks the fill
-    measured nothing whole epochs would show, so they keep it). The flag is
-    global: another thread's new tensors in that moment go unfilled too, which only ever skips that NaN fill, never
-    changes a result."""
-    flag = torch.utils.deterministic
-    old = flag.fill_uninitialized_memory
-    flag.fill_uninitialized_memory = False
+    measured nothing whole epochs would show, so they keep it). The flag is global: it is cleared while any thread is
+    inside such a block and restored when the last one leaves (counted, so blocks that overlap across threads cannot
+    leave it cleared), and another thread's new tensors in that moment go unfilled too, which only ever skips that NaN
+    fill, never changes a result."""
+    flag, state = torch.utils.deterministic, _UNFILLED_STATE
+    with _UNFILLED:
+        if state["depth"] == 0:
+            state["saved"] = flag.fill_uninitialized_memory
+            flag.fill_uninitialized_memory = False
+        state["depth"] += 1
     try:
         yield
     finally:
-        flag.fill_uninitialized_memory = old
+        with _UNFILLED:
+            state["depth"] -= 1
+            if state["depth"] == 0:
+                flag.fill_uninitialized_memory = state["saved"]

@@ -122,6 +122,56 @@ def test_the_kernel_refuses_what_it_cannot_read():
     assert not an.usable(2, 8, 2, "cpu", torch.float32) and not an.usable(128, 8, 2, "cpu", torch.float32)
 
 
+def test_the_backward_op_refuses_what_it_cannot_read():
+    """``interp::attend_backward`` is a public op: called directly with a pattern or gradient of another shape or
+    dtype, or inputs the forward refuses, it names the problem (C would read past them or misread them)."""
+    u, x, qpos = torch.randn(2, 16, 8), torch.randn(2, 5, 8), torch.zeros(2, 4, dtype=torch.long)
+    gy = torch.randn(2, 16, 8)
+    _, P = torch.ops.interp.attend(u, x, qpos)
+    with pytest.raises(InterpError, match=r"takes P as a float32 CPU tensor of shape \[2, 5, 16\]"):
+        torch.ops.interp.attend_backward(u, x, qpos, P[:1], gy)
+    with pytest.raises(InterpError, match="takes gy as a float32 CPU tensor"):
+        torch.ops.interp.attend_backward(u, x, qpos, P, gy.double())
+    with pytest.raises(InterpError, match="int64"):
+        torch.ops.interp.attend_backward(u, x, qpos.int(), P, gy)
+    with pytest.raises(InterpError, match="multiples of 8"):
+        torch.ops.interp.attend_backward(u[:, :12], x, qpos, P[..., :12], gy[:, :12])
+
+
+def test_the_ops_pass_torchs_own_checks_on_any_layout():
+    """``torch.library.opcheck`` (schema, fake implementations against the real ones, autograd registration) on
+    contiguous and on transposed inputs: the fake implementations give the kernel's contiguous outputs."""
+    _needs_c()
+    u, x, qpos, gy = _problem(16, 8, 4, n=3, T=6)
+    _, P = torch.ops.interp.attend(u, x, qpos)
+    ut = u.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, strided
+    for args in ((u, x, qpos), (ut, x, qpos)):
+        torch.library.opcheck(torch.ops.interp.attend.default, args)
+    for uu in (u, ut):
+        torch.library.opcheck(torch.ops.interp.attend_backward.default, (uu, x, qpos, P, gy))
+
+
+def test_compiled_code_with_a_strided_input_equals_it_eager():
+    """Inductor lays its buffers out by the fake implementations: with ``u`` transposed inside the graph, the
+    compiled gradients equal the eager ones (the backward's fake once kept ``u``'s strides, and inductor failed).
+    Compiled afresh: torch's compile caches do not key on an op's fake implementation, so one compiled before the
+    fix would still hold the old layout."""
+    _needs_c()
+    base, x, qpos, _ = _problem(8, 16, 4, n=2, T=5)  # base [n, 8, 16]: u = its transpose, [n, 16 rows, d_model 8]
+    x = x[..., :8].contiguous()
+
+    def f(b, x, qpos):
+        return (inspect.unwrap(an.weighted_inputs)(b.transpose(1, 2) * 1.0, x, qpos) * torch.arange(8)).sum()
+
+    got = [v.clone().requires_grad_() for v in (base, x)]
+    want = [v.clone().requires_grad_() for v in (base, x)]
+    with torch._inductor.config.patch(force_disable_caches=True):
+        torch.compile(f, backend="inductor", fullgraph=True)(*got, qpos).backward()
+    f(*want, qpos).backward()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.grad, b.grad, rtol=RTOL, atol=RTOL * float(b.grad.abs().max()))
+
+
 def test_the_kernel_inside_compiled_code_equals_it_eager():
     """``torch.compile`` (dynamic shapes, two widths) runs the kernel as one opaque op with its backward."""
     _needs_c()

@@ -20,9 +20,19 @@ def test_pointer_is_the_first_elements_address_and_refuses_what_c_cannot_read():
         pointer(t[:, ::2])
     with pytest.raises(ValueError, match="on meta"):
         pointer(torch.empty(3, device="meta"))
+    with pytest.raises(ValueError, match="negated or conjugated view"):
+        pointer(torch._neg_view(t))  # torch applies the sign lazily: C would read the un-negated memory
+    with pytest.raises(ValueError, match="negated or conjugated view"):
+        pointer(torch.ones(3, dtype=torch.complex64).conj())
+    with pytest.raises(ValueError, match=r"layout torch\.sparse_coo"):
+        pointer(t.to_sparse())
+    assert pointer(t, torch.float32).value == t.data_ptr()
+    with pytest.raises(ValueError, match=r"reads torch\.int64 here; got torch\.int32"):
+        pointer(t.int(), torch.int64)  # C would read the int32 buffer as int64
 
 
 def test_unfilled_skips_deterministic_modes_fill_only_within_and_restores_it():
+    """Within the block the fill is off; after it, on, also after an exception and after blocks that overlap."""
     flag = torch.utils.deterministic
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
@@ -34,5 +44,13 @@ def test_unfilled_skips_deterministic_modes_fill_only_within_and_restores_it():
         with pytest.raises(RuntimeError, match="inside"), unfilled():
             raise RuntimeError("inside")
         assert flag.fill_uninitialized_memory  # restored on an exception too
+        # blocks that overlap (two threads: A enters, B enters, A leaves, B leaves): cleared until the last leaves
+        a, b = unfilled(), unfilled()
+        a.__enter__()
+        b.__enter__()
+        a.__exit__(None, None, None)
+        assert not flag.fill_uninitialized_memory  # B is still inside
+        b.__exit__(None, None, None)
+        assert flag.fill_uninitialized_memory
     finally:
         torch.use_deterministic_algorithms(before)

@@ -104,6 +104,18 @@ def test_a_part_of_the_lattice_in_any_order_with_repeats():
         assert float((W[r] - full[m]).norm()) <= 1e-7 * max(1.0, float(full[m].norm())), m
 
 
+def test_the_lattice_solver_reads_any_integer_index():
+    """The C solver reads int64 bitmasks: an int32 index (the low-level entry point, which the public functions
+    call after their own cast) gives the same weights, not its buffer misread as int64."""
+    _needs_c()
+    x, labels = _lattice_data(N=300)
+    y = torch.where(labels == 1, 1.0, -1.0).double()  # the signs the public functions pass
+    want = sn.solve_lattice_native(x, y, torch.arange(64), 1000.0, False, 1e-9, 100)
+    got = sn.solve_lattice_native(x, y, torch.arange(64).int(), 1000.0, False, 1e-9, 100)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def test_test_accuracies_equal_the_torch_solvers_and_one_vs_rest():
     """Binary and three-class problems: the same test accuracy as the torch solver on every coalition (the
     separators agree within 1e-9; no test point lies that close to a boundary here)."""
