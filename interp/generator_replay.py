@@ -137,10 +137,11 @@ def _kept(p: float) -> float:
     return float(torch.ones((), dtype=torch.float32, device="cpu").div_(1 - p))
 
 
-def _replay(states: Tensor, n: int, p: float) -> Float[Tensor, "K n"]:
+def _replay(states: Tensor, n: int, p: float, out: Tensor | None = None) -> Float[Tensor, "K n"]:
     """Replays ``n`` draws of each generator whose state bytes are a row of ``states`` (advanced in place); float32
-    on the CPU, whatever torch's defaults."""
-    out = torch.empty(states.shape[0], n, dtype=torch.float32, device="cpu")
+    on the CPU, whatever torch's defaults; into ``out`` (``[K, n]``, contiguous) where given."""
+    if out is None:
+        out = torch.empty(states.shape[0], n, dtype=torch.float32, device="cpu")
     if n and states.shape[0]:
         _library().replay_bernoulli(
             ctypes.c_int64(states.shape[0]),
@@ -247,25 +248,51 @@ class DropoutGenerators:
                 g.set_state(st)
             raise ValueError(f"a generator state was refused, none loaded: {e}") from None
 
-    def masks(self, shape: Sequence[int], p: float | Tensor, *, replay: bool = True) -> Float[Tensor, "K ..."]:
+    def masks(
+        self, shape: Sequence[int], p: float | Tensor, *, replay: bool = True, out: Tensor | None = None
+    ) -> Float[Tensor, "K ..."]:
         """Each generator's dropout multipliers for a tensor of ``shape``, what ``F.dropout`` multiplies by on the
         CPU: ``[K, *shape]``, row k equal to ``torch.empty(shape).bernoulli_(1 - p, generator=g_k).div_(1 - p)``
         for 0 < p < 1; ones (p = 0) or zeros (p = 1) with no draw, as ``F.dropout`` draws none. By the C replay
         where :func:`replay_status` allows and torch's default dtype is float32 (the replay writes float32), unless
-        ``replay=False``; else by ``bernoulli_``."""
+        ``replay=False``; else by ``bernoulli_``. ``out``: a contiguous CPU tensor of torch's default dtype and
+        shape ``[K, *shape]`` to write them into (and return), e.g. a buffer kept from step to step: a new tensor
+        of a few MB is mapped afresh from the system at each call, and faulting its pages in costs more than the
+        draws."""
         shape, p = checked_shape(shape), checked_probability(p)
         K, n = len(self._gens), math.prod(shape)
+        if out is not None:
+            _check_out(out, (K, *shape))
         if p in (0, 1) or n == 0:
-            return torch.full((K, *shape), 1.0 - p, device="cpu")
+            if out is None:
+                return torch.full((K, *shape), 1.0 - p, device="cpu")
+            return out.fill_(1.0 - p)
         with _LOCK:
             if not replay or replay_status() != "replay" or torch.get_default_dtype() != torch.float32:
-                out = torch.empty(K, *shape, device="cpu")
+                out = torch.empty(K, *shape, device="cpu") if out is None else out
                 for m, g in enumerate(self.generators()):
                     out[m].bernoulli_(1 - p, generator=g)
                 return out.div_(1 - p)
             if self._states is None:
                 self._states = _stacked_states(self._gens)
-            return _replay(self._states, n, p).view(K, *shape)
+            return _replay(self._states, n, p, None if out is None else out.view(K, n)).view(K, *shape)
+
+
+def _check_out(out, shape: tuple[int, ...]) -> None:
+    """A ValueError unless ``out`` is a contiguous CPU tensor of torch's default dtype and ``shape`` (the masks'
+    ``out``: the replay writes it as one dense block)."""
+    ok = (
+        isinstance(out, Tensor)
+        and out.device.type == "cpu"
+        and out.dtype == torch.get_default_dtype()
+        and tuple(out.shape) == shape
+        and out.is_contiguous()
+    )
+    if not ok:
+        raise ValueError(
+            f"out must be a contiguous CPU {torch.get_default_dtype()} tensor of shape {list(shape)}; got "
+            f"{_describe(out)}" + ("" if not isinstance(out, Tensor) or out.is_contiguous() else " (not contiguous)")
+        )
 
 
 def mask_from(

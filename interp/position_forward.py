@@ -21,6 +21,7 @@ padded to their own longest sentence (:func:`cut_rows`; :func:`interp.population
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -376,21 +377,23 @@ def draw_masks(
     return emb, pat, out
 
 
-def scratch(buffers: dict[str, Tensor] | None, name: str, shape: tuple[int, ...], device) -> Tensor:
-    """An uninitialised ``shape`` tensor: a view of ``buffers[name]``, which is kept from call to call (grown when
-    too small), or a new tensor where ``buffers`` is None. Why: a step's embedding mask (``[K, batch, pos, d_model]``,
-    51 MB at K = 30) is larger than what glibc's malloc keeps on its heap, so a new one is mapped afresh from the
-    system each step and every page of it faults on its first write, which cost ~10% of a per-position step. A
-    step's backward uses the views it saved: writing the buffer again before that backward makes the backward raise
-    (torch's version counter), never use the new masks."""
+def scratch(
+    buffers: dict[str, Tensor] | None, name: str, shape: tuple[int, ...], device, dtype: torch.dtype | None = None
+) -> Tensor:
+    """An uninitialised contiguous ``shape`` tensor of ``dtype`` (torch's default where None): a view of the start
+    of ``buffers[name]`` (one flat buffer, kept from call to call, grown when too small), or a new tensor where
+    ``buffers`` is None. Why: a step's embedding mask (``[K, batch, pos, d_model]``, 51 MB at K = 30) is larger
+    than what glibc's malloc keeps on its heap, so a new one is mapped afresh from the system each step and every
+    page of it faults on its first write, which cost ~10% of a per-position step. A step's backward uses the views
+    it saved: writing the buffer again before that backward makes the backward raise (torch's version counter),
+    never use the new masks."""
     if buffers is None:
-        return torch.empty(shape, device=device)
+        return torch.empty(shape, device=device, dtype=dtype)
+    n, dtype = math.prod(shape), dtype or torch.get_default_dtype()
     buf = buffers.get(name)
-    kept = buf is not None and buf.device == torch.device(device) and buf.ndim == len(shape)
-    if not kept or any(n > m for n, m in zip(shape, buf.shape)):
-        grown = tuple(max(n, m) for n, m in zip(shape, buf.shape)) if kept else shape
-        buf = buffers[name] = torch.empty(grown, device=device)
-    return buf[tuple(slice(0, n) for n in shape)]
+    if buf is None or buf.device != torch.device(device) or buf.dtype != dtype or buf.numel() < n:
+        buf = buffers[name] = torch.empty(n, device=device, dtype=dtype)
+    return buf[:n].view(shape)
 
 
 def _place(into: Tensor, mask: Tensor, rank: Tensor | None, m: int) -> None:

@@ -207,3 +207,33 @@ def test_a_population_trains_the_same_weights_with_the_replay_as_with_bernoulli(
         weights.append([load_checkpoint(o, device="cpu").model.state_dict() for o in outs])
     for a, b in zip(*weights):
         assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.parametrize("replay", [True, False], ids=["replay", "bernoulli_"])
+def test_masks_written_into_a_kept_buffer_equal_new_ones(replay):
+    """``out``: the same masks as a new tensor, written into the buffer given (and returned), from every path: the
+    replay, ``bernoulli_`` and the no-draw values of p = 0 and p = 1."""
+    for p in (0.1, 0.5, 0, 1):
+        ours, theirs = [_used(s, 7 * s) for s in range(3)], [_used(s, 7 * s) for s in range(3)]
+        bank, want_bank = DropoutGenerators(ours), DropoutGenerators(theirs)
+        buf = torch.full((3, 128, 2, 32), float("nan"))
+        for _ in range(2):  # the buffer written again: a second step's masks, not the first's
+            got = bank.masks((128, 2, 32), p, replay=replay, out=buf)
+            assert got.data_ptr() == buf.data_ptr()
+            assert torch.equal(got, want_bank.masks((128, 2, 32), p, replay=replay)), p
+        assert torch.equal(bank.states(), want_bank.states())
+
+
+def test_a_buffer_masks_cannot_fill_is_refused_before_any_draw():
+    g, h = _used(2, 11), _used(2, 11)
+    bank = DropoutGenerators([g])
+    bad = {
+        "shape [1, 10, 4]": torch.empty(1, 10, 4),
+        "float64": torch.empty(1, 10, 3, dtype=torch.float64),
+        "(not contiguous)": torch.empty(1, 3, 10).transpose(1, 2),
+    }
+    for what, out in bad.items():
+        with pytest.raises(ValueError, match="out must be a contiguous CPU") as e:
+            bank.masks((10, 3), 0.3, out=out)
+        assert what in str(e.value)
+    assert torch.equal(bank.states()[0], h.get_state())
