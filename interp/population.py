@@ -936,9 +936,7 @@ class _Population:
             g.set_state(torch.get_rng_state())  # the state the solo run's dropout draws from
             drop_gens.append(g)
         self.dropout = DropoutGenerators(drop_gens)  # each model's masks drawn at once, as its generator draws them
-        self.mask_buffers: dict[
-            str, Tensor
-        ] = {}  # where a step's torch masks and an epoch's rows are written (scratch)
+        self.mask_buffers: dict[str, Tensor] = {}  # a step's torch masks and an epoch's rows (scratch)
         if not supports_query_forward(self.models[0]):
             raise ConfigError("batched training needs a model the exact query-restricted forward covers")
         for spec, cfg, model in zip(specs, cfgs, self.models):  # the recipe's initialisation (the global RNG untouched)
