@@ -1045,23 +1045,29 @@ class _Population:
         return stacked_qkv(P, self.specs[0].n_heads, self.qkv_masks)
 
     # -- one training step ----------------------------------------------------------------------------------------
-    def epoch_rows(self, counted: TokenCounts, perms: Int[Tensor, "K n"]) -> tuple[Tensor, Tensor, Tensor]:
-        """Each model's rows of the training data in its order of this epoch (``perms``): the query tokens' places,
-        the counts and the targets, ``[K, n, ...]``, gathered once per epoch, so that a step's rows are a slice
-        (:meth:`count_batch`) instead of three gathers of scattered rows (each step's gathers ran at a third of
-        their speed alone, their tables evicted from the cache by the step between). Into buffers kept from epoch
-        to epoch (:func:`interp.position_forward.scratch`): new ones (42 MB at K = 100 on the shipped task) were
-        mapped afresh each epoch, and faulting their pages in took three quarters of the gathers' time."""
-        rows = perms.flatten()
+    def epoch_rows(
+        self, counted: TokenCounts, perms: Int[Tensor, "K n"], batch_size: int
+    ) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Each step's rows of the training data in this epoch's orders (``perms``, each model's batches of
+        ``batch_size`` in turn): per step the query tokens' places, the counts and the targets, ``[K, b, ...]``,
+        gathered once per epoch, so that a step's rows are ready (:meth:`count_batch`) instead of three gathers of
+        scattered rows per step (each step's gathers ran at a third of their speed alone, their tables evicted from
+        the cache by the step between). Gathered step by step, each step's block contiguous: the C step reads it as
+        it is, where slices of model-major rows were copied at each step. Into buffers kept from epoch to epoch
+        (:func:`interp.position_forward.scratch`): new ones (42 MB at K = 100 on the shipped task) were mapped
+        afresh each epoch, and faulting their pages in took three quarters of the gathers' time."""
+        K, n = perms.shape
+        starts = range(0, n, batch_size)
+        rows = torch.cat([perms[:, i : i + batch_size].flatten() for i in starts])  # step-major
         out = []
-        for name, x in (
-            ("query places", counted.query_idx),
-            ("counts", counted.counts),
-            ("targets", self.train_targets),
-        ):
+        for name, x in (("query", counted.query_idx), ("counts", counted.counts), ("targets", self.train_targets)):
             buf = scratch(self.mask_buffers, f"epoch {name}", (len(rows), *x.shape[1:]), x.device, x.dtype)
-            out.append(torch.index_select(x, 0, rows, out=buf).view(*perms.shape, *x.shape[1:]))
-        return tuple(out)
+            out.append(torch.index_select(x, 0, rows, out=buf))
+        steps = []
+        for i in starts:
+            b = min(batch_size, n - i)
+            steps.append(tuple(x[K * i : K * (i + b)].view(K, b, *x.shape[1:]) for x in out))
+        return steps
 
     def count_batch(
         self,
@@ -1074,7 +1080,7 @@ class _Population:
         """Each model's mean loss on its batch ``idx`` through the token-count forward (dropout on the attention
         output only, drawn per model as its solo run draws it, ``[b, k, d_model]``, or by the counter; under left
         padding each sentence's pads, up to its model's longest, counted as one more token). ``rows``: the batch's
-        query places, counts and targets (slices of :meth:`epoch_rows`)."""
+        query places, counts and targets (a step of :meth:`epoch_rows`)."""
         qidx, cnt, targets = rows
         cfg, p, d = self.cfg, self.cfg.dropout, self.P["embed.W_E"].shape[-1]
         if cfg.padding == "left":
@@ -1344,11 +1350,11 @@ def _train_population(
         tick = time.perf_counter()
         perms = torch.stack([torch.randperm(n, generator=g) for g in pop.data_gens]).to(device)  # [K, n]
         totals = torch.zeros(K, dtype=torch.float64)
-        epoch_rows = pop.epoch_rows(train_counted, perms) if forward == "token counts" else ()
+        epoch_rows = pop.epoch_rows(train_counted, perms, cfg.batch_size) if forward == "token counts" else ()
         for start in range(0, n, cfg.batch_size):
             idx = perms[:, start : start + cfg.batch_size]  # [K, b]: each model's own batch
             if forward == "token counts":
-                rows = tuple(r[:, start : start + cfg.batch_size] for r in epoch_rows)
+                rows = epoch_rows[start // cfg.batch_size]
                 losses = pop.count_batch(train_counted, train_data, idx, count_losses, rows)
             elif forward == "prefix counts":
                 seeds = [c.seed for c in pop.cfgs]
