@@ -74,6 +74,18 @@ def test_the_device_benchmark_times_a_population_and_its_solo_run(tmp_path):
     assert "solo / side" in done.stdout
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--skip", "6"], "argument --skip: must be below --epochs (6); got 6"),
+        (["--models", "0"], "argument --models: expected a positive integer, got 0"),
+        (["--config", "counts-33"], "argument --config: invalid choice: 'counts-33'"),
+    ],
+)
+def test_the_epoch_timer_refuses_bad_arguments_before_any_training(argv, message):
+    _assert_usage_error("population_epochs.py", argv, message)
+
+
 def _assert_usage_error(script: str, argv: list[str], message: str) -> None:
     """``benchmarks/<script> argv`` exits 2 with argparse's one line naming ``message``, no traceback, no output."""
     done = subprocess.run(
