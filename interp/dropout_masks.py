@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import no_type_check
 
 import torch
 from jaxtyping import Float, Int
@@ -38,8 +39,10 @@ MAX_HEADS = 64
 REPLAY_MIN = 4096  # numbers in a generator mask from which the C replay draws it
 
 
-# The hash helpers below carry plain ``Tensor`` annotations: compiled steps (torch.compile) call them, and a runtime
-# shape checker's wrapper cannot be traced.
+# The hash helpers below are ``no_type_check``: compiled steps (torch.compile) call them, and a runtime shape
+# checker's wrapper (jaxtyping's import hook, as the test run installs on every function it is not told to skip) is
+# not traceable by every torch (2.11's compiler fails on beartype's wrapper of ``_keep_mask``; 2.13's traces it).
+@no_type_check
 def mix32(x: Tensor) -> Tensor:
     """A bijective 32-bit mix of int64 values in [0, 2^32) (every product below 2^63: exact)."""
     x = x ^ (x >> 16)
@@ -55,6 +58,7 @@ def run_keys(seeds: Sequence[int], epoch: int, site: str) -> Int[Tensor, " K"]:
     return mix32(mix32(mix32(s) ^ (int(epoch) & M32)) ^ SITES[site])
 
 
+@no_type_check
 def row_keys(keys: Tensor, sentences: Tensor) -> Tensor:
     """One key per model (``keys``, ``[K]``) and sentence (``sentences``, ``[K, ...]``: indices into the training
     split)."""
@@ -62,16 +66,19 @@ def row_keys(keys: Tensor, sentences: Tensor) -> Tensor:
     return mix32(mix32(k ^ (sentences & M32)) ^ 0x9E3779B9)
 
 
+@no_type_check
 def keep_multiplier(h: Tensor, p: float) -> Tensor:
     """The dropout multiplier (0 or ``1 / (1 - p)``) of hash input ``h`` (what every counter mask is made of;
     plain tensor operations, so a compiled caller fuses it into its own loops)."""
     return _keep_mask(h, round(p * (1 << 24)), 1.0 / (1.0 - p))
 
 
+@no_type_check
 def _keep_mask(h: Tensor, threshold: int, scale: float) -> Tensor:
     return (mix32(h & M32) >> 8 >= threshold).to(torch.float32) * scale
 
 
+@no_type_check
 def _keep_mask_of(base: Tensor, units: int, threshold: int, scale: float) -> Tensor:
     return _keep_mask(base[..., None] + torch.arange(units, device=base.device), threshold, scale)
 

@@ -77,7 +77,7 @@ def prefix_rows(tokens: Int[Tensor, "n pos"], targets: Int[Tensor, "n pos"], d_v
     counts = counts[:, present]
     query = tokens[sent, pos]
     width = len(present)
-    key = query * (1 << width) + ((counts > 0).long() << torch.arange(width)).sum(1)
+    key = query * (1 << width) + ((counts > 0).long() << torch.arange(width, device=counts.device)).sum(1)
     uniq, inverse, sizes = torch.unique(key, return_inverse=True, return_counts=True)
     dense = (sizes >= DENSE_SHARE * len(sent)).tolist()
     blocks = []
@@ -91,7 +91,7 @@ def prefix_rows(tokens: Int[Tensor, "n pos"], targets: Int[Tensor, "n pos"], d_v
         if is_dense:
             k = int(uniq[u])
             blocks.append(block(k >> width, tuple(c for c in range(width) if k >> c & 1), inverse == u))
-    others = ~torch.tensor(dense, dtype=torch.bool)[inverse]
+    others = ~torch.tensor(dense, dtype=torch.bool, device=inverse.device)[inverse]
     if bool(others.any()):
         blocks.append(block(-1, tuple(range(width)), others))
     return PrefixRows(sent, pos, query, targets[sent, pos], counts.float(), present, tuple(blocks))

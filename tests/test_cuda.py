@@ -240,10 +240,17 @@ def _largest_difference(a: dict, b: dict) -> float:
 
 
 @pytest.mark.parametrize(
-    "dropout_at, rng", [("attention", "torch"), ("embedding+attention", "torch"), ("attention", "counter")]
+    "dropout_at, rng, objective",
+    [
+        ("attention", "torch", "answer"),
+        ("embedding+attention", "torch", "answer"),
+        ("attention", "counter", "answer"),
+        ("attention", "counter", "lm"),  # the prefix-count step
+    ],
+    ids=["attention-torch", "embedding+attention-torch", "attention-counter", "prefix counts"],
 )
 def test_population_on_cuda_equals_its_solo_runs_on_cuda_and_the_cpu(
-    tmp_path, tiny_task, tiny_spec, tiny_cfg, dropout_at, rng
+    tmp_path, tiny_task, tiny_spec, tiny_cfg, dropout_at, rng, objective
 ):
     """Batched training on the GPU against each seed trained alone on the GPU (the same tolerance as on the CPU,
     tests/test_population.py), and against the same population on the CPU: a run's dropout masks come from torch's
@@ -256,7 +263,7 @@ def test_population_on_cuda_equals_its_solo_runs_on_cuda_and_the_cpu(
     from interp.population import seed_population, train_population
     from interp.training import train
 
-    cfg = tiny_cfg(epochs=3, dropout=0.1, dropout_at=dropout_at, dropout_rng=rng)
+    cfg = tiny_cfg(epochs=3, dropout=0.1, dropout_at=dropout_at, dropout_rng=rng, objective=objective)
     seeds = [0, 1, 2]
     specs, cfgs = seed_population(tiny_task, tiny_spec, cfg, seeds)
     on = {}
@@ -274,7 +281,7 @@ def test_population_on_cuda_equals_its_solo_runs_on_cuda_and_the_cpu(
         log = os.environ.get("INTERP_DEVICE_LOG")
         if log:
             with open(log, "a") as f:
-                row = {"test": f"population {dropout_at} {rng} seed {s}", "gpu_pop_vs_gpu_solo": worst_solo}
+                row = {"test": f"population {dropout_at} {rng} {objective} seed {s}", "gpu_pop_vs_gpu_solo": worst_solo}
                 f.write(json.dumps({**row, "gpu_pop_vs_cpu_pop": worst_cpu}) + "\n")
         if not worst_solo <= 2e-5:
             failures.append((s, "solo", worst_solo))

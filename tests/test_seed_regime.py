@@ -267,6 +267,27 @@ def test_prefix_count_forward_equals_the_per_position_one(tiny_task, tiny_spec):
         )
 
 
+def test_prefix_rows_and_pack_make_every_tensor_on_their_inputs_device(tiny_task):
+    """A tensor made without ``device=`` lands on torch's default device, not the data's: with the default set to
+    ``meta``, such a tensor meets the CPU data and fails, as a CPU one met CUDA data when a population trained
+    through prefix counts on a GPU (``prefix_rows`` shifted the counts by a CPU ``arange``). Every tensor of the
+    rows and of the packed blocks is on the data's device."""
+    from dataclasses import fields
+
+    from interp.objectives import lm_targets
+    from interp.prefix_counts import pack, prefix_rows
+
+    data = tiny_task.dataset("train")
+    idx = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[:40].view(2, 20)
+    with torch.device("meta"):
+        rows = prefix_rows(data.tokens, lm_targets(data), 9)
+        packed = pack(rows, idx)
+    made = [rows, *rows.blocks, packed, *packed.blocks]
+    tensors = [getattr(x, f.name) for x in made for f in fields(x) if isinstance(getattr(x, f.name), torch.Tensor)]
+    assert len(tensors) == 6 + 3 * len(rows.blocks) + 1 + 6 * len(packed.blocks)
+    assert {t.device.type for t in tensors} == {"cpu"}
+
+
 # -- populations equal their solo runs under every option ------------------------------------------------------------
 CASES = {
     "lm, counter masks (prefix counts)": (dict(objective="lm", dropout_at="attention", dropout_rng="counter"), {}),
