@@ -14,10 +14,15 @@ through the whole step at once, its activations in registers and L1:
 - backward, in the same pass: every parameter's gradient for a unit gradient of each model's mean loss, accumulated
   over the rows (the upstream gradient only scales them, :class:`CountStep`).
 
-The tables (``table``, ``TE``) and their own gradients stay in torch (autograd, compiled where the step is), so
-every pooling the weights form takes goes through unchanged. Float32 throughout, as the torch step; the sums run in
-another order, so the losses and gradients equal the torch step's to float32 rounding (the self-check,
-:func:`status`, holds them within 1e-5 relative before the population uses the kernel). Built with the machine's C
+The tables themselves (``table``, ``TE``) are made from the parameters in C too, with softmax pooling
+(:func:`count_tables_native`: the projections of the query and present tokens, the scores, their weights, and in
+the backward every gradient back to ``W_E``, ``W_Q``, ``W_K``, ``W_V``, their biases and ``W_U``). In torch they
+were a dozen batched products of a hundred tiny matrices per step and their backward, as long as the rows
+themselves; in C they are a fifth of that. Each parameter is read where a population's flat buffer keeps it
+(:data:`TABLE_LAYOUTS`): copying the strided views out cost more than the tables. Additive pooling keeps its tables
+in torch. Float32 throughout, as the torch step; the sums run in another order, so the losses and gradients equal
+the torch step's to float32 rounding (the self-check, :func:`status`, holds them within 1e-5 relative before the
+population uses the kernel). Built with the machine's C
 compiler (:func:`interp.native.build`); the CPU only; where no compiler builds it or the self-check fails, the torch
 step is used.
 """
@@ -28,7 +33,7 @@ import ctypes
 import functools
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -259,6 +264,215 @@ void count_step(int64_t K, int64_t N, const float *restrict table, const float *
       }
   }
 }
+/* The weights form's tables from the parameters, and their gradients back to the parameters: what the torch step
+   computes with a dozen small batched products per step (interp.population._native_tables), here one pass per model
+   over data that fits in L1. Softmax pooling, no LayerNorm. Each parameter is read where it lies, model k at
+   k x stride[i] (strides: W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U), in the layouts a population's flat buffer keeps:
+   W_E [V][d], W_Q, W_K and W_V [d][HE] (heads x d_head on the last axis), biases [HE], W_U [Vo][d]. So every inner
+   loop runs along a contiguous axis of constant length, which the compiler vectorises; the only sums across lanes
+   are over d_head within a head, and TE's over d. Saved per model for the backward: X [Q + Vp][d] (the query
+   tokens' embeddings, then the present tokens'), QKV (q [Q][HE], then keys and values [Vp][2 HE]) and EW
+   [Q][Vp][HE] (each head's weight, repeated over its d_head columns). */
+#define S_X ((Q + Vp) * d)
+#define S_QKV ((Q + 2 * Vp) * HE)
+#define S_EW (Q * Vp * HE)
+#define SAVED (S_X + S_QKV + S_EW)
+#define NS ((Q * Vp * H + 7) / 8 * 8) /* the scores, padded to whole vectors for exp8 */
+
+/* Per model: table [Q Vp][J] and TE [Q][Vo] as count_step takes them, and saved [SAVED]; *inexact set to 1 where
+   some model's head and query token has its best counted score (the query token itself, and the always-counted
+   tokens) gap or more below its best score (the condition of interp.population.weights_are_exact), else left.
+   work: NS floats. */
+void count_tables(int64_t K, int64_t V, const float *restrict W_E, const float *restrict W_Q,
+                  const float *restrict W_K, const float *restrict W_V, const float *restrict b_Q,
+                  const float *restrict b_K, const float *restrict b_V, const float *restrict W_U,
+                  const int64_t *restrict stride, const int64_t *restrict queries, const int64_t *restrict present,
+                  const uint8_t *restrict always, const float scale, const float gap, float *restrict table,
+                  float *restrict TE, float *restrict saved, int64_t *restrict inexact, float *restrict S) {
+  for (int64_t k = 0; k < K; k++) {
+    float *restrict X = saved + k * SAVED, *restrict QKV = X + S_X, *restrict EW = QKV + S_QKV;
+    const float *E = W_E + k * stride[0], *WQ = W_Q + k * stride[1], *WK = W_K + k * stride[2];
+    const float *WV = W_V + k * stride[3], *bQ = b_Q + k * stride[4], *bK = b_K + k * stride[5];
+    const float *bV = b_V + k * stride[6], *UT = W_U + k * stride[7];
+    for (int64_t i = 0; i < Q; i++) memcpy(X + i * d, E + queries[i] * d, sizeof(float) * d);
+    for (int64_t p = 0; p < Vp; p++) memcpy(X + (Q + p) * d, E + present[p] * d, sizeof(float) * d);
+    /* q = x W_Q + b_Q for each query token; keys and values for each present token (the bias added last, as torch) */
+    for (int64_t i = 0; i < Q; i++) {
+      float acc[HE] = {0};
+      for (int64_t j = 0; j < d; j++)
+        for (int64_t c = 0; c < HE; c++) acc[c] += X[i * d + j] * WQ[j * HE + c];
+      for (int64_t c = 0; c < HE; c++) QKV[i * HE + c] = acc[c] + bQ[c];
+    }
+    for (int64_t p = 0; p < Vp; p++) {
+      float ak[HE] = {0}, av[HE] = {0};
+      for (int64_t j = 0; j < d; j++) {
+        const float x = X[(Q + p) * d + j];
+        for (int64_t c = 0; c < HE; c++) {
+          ak[c] += x * WK[j * HE + c];
+          av[c] += x * WV[j * HE + c];
+        }
+      }
+      float *kv = QKV + Q * HE + p * 2 * HE;
+      for (int64_t c = 0; c < HE; c++) {
+        kv[c] = ak[c] + bK[c];
+        kv[HE + c] = av[c] + bV[c];
+      }
+    }
+    /* scores S [Q][Vp][H], each query token's best per head, the exactness condition, the weights exp(S - best) */
+    for (int64_t i = 0; i < Q; i++)
+      for (int64_t p = 0; p < Vp; p++) {
+        const float *q = QKV + i * HE, *key = QKV + Q * HE + p * 2 * HE;
+        float prod[HE];
+        for (int64_t c = 0; c < HE; c++) prod[c] = q[c] * key[c];
+        for (int64_t h = 0; h < H; h++) {
+          float s = 0.0f;
+          for (int64_t c = 0; c < e; c++) s += prod[h * e + c];
+          S[(i * Vp + p) * H + h] = s / scale;
+        }
+      }
+    for (int64_t t = Q * Vp * H; t < NS; t++) S[t] = 0.0f;
+    for (int64_t i = 0; i < Q; i++) {
+      float best[H], counted[H];
+      for (int64_t h = 0; h < H; h++) best[h] = counted[h] = -INFINITY;
+      for (int64_t p = 0; p < Vp; p++) {
+        const int take = present[p] == queries[i] || always[p];
+        for (int64_t h = 0; h < H; h++) {
+          const float s = S[(i * Vp + p) * H + h];
+          best[h] = s > best[h] ? s : best[h];
+          if (take) counted[h] = s > counted[h] ? s : counted[h];
+        }
+      }
+      for (int64_t h = 0; h < H; h++)
+        if (!(counted[h] - best[h] > -gap)) *inexact = 1;
+      for (int64_t p = 0; p < Vp; p++)
+        for (int64_t h = 0; h < H; h++) S[(i * Vp + p) * H + h] -= best[h];
+    }
+    for (int64_t t = 0; t < NS; t += 8) st(S + t, exp8(ld(S + t)));
+    /* the table: each head's values times its weight, then the weights */
+    float *T = table + k * Q * Vp * J;
+    for (int64_t i = 0; i < Q; i++)
+      for (int64_t p = 0; p < Vp; p++) {
+        const float *w = S + (i * Vp + p) * H, *val = QKV + Q * HE + p * 2 * HE + HE;
+        float *ew = EW + (i * Vp + p) * HE, *row = T + (i * Vp + p) * J;
+        for (int64_t h = 0; h < H; h++)
+          for (int64_t c = 0; c < e; c++) ew[h * e + c] = w[h];
+        for (int64_t c = 0; c < HE; c++) row[c] = ew[c] * val[c];
+        for (int64_t h = 0; h < H; h++) row[HE + h] = w[h];
+      }
+    /* TE = W_E[queries] W_U: dot products along d (d a multiple of 8) */
+    for (int64_t i = 0; i < Q; i++)
+      for (int64_t o = 0; o < Vo; o++) {
+        v8 acc = {0};
+        for (int u = 0; u < d / 8; u++) acc += ld(X + i * d + 8 * u) * ld(UT + o * d + 8 * u);
+        TE[(k * Q + i) * Vo + o] = hsum(acc);
+      }
+  }
+}
+
+/* The gradients of the parameters from those of table and TE (g_table, g_TE), with what count_tables saved and the
+   parameters it read (W_Q, W_K, W_V, W_U where they lie, as there); every output written whole, contiguous per model
+   in the parameters' layouts (g_W_E [V][d], zero where no query or present token reads it; g_W_Q, g_W_K, g_W_V
+   [d][HE]; the biases' [HE]; g_W_U [Vo][d]). work: S_EW + 3 HE d + S_QKV floats. */
+void count_tables_backward(int64_t K, int64_t V, const float *restrict W_Q, const float *restrict W_K,
+                           const float *restrict W_V, const float *restrict W_U, const int64_t *restrict stride,
+                           const float *restrict saved, const int64_t *restrict queries,
+                           const int64_t *restrict present, const float scale, const float *restrict g_table,
+                           const float *restrict g_TE, float *restrict g_W_E, float *restrict g_W_Q,
+                           float *restrict g_W_K, float *restrict g_W_V, float *restrict g_b_Q,
+                           float *restrict g_b_K, float *restrict g_b_V, float *restrict g_W_U,
+                           float *restrict work) {
+  for (int64_t k = 0; k < K; k++) {
+    const float *X = saved + k * SAVED, *QKV = X + S_X, *EW = QKV + S_QKV;
+    const float *WQ = W_Q + k * stride[1], *WK = W_K + k * stride[2], *WV = W_V + k * stride[3];
+    const float *UT = W_U + k * stride[7];
+    const float *gT = g_table + k * Q * Vp * J, *gTE = g_TE + k * Q * Vo;
+    float *restrict GS = work, *restrict WB = GS + S_EW, *restrict GQKV = WB + d * 3 * HE;
+    /* through the table: each value's gradient, and each score's (through exp(S - best); best is a constant) */
+    memset(GQKV, 0, sizeof(float) * S_QKV);
+    for (int64_t i = 0; i < Q; i++)
+      for (int64_t p = 0; p < Vp; p++) {
+        const float *g = gT + (i * Vp + p) * J, *ew = EW + (i * Vp + p) * HE;
+        const float *val = QKV + Q * HE + p * 2 * HE + HE;
+        float *gval = GQKV + Q * HE + p * 2 * HE + HE, *gs = GS + (i * Vp + p) * HE, prod[HE];
+        for (int64_t c = 0; c < HE; c++) {
+          gval[c] += g[c] * ew[c];
+          prod[c] = g[c] * val[c];
+        }
+        for (int64_t h = 0; h < H; h++) {
+          float s = g[HE + h];
+          for (int64_t c = 0; c < e; c++) s += prod[h * e + c];
+          s = s * ew[h * e] / scale;
+          for (int64_t c = 0; c < e; c++) gs[h * e + c] = s;
+        }
+      }
+    /* through the scores q . key: q's gradient and each key's */
+    for (int64_t i = 0; i < Q; i++)
+      for (int64_t p = 0; p < Vp; p++) {
+        const float *gs = GS + (i * Vp + p) * HE, *q = QKV + i * HE, *key = QKV + Q * HE + p * 2 * HE;
+        float *gq = GQKV + i * HE, *gkey = GQKV + Q * HE + p * 2 * HE;
+        for (int64_t c = 0; c < HE; c++) {
+          gq[c] += gs[c] * key[c];
+          gkey[c] += gs[c] * q[c];
+        }
+      }
+    /* the biases */
+    float *gbQ = g_b_Q + k * HE, *gbK = g_b_K + k * HE, *gbV = g_b_V + k * HE;
+    for (int64_t c = 0; c < HE; c++) gbQ[c] = gbK[c] = gbV[c] = 0.0f;
+    for (int64_t i = 0; i < Q; i++)
+      for (int64_t c = 0; c < HE; c++) gbQ[c] += GQKV[i * HE + c];
+    for (int64_t p = 0; p < Vp; p++)
+      for (int64_t c = 0; c < HE; c++) {
+        gbK[c] += GQKV[Q * HE + p * 2 * HE + c];
+        gbV[c] += GQKV[Q * HE + p * 2 * HE + HE + c];
+      }
+    /* W_Q, W_K, W_V: sums over the tokens of x^T times the projection's gradient */
+    float *gWQ = g_W_Q + k * d * HE, *gWK = g_W_K + k * d * HE, *gWV = g_W_V + k * d * HE;
+    for (int64_t j = 0; j < d; j++) {
+      float aq[HE] = {0}, akv[2 * HE] = {0};
+      for (int64_t i = 0; i < Q; i++)
+        for (int64_t c = 0; c < HE; c++) aq[c] += X[i * d + j] * GQKV[i * HE + c];
+      for (int64_t p = 0; p < Vp; p++)
+        for (int64_t c = 0; c < 2 * HE; c++) akv[c] += X[(Q + p) * d + j] * GQKV[Q * HE + p * 2 * HE + c];
+      memcpy(gWQ + j * HE, aq, sizeof(float) * HE);
+      memcpy(gWK + j * HE, akv, sizeof(float) * HE);
+      memcpy(gWV + j * HE, akv + HE, sizeof(float) * HE);
+    }
+    /* W_U from TE = x W_U, in W_U's layout [Vo][d] */
+    float *gWU = g_W_U + k * Vo * d;
+    for (int64_t o = 0; o < Vo; o++) {
+      float acc[d] = {0};
+      for (int64_t i = 0; i < Q; i++)
+        for (int64_t j = 0; j < d; j++) acc[j] += gTE[i * Vo + o] * X[i * d + j];
+      memcpy(gWU + o * d, acc, sizeof(float) * d);
+    }
+    /* W_E: each query token's row gets W_Q's and W_U's share, each present token's W_K's and W_V's (a token can be
+       both), with W_Q, W_K and W_V transposed ([3 HE][d]: every sum runs along d) */
+    for (int64_t j = 0; j < d; j++)
+      for (int64_t c = 0; c < HE; c++) {
+        WB[c * d + j] = WQ[j * HE + c];
+        WB[(HE + c) * d + j] = WK[j * HE + c];
+        WB[(2 * HE + c) * d + j] = WV[j * HE + c];
+      }
+    float *gE = g_W_E + k * V * d;
+    memset(gE, 0, sizeof(float) * V * d);
+    for (int64_t i = 0; i < Q; i++) {
+      float acc[d] = {0};
+      for (int64_t c = 0; c < HE; c++)
+        for (int64_t j = 0; j < d; j++) acc[j] += GQKV[i * HE + c] * WB[c * d + j];
+      for (int64_t o = 0; o < Vo; o++)
+        for (int64_t j = 0; j < d; j++) acc[j] += gTE[i * Vo + o] * UT[o * d + j];
+      float *row = gE + queries[i] * d;
+      for (int64_t j = 0; j < d; j++) row[j] += acc[j];
+    }
+    for (int64_t p = 0; p < Vp; p++) {
+      float acc[d] = {0};
+      for (int64_t c = 0; c < 2 * HE; c++)
+        for (int64_t j = 0; j < d; j++) acc[j] += GQKV[Q * HE + p * 2 * HE + c] * WB[(HE + c) * d + j];
+      float *row = gE + present[p] * d;
+      for (int64_t j = 0; j < d; j++) row[j] += acc[j];
+    }
+  }
+}
 #ifdef __cplusplus
 }
 #endif
@@ -406,6 +620,174 @@ def count_losses_native(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, 
     return CountStep.apply(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, targets, n_heads)[0]
 
 
+def _table_sizes(Q: int, Vp: int, H: int, e: int, d: int, Vo: int) -> tuple[int, int, int]:
+    """Floats per model that ``count_tables`` saves for the backward (SAVED in the C source), and floats of the
+    forward's and the backward's work buffers."""
+    HE = H * e
+    saved = (Q + Vp) * d + (Q + 2 * Vp) * HE + Q * Vp * HE
+    return saved, -(-Q * Vp * H // 8) * 8, Q * Vp * HE + 3 * HE * d + (Q + 2 * Vp) * HE
+
+
+# The memory order of each table parameter's dimensions after the model axis, as the C tables read them and as a
+# population's flat buffer keeps them (interp.population._Adam): W_Q, W_K, W_V [d_model][head][d_head], W_U
+# [vocab_out][d_model]; the rest row-major. The model axis may have any stride.
+TABLE_LAYOUTS = ((0, 1), (1, 0, 2), (1, 0, 2), (1, 0, 2), (0, 1), (0, 1), (0, 1), (1, 0))
+
+
+def _in_layout(x: Tensor, order: tuple[int, ...]) -> Tensor:
+    """``x`` ``[K, ...]`` itself where its dimensions after the model axis lie in memory in ``order`` (each row-major
+    block at any model stride), else a copy laid out so."""
+    stored = x.permute(0, *(o + 1 for o in order))
+    expect = 1
+    for size, step in reversed(list(zip(stored.shape[1:], stored.stride()[1:]))):
+        if size > 1 and step != expect:
+            return stored.contiguous().permute(0, *(order.index(j) + 1 for j in range(len(order))))
+        expect *= size
+    return x
+
+
+def _new_in_layout(shape: tuple[int, ...], order: tuple[int, ...]) -> Tensor:
+    """An uninitialised float32 tensor of ``shape`` ``[K, ...]`` whose dimensions after the model axis lie in memory
+    in ``order``, each model's block contiguous."""
+    stored = torch.empty(shape[0], *(shape[o + 1] for o in order))
+    return stored.permute(0, *(order.index(j) + 1 for j in range(len(order))))
+
+
+def _address(x: Tensor) -> ctypes.c_void_p:
+    """The address of ``x``'s first element, for a C function that reads it at its own strides (checked by the
+    caller: :func:`_in_layout`); refused for a tensor whose memory does not hold its values."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.layout != torch.strided or x.is_neg() or x.is_conj():
+        raise ValueError(f"a C function reads a float32 CPU tensor holding its own values; got {x.dtype} on {x.device}")
+    return ctypes.c_void_p(x.data_ptr())
+
+
+def _check_tables(W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U, queries, present, always) -> None:
+    """Every argument of the C tables checked before the kernel reads raw memory (a clear error, not a crash)."""
+    if not isinstance(W_E, Tensor) or W_E.dim() != 3 or not isinstance(W_Q, Tensor) or W_Q.dim() != 4:
+        raise InterpError("the C token-count tables take W_E [K, d_vocab, d_model] and W_Q [K, heads, d_model, d_head]")
+    K, V, d = W_E.shape
+    H, e = W_Q.shape[1], W_Q.shape[3]
+    Vo = W_U.shape[-1] if isinstance(W_U, Tensor) else 0
+    want = {"W_E": (W_E, (K, V, d)), "W_U": (W_U, (K, d, Vo))}
+    want.update({n: (x, (K, H, d, e)) for n, x in (("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V))})
+    want.update({n: (x, (K, H, e)) for n, x in (("b_Q", b_Q), ("b_K", b_K), ("b_V", b_V))})
+    for name, (x, shape) in want.items():
+        if not isinstance(x, Tensor) or x.device.type != "cpu" or x.dtype != torch.float32 or tuple(x.shape) != shape:
+            got = f"{x.dtype} on {x.device}, shape {list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+            raise InterpError(
+                f"the C token-count tables take {name} as a float32 CPU tensor of shape {list(shape)}; got {got}"
+            )
+    for name, x in (("queries", queries), ("present", present)):
+        if not isinstance(x, Tensor) or x.dtype != torch.int64 or x.device.type != "cpu" or x.dim() != 1 or not len(x):
+            raise InterpError(f"{name} must be a non-empty 1-dimensional int64 CPU tensor of token ids")
+        low, high = (int(v) for v in torch.aminmax(x))
+        if low < 0 or high >= V:
+            raise InterpError(f"{name} must lie in 0..{V - 1} (the embedding's tokens); got values {low}..{high}")
+    if not isinstance(always, Tensor) or always.dtype != torch.bool or tuple(always.shape) != tuple(present.shape):
+        raise InterpError(f"always must be a bool tensor shaped like present ({list(present.shape)})")
+
+
+class CountTables(torch.autograd.Function):
+    """The weights form's tables from the parameters in C (``count_tables``), each parameter read where it lies
+    (:data:`TABLE_LAYOUTS`; a copy only of one laid out otherwise): the forward returns ``table``, ``TE``, a 0-dim
+    int64 tensor (1 where the weights form is not exact for some model,
+    :func:`interp.population.weights_are_exact`) and what the backward reads; the backward
+    (``count_tables_backward``) takes the tables' gradients to the parameters', each in its parameter's layout (so
+    autograd adds it into a population's flat gradient without reordering). First derivatives only."""
+
+    @staticmethod
+    def forward(W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U, queries, present, always, attn_scale, gap):
+        _check_tables(W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U, queries, present, always)
+        K, V, d = W_E.shape
+        H, e, Q, Vp, Vo = W_Q.shape[1], W_Q.shape[3], len(queries), len(present), W_U.shape[-1]
+        f = [_in_layout(x.detach(), o) for x, o in zip((W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U), TABLE_LAYOUTS)]
+        strides = torch.tensor([x.stride(0) for x in f], dtype=torch.int64)
+        qi, pi, al = queries.contiguous(), present.contiguous(), always.to(torch.uint8)
+        n_saved, n_work, _ = _table_sizes(Q, Vp, H, e, d, Vo)
+        table, TE = torch.empty(K, Q * Vp, H * e + H), torch.empty(K, Q, Vo)
+        saved, work, inexact = torch.empty(K * n_saved), torch.empty(n_work), torch.zeros((), dtype=torch.int64)
+        library(Q, Vp, H, e, d, Vo, False).count_tables(
+            ctypes.c_int64(K),
+            ctypes.c_int64(V),
+            *(_address(x) for x in f),
+            pointer(strides),
+            pointer(qi),
+            pointer(pi),
+            pointer(al),
+            ctypes.c_float(attn_scale),
+            ctypes.c_float(gap),
+            pointer(table),
+            pointer(TE),
+            pointer(saved),
+            pointer(inexact),
+            pointer(work),
+        )
+        return table, TE, inexact, saved
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output[3], *(inputs[i] for i in (1, 2, 3, 7, 8, 9)))
+        ctx.sizes = (*inputs[0].shape, inputs[1].shape[1], inputs[1].shape[3], inputs[7].shape[-1])
+        ctx.scale = inputs[11]
+        ctx.mark_non_differentiable(*output[2:])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_table, g_TE, *_):
+        saved, *W, queries, present = ctx.saved_tensors
+        W = [_in_layout(x.detach(), TABLE_LAYOUTS[i]) for x, i in zip(W, (1, 2, 3, 7))]  # as the forward read them
+        strides = torch.tensor([0, *(x.stride(0) for x in W[:3]), 0, 0, 0, W[3].stride(0)], dtype=torch.int64)
+        queries, present = queries.contiguous(), present.contiguous()
+        K, V, d, H, e, Vo = ctx.sizes
+        Q, Vp = len(queries), len(present)
+        g_table = torch.zeros(K, Q * Vp, H * e + H) if g_table is None else g_table.contiguous()
+        g_TE = torch.zeros(K, Q, Vo) if g_TE is None else g_TE.contiguous()
+        shapes = ((K, V, d), *[(K, H, d, e)] * 3, *[(K, H, e)] * 3, (K, d, Vo))
+        grads = [_new_in_layout(s, o) for s, o in zip(shapes, TABLE_LAYOUTS)]
+        work = torch.empty(_table_sizes(Q, Vp, H, e, d, Vo)[2])  # held, as every tensor below: the kernel reads them
+        library(Q, Vp, H, e, d, Vo, False).count_tables_backward(
+            ctypes.c_int64(K),
+            ctypes.c_int64(V),
+            *(_address(x) for x in W),
+            pointer(strides),
+            pointer(saved),
+            pointer(queries),
+            pointer(present),
+            ctypes.c_float(ctx.scale),
+            pointer(g_table),
+            pointer(g_TE),
+            *(_address(g) for g in grads),
+            pointer(work),
+        )
+        return (*grads, None, None, None, None, None)
+
+
+def count_tables_native(
+    W_E: Float[Tensor, "K vocab d"],
+    W_Q: Float[Tensor, "K H d e"],
+    W_K: Float[Tensor, "K H d e"],
+    W_V: Float[Tensor, "K H d e"],
+    b_Q: Float[Tensor, "K H e"],
+    b_K: Float[Tensor, "K H e"],
+    b_V: Float[Tensor, "K H e"],
+    W_U: Float[Tensor, "K d Vo"],
+    queries: Int[Tensor, " Q"],
+    present: Int[Tensor, " Vp"],
+    always: Bool[Tensor, " Vp"],
+    attn_scale: float,
+    gap: float,
+) -> tuple[Tensor, Tensor, bool]:
+    """The weights form's ``table`` ``[K, Q x Vp, H x (d_head + 1)]`` and ``TE = W_E[queries] W_U`` ``[K, Q, Vo]``
+    (what :func:`count_losses_native` takes; :func:`interp.population._native_tables` in torch), differentiable
+    with respect to the parameters (:class:`CountTables`), and whether the weights form is exact for every model
+    (no head's best counted score ``gap`` or more below its best, :func:`interp.population.weights_are_exact`).
+    Softmax pooling (scores ``q . k / attn_scale``), no LayerNorm; float32 on the CPU."""
+    table, TE, inexact, *_ = CountTables.apply(
+        W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U, queries, present, always, attn_scale, gap
+    )
+    return table, TE, not bool(inexact)
+
+
 def shape_supported(d_model: int, d_vocab_out: int) -> bool:
     """Whether the kernel takes this shape: d_model and the output vocabulary multiples of 8 (whole vectors)."""
     return d_model % 8 == 0 and d_vocab_out % 8 == 0
@@ -428,12 +810,70 @@ def _reference_losses(table, W_O, b_O, TE, W_U, b_U, query_idx, counts, mask, ta
     )
 
 
+def _reference_tables(W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U, queries, present, always, attn_scale, gap):
+    """:func:`count_tables_native`'s arithmetic in plain torch (float64 where given float64): the self-check's
+    reference."""
+    q = torch.einsum("kid,khde->khie", W_E[:, queries], W_Q) + b_Q[:, :, None]  # [K, H, Q, e]
+    keys = torch.einsum("kpd,khde->khpe", W_E[:, present], W_K) + b_K[:, :, None]  # [K, H, Vp, e]
+    vals = torch.einsum("kpd,khde->khpe", W_E[:, present], W_V) + b_V[:, :, None]
+    S = (q[:, :, :, None] * keys[:, :, None]).sum(-1) / attn_scale  # [K, H, Q, Vp]
+    counted = (present[None] == queries[:, None]) | always[None]
+    exact = bool(((S.masked_fill(~counted, float("-inf")).amax(-1) - S.amax(-1)) > -gap).all())
+    Ew = (S - S.amax(-1, keepdim=True).detach()).exp()
+    K, H, Q, Vp = Ew.shape
+    numer = (Ew[..., None] * vals[:, :, None]).permute(0, 2, 3, 1, 4).reshape(K, Q * Vp, -1)
+    table = torch.cat([numer, Ew.permute(0, 2, 3, 1).reshape(K, Q * Vp, H)], -1)
+    return table, W_E[:, queries] @ W_U, exact
+
+
+def tables_status(Q: int, Vp: int, H: int, e: int, d: int, Vo: int) -> str:
+    """``"c"`` where :func:`count_tables_native` of this shape agrees with its float64 torch reference
+    (:func:`_reference_tables`) on a small random problem (tables and every parameter's gradient within 1e-5 of
+    their largest value, the exactness flag equal), with the parameters laid out as a population keeps them
+    (:data:`TABLE_LAYOUTS`, read in place) and row-major (copied), else why not."""
+    g = torch.Generator().manual_seed(1)
+    K, V = 2, Q + Vp
+    queries, present = torch.arange(Q), torch.arange(Q - 1, V)[:Vp]  # token Q - 1 both a query and present
+    always = torch.zeros(Vp, dtype=torch.bool)
+    always[-1] = True
+    shapes = ((K, V, d), *[(K, H, d, e)] * 3, *[(K, H, e)] * 3, (K, d, Vo))
+    base = [torch.randn(*s, generator=g) * 0.5 for s in shapes]
+    g_table, g_TE = torch.randn(K, Q * Vp, H * e + H, generator=g), torch.randn(K, Q, Vo, generator=g)
+    ref = None
+    for layout in ("population", "row-major", "float64"):
+        if layout == "population":
+            leaves = [_new_in_layout(s, o).copy_(x) for s, o, x in zip(shapes, TABLE_LAYOUTS, base)]
+        else:
+            leaves = [x.clone().double() if layout == "float64" else x.clone() for x in base]
+        leaves = [x.requires_grad_() for x in leaves]
+        fn = _reference_tables if layout == "float64" else count_tables_native
+        try:
+            table, TE, exact = fn(*leaves, queries, present, always, 2.0**0.5, 60.0)
+        except OSError as err:
+            return f"torch: {err}"
+        ((table * g_table.to(table.dtype)).sum() + (TE * g_TE.to(TE.dtype)).sum()).backward()
+        got = [table.detach().double(), TE.detach().double(), *(x.grad.double() for x in leaves)]
+        if layout == "population":
+            ref, flag = got, exact
+        elif layout == "row-major" and not all(torch.equal(a, b) for a, b in zip(got, ref)):
+            return "torch: the C token-count tables differ between parameter layouts here"
+    if exact != flag:
+        return "torch: the C token-count tables' exactness flag differs from its reference here"
+    names = ("table", "TE", "W_E", "W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_U")
+    for n, a, b in zip(names, ref, got):
+        gap = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+        if not gap <= 1e-5:
+            return f"torch: the C token-count tables differ from their reference here ({n}: {gap:.1e} apart)"
+    return "c"
+
+
 @functools.cache
 def shape_status(Q: int, Vp: int, H: int, e: int, d: int, Vo: int, identity: bool) -> str:
     """``"c"`` where the kernel of this shape (:func:`library`) builds here and agrees with its float64 torch
     reference (:func:`_reference_losses`) on a small random problem of the shape (losses and every gradient within
-    1e-5 of their largest value, with and without dropout's mask, upstream gradients other than 1), else why not:
-    the population then trains this shape by the torch step. Each shape is its own build, so each is checked."""
+    1e-5 of their largest value, with and without dropout's mask, upstream gradients other than 1) and so do its
+    tables (:func:`tables_status`), else why not: the population then trains this shape by the torch step. Each
+    shape is its own build, so each is checked."""
     if not shape_supported(d, Vo) or min(Q, Vp, H, e) < 1 or (identity and H * e != d):
         return f"torch: the kernel does not take this shape (d_model {d}, {Vo} outputs, {H} heads of {e})"
     g = torch.Generator().manual_seed(0)
@@ -469,7 +909,7 @@ def shape_status(Q: int, Vp: int, H: int, e: int, d: int, Vo: int, identity: boo
             gap = float((got[n] - w).abs().max() / w.abs().max().clamp_min(1e-30))
             if not gap <= 1e-5:
                 return f"torch: the C token-count step differs from its reference here ({n}: {gap:.1e} apart)"
-    return "c"
+    return tables_status(Q, Vp, H, e, d, Vo)
 
 
 @functools.cache

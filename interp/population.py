@@ -52,7 +52,7 @@ from . import count_native
 from .attention import ADDITIVE, attention_pattern, extra_parameters, features, pair_scores, qkv_masks, stacked_qkv
 from .compiled import compiled_step
 from .configs import SELF_SCORED, check_snapshot_every
-from .count_native import count_losses_native
+from .count_native import count_losses_native, count_tables_native
 from .determinism import deterministic
 from .device import pick_device
 from .dropout_masks import position_mask, row_keys, run_keys
@@ -255,6 +255,12 @@ NATIVE_ROWS = True
 # is counted at every such query scores at most this far below the query token's best-scoring present token: its
 # denominator is then at least exp(-WEIGHT_GAP), far from float32's underflow (see weights_are_exact)
 WEIGHT_GAP = 60.0
+# the parameters the token-count tables are made of, in the order interp.count_native.count_tables_native takes them
+TABLE_PARAMETERS = (
+    "embed.W_E",
+    *(f"blocks.0.attn.{n}" for n in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")),
+    "unembed.W_U",
+)
 
 
 def _count_tables(
@@ -1105,10 +1111,20 @@ class _Population:
         if self.pooling in ("softmax", "additive"):  # the weights form, where exact
             K, H, _, e = P["blocks.0.attn.W_Q"].shape
             shape = (len(counted.queries), len(counted.present), H, e, d, P["unembed.W_U"].shape[-1], identity_w_o)
-            if self.native_tables is not None and self._native_shape(shape):  # the rows in C, the tables in torch
-                table, TE, exact = self.native_tables(
-                    P, counted.queries, counted.present, self.attn_scale, self.norm, self.pooling, counted.always
-                )
+            if self.native_tables is not None and self._native_shape(shape):  # the rows in C, the tables too
+                if self.pooling == "softmax":
+                    table, TE, exact = count_tables_native(
+                        *(P[n] for n in TABLE_PARAMETERS),
+                        counted.queries,
+                        counted.present,
+                        counted.always,
+                        self.attn_scale,
+                        WEIGHT_GAP,
+                    )
+                else:  # additive scores: the tables in torch
+                    table, TE, exact = self.native_tables(
+                        P, counted.queries, counted.present, self.attn_scale, self.norm, self.pooling, counted.always
+                    )
                 if bool(exact):
                     return count_losses_native(
                         table,

@@ -1,11 +1,13 @@
 """The C token-count step (interp/count_native.py) against independent computations: the population's torch step
-(the weights form, :func:`interp.population._count_losses`, autograd for the gradients) and a float64 reference of
-the same arithmetic, on one head, 16 and 64 heads, identity and learned W_O, with and without dropout's mask, with
-upstream gradients other than 1; and a population trained through it against the same population trained by the
+(the weights form, :func:`interp.population._count_losses`, autograd for the gradients; its tables,
+:func:`interp.population._native_tables`, for the C tables) and a float64 reference of the same arithmetic, on
+one head, 16 and 64 heads, identity and learned W_O, with and without dropout's mask, with upstream gradients
+other than 1; and a population trained through it against the same population trained by the
 torch step, and against each model trained alone."""
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import replace
 
@@ -19,7 +21,8 @@ from interp.population import seed_population, train_population
 
 # Tolerances (measured, not widened): the kernel sums each row and each gradient in another order than torch's
 # products, so losses and gradients agree to float32 rounding. Largest gap over the shapes below, as a share of the
-# largest entry: 6.7e-7 against the torch step, 1.2e-6 against float64 (the torch step's own gap to float64: 1.3e-6).
+# largest entry (measured with the tables in C and in torch): 1.6e-6 against the torch step, 2.4e-6 against float64;
+# the C tables alone 4.5e-7 against the torch tables and 8.2e-7 against float64.
 RTOL = 1e-5
 
 
@@ -95,8 +98,12 @@ def _torch_step(P, queries, present, always, rows, identity):
     return losses
 
 
-def _native_step(P, queries, present, always, rows, identity):
-    table, TE, exact = ip._native_tables(P, queries, present, 1.0, ip.NO_NORM, "softmax", always)
+def _native_step(P, queries, present, always, rows, identity, c_tables=False):
+    if c_tables:
+        tables = [P[n] for n in ip.TABLE_PARAMETERS]
+        table, TE, exact = cn.count_tables_native(*tables, queries, present, always, 1.0, ip.WEIGHT_GAP)
+    else:
+        table, TE, exact = ip._native_tables(P, queries, present, 1.0, ip.NO_NORM, "softmax", always)
     assert bool(exact)
     K, H, d = P["blocks.0.attn.W_Q"].shape[:3]
     mask = rows["out_mask"]
@@ -131,16 +138,20 @@ def _assert_close(got, want, what):
     assert gap <= RTOL, f"{what}: {gap:.2e} of the largest entry apart"
 
 
+@pytest.mark.parametrize("tables", ["torch", "C"], ids=["tables in torch", "tables in C"])
 @pytest.mark.parametrize("with_mask", [True, False], ids=["dropout mask", "no mask"])
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
-def test_the_kernel_equals_the_torch_step_and_a_float64_reference(shape, with_mask):
+def test_the_kernel_equals_the_torch_step_and_a_float64_reference(shape, with_mask, tables):
+    """The rows in C, with the tables in torch (additive pooling's path) or in C too (softmax pooling's): losses
+    and every parameter's gradient against the torch step and float64."""
     _needs_c()
     identity = shape["identity"]
     P, queries, present, always, rows, up = _problem(**shape, with_mask=with_mask)
     if identity:  # an identity W_O is no parameter: H x d_head = d_model columns taken as they are
         P.pop("blocks.0.attn.W_O")
     args = (queries, present, always, rows, identity)
-    ours = _losses_and_grads(_native_step, P, *args, up=up)
+    step = functools.partial(_native_step, c_tables=tables == "C")
+    ours = _losses_and_grads(step, P, *args, up=up)
     theirs = _losses_and_grads(_torch_step, P, *args, up=up)
     exact = _losses_and_grads(_torch_step, P, *args, up=up, dtype=torch.float64)
     _assert_close(ours[0], theirs[0], "losses against the torch step")
@@ -212,21 +223,125 @@ def test_the_kernel_refuses_what_it_cannot_read():
         )
 
 
+def _flat_layout(P):
+    """``P``'s table parameters laid out as a population's flat buffer keeps them: model k's numbers in one row of a
+    ``[K, T]`` buffer (a model stride wider than one tensor), W_Q, W_K and W_V stored ``[d_model][head][d_head]``,
+    W_U ``[vocab_out][d_model]`` (:data:`interp.count_native.TABLE_LAYOUTS`), as views of one buffer."""
+    tensors = [P[n] for n in ip.TABLE_PARAMETERS]
+    K = tensors[0].shape[0]
+    stored = [x.permute(0, *(o + 1 for o in order)) for x, order in zip(tensors, cn.TABLE_LAYOUTS)]
+    flat = torch.cat([x.reshape(K, -1) for x in stored], 1)
+    out, at = {}, 0
+    for n, x, order in zip(ip.TABLE_PARAMETERS, stored, cn.TABLE_LAYOUTS):
+        view = flat[:, at : at + x[0].numel()].view(x.shape)
+        out[n] = view.permute(0, *(order.index(j) + 1 for j in range(len(order))))
+        at += x[0].numel()
+    return out
+
+
+@pytest.mark.parametrize("layout", ["row-major", "flat buffer"])
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_the_c_tables_equal_the_torch_tables_and_a_float64_reference(shape, layout):
+    """:func:`count_tables_native` against the population's torch tables (:func:`interp.population._native_tables`,
+    autograd for the gradients) in float32 and float64: the table, TE, the exactness flag, and every table
+    parameter's gradient for random upstream gradients of the table and TE; with the parameters row-major (copied
+    into the kernel's layout) and as views of a flat buffer (read in place)."""
+    _needs_c()
+    P, queries, present, always, _, _ = _problem(**shape, with_mask=False)
+    P = {n: P[n] for n in ip.TABLE_PARAMETERS}
+    g = torch.Generator().manual_seed(5)
+    K, H, _, e = P["blocks.0.attn.W_Q"].shape
+    g_table = torch.randn(K, len(queries) * len(present), H * e + H, generator=g)
+    g_TE = torch.randn(K, len(queries), P["unembed.W_U"].shape[-1], generator=g)
+
+    def run(fn, dtype, flat=False):
+        leaves = {n: v.to(dtype).clone().requires_grad_() for n, v in P.items()}
+        used = {**leaves, **_flat_layout(leaves)} if flat else leaves  # views of the leaves: gradients reach them
+        table, TE, exact = fn(used)
+        ((table * g_table.to(dtype)).sum() + (TE * g_TE.to(dtype)).sum()).backward()
+        return [table.detach().double(), TE.detach().double(), *(v.grad.double() for v in leaves.values())], bool(exact)
+
+    def c_tables(used):
+        return cn.count_tables_native(
+            *(used[n] for n in ip.TABLE_PARAMETERS), queries, present, always, 2**0.5, ip.WEIGHT_GAP
+        )
+
+    def torch_tables(used):
+        return ip._native_tables(used, queries, present, 2**0.5, ip.NO_NORM, "softmax", always)
+
+    ours, ours_exact = run(c_tables, torch.float32, flat=layout == "flat buffer")
+    theirs, theirs_exact = run(torch_tables, torch.float32)
+    exact, exact_exact = run(torch_tables, torch.float64)
+    assert ours_exact == theirs_exact == exact_exact
+    for n, a, b, c in zip(("table", "TE", *P), ours, theirs, exact):
+        _assert_close(a, b, f"{n} against the torch tables")
+        _assert_close(a, c, f"{n} against float64")
+
+
+def test_the_c_tables_exactness_flag_is_weights_are_exact():
+    """The flag the C tables return is :func:`interp.population.weights_are_exact`'s condition: over scales of the
+    query and key weights that push some head's best counted score more than WEIGHT_GAP below its best, both say
+    the same, and both outcomes occur."""
+    _needs_c()
+    P, queries, present, always, _, _ = _problem(K=2, H=4, e=2, d=8, Vo=8, identity=False, with_mask=False)
+    seen = set()
+    for scale in (0.1, 1.0, 3.0, 6.0, 10.0, 20.0):
+        Q = {
+            **P,
+            "blocks.0.attn.W_Q": P["blocks.0.attn.W_Q"] * scale,
+            "blocks.0.attn.W_K": P["blocks.0.attn.W_K"] * scale,
+        }
+        tables = [Q[n] for n in ip.TABLE_PARAMETERS]
+        _, _, exact = cn.count_tables_native(*tables, queries, present, always, 1.0, ip.WEIGHT_GAP)
+        assert exact == ip.weights_are_exact(Q, queries, present, always, 1.0), scale
+        seen.add(exact)
+    assert seen == {True, False}
+
+
+def test_the_c_tables_refuse_what_they_cannot_read():
+    """Wrong dtypes, shapes, devices and token ids are clear errors before the kernel reads any memory."""
+    _needs_c()
+    P, queries, present, always, _, _ = _problem(K=2, H=2, e=2, d=8, Vo=8, identity=False, with_mask=False)
+    base = dict(zip(("W_E", "W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_U"), (P[n] for n in ip.TABLE_PARAMETERS)))
+    base.update(queries=queries, present=present, always=always, attn_scale=1.0, gap=ip.WEIGHT_GAP)
+    cn.count_tables_native(**base)  # as given: fine
+    bad = {
+        "float64 W_K": (dict(W_K=base["W_K"].double()), "W_K as a float32 CPU tensor"),
+        "W_V of another d_head": (dict(W_V=base["W_V"][..., :1]), "W_V as a float32"),
+        "b_Q of another head count": (dict(b_Q=base["b_Q"][:, :1]), "b_Q as a float32"),
+        "W_U of another d_model": (dict(W_U=base["W_U"][:, :4]), "W_U as a float32"),
+        "a query past the vocabulary": (dict(queries=queries + 9), "queries must lie in 0..8"),
+        "a negative present token": (dict(present=present - 1), "present must lie in 0..8"),
+        "int32 queries": (dict(queries=queries.int()), "queries must be"),
+        "always as floats": (dict(always=always.float()), "always must be a bool tensor"),
+        "always of another length": (dict(always=always[:2]), "always must be a bool tensor"),
+        "a 2-D W_E": (dict(W_E=base["W_E"][0]), "W_E \\[K, d_vocab, d_model\\]"),
+    }
+    for what, (change, message) in bad.items():
+        with pytest.raises(InterpError, match=message):
+            cn._check_tables(*(({**base, **change})[n] for n in list(base)[:11]))
+            pytest.fail(f"{what} was taken")
+
+
 def _train(tmp_path, name, task, spec, cfg, seeds, native, monkeypatch):
     """A population trained with the kernel on or off; returns its results and how many steps went through it."""
-    calls = []
-    real = ip.count_losses_native
+    calls = {"rows": 0, "tables": 0}
 
-    def counted(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
+    def counted(what, real):
+        def call(*a, **kw):
+            calls[what] += 1
+            return real(*a, **kw)
+
+        return call
 
     monkeypatch.setattr(ip, "NATIVE_ROWS", native)
-    monkeypatch.setattr(ip, "count_losses_native", counted)
+    monkeypatch.setattr(ip, "count_losses_native", counted("rows", ip.count_losses_native))
+    monkeypatch.setattr(ip, "count_tables_native", counted("tables", ip.count_tables_native))
     specs, cfgs = seed_population(task, spec, cfg, seeds)
     outs = [tmp_path / f"{name}{s}.safetensors" for s in seeds]
     res = train_population(task, specs, cfgs, outs, device="cpu", progress=False)
-    return res, outs, len(calls)
+    assert calls["tables"] == calls["rows"]  # softmax pooling: the tables in C wherever the rows are
+    return res, outs, calls["rows"]
 
 
 @pytest.mark.parametrize(
