@@ -22,10 +22,14 @@ L2 weight decay, Table 1's recipe):
 
 Sides, each timed in its own worker process of one thread (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``):
 
-- ``ours`` (and ``before``): ``train_population`` for 1 epoch (warm-up: ``torch.compile``'s compilation), then for
-  E and for 3E epochs in the same process; the rate is the difference over the 2E extra epochs per model, so model
-  building, compilation, the final evaluation and the checkpoint writes are on neither side;
-- ``solo``: ``interp.training.train`` of one model the same way (E and 3E epochs);
+- ``ours`` (and ``before``): ``train_population`` for 1 epoch and then E epochs (warm-up: ``torch.compile``'s
+  compilation, first-touch allocations, and the run after the warm-up, which runs slower than later ones), then
+  for E, 3E and again E epochs in the same process; the rate is the difference of the 3E run and the mean of the E
+  runs (a drift over the three cancels) over the 2E extra epochs per model, so model building, compilation, the
+  final evaluation and the checkpoint writes are on neither side. Before the timed runs the heap is frozen
+  (``gc.freeze``): a full collection of Python's garbage collector otherwise walks torch.compile's objects (~0.3 s)
+  and lands in one run and not another, as large as what is measured at E = 2 and K = 100;
+- ``solo``: ``interp.training.train`` of one model the same way;
 - ``vmap-query``: ``vmap`` over ``functional_call`` of our query-restricted forward (``interp.query_forward.logits_at``,
   what ``interp train`` runs per model) on the K models' own batches, ``torch.optim.Adam(foreach=True)`` over the
   stacked parameters: the same arithmetic as the population's per-position path, batched by vmap instead of by
@@ -51,6 +55,7 @@ other work on a shared machine disturbs less; the ratios are of CPU seconds.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -161,8 +166,12 @@ def _worker(args) -> None:
         E = args.epochs
         with tempfile.TemporaryDirectory() as tmp:
             run(1, Path(tmp))  # warm-up: compilation, first-touch allocations
-            (w1, c1), (w3, c3) = run(E, Path(tmp)), run(3 * E, Path(tmp))
+            run(E, Path(tmp))  # and the run after it, which is slower than later ones
+            gc.collect()
+            gc.freeze()  # what is on the heap now (torch.compile's objects) no longer in every full collection
+            (w1, c1), (w3, c3), (w1b, c1b) = run(E, Path(tmp)), run(3 * E, Path(tmp)), run(E, Path(tmp))
         models = 1 if args.side == "solo" else K
+        w1, c1 = (w1 + w1b) / 2, (c1 + c1b) / 2  # the E-epoch runs before and after: a drift cancels
         print(json.dumps({"wall": (w3 - w1) / (2 * E * models), "cpu": (c3 - c1) / (2 * E * models)}))
         return
     print(json.dumps(_vmap_rate(args, task, spec, cfg, K)))

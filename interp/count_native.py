@@ -17,14 +17,15 @@ through the whole step at once, its activations in registers and L1:
 The tables themselves (``table``, ``TE``) are made from the parameters in C too, with softmax pooling
 (:func:`count_tables_native`: the projections of the query and present tokens, the scores, their weights, and in
 the backward every gradient back to ``W_E``, ``W_Q``, ``W_K``, ``W_V``, their biases and ``W_U``). In torch they
-were a dozen batched products of a hundred tiny matrices per step and their backward, as long as the rows
-themselves; in C they are a fifth of that. Each parameter is read where a population's flat buffer keeps it
-(:data:`TABLE_LAYOUTS`): copying the strided views out cost more than the tables. Additive pooling keeps its tables
-in torch. Float32 throughout, as the torch step; the sums run in another order, so the losses and gradients equal
-the torch step's to float32 rounding (the self-check, :func:`status`, holds them within 1e-5 relative before the
-population uses the kernel). Built with the machine's C
-compiler (:func:`interp.native.build`); the CPU only; where no compiler builds it or the self-check fails, the torch
-step is used.
+are a dozen batched products of a hundred tiny matrices per step: forward and backward of 100 models at d_model 32
+measured 1.28 ms a step compiled, against 0.78 ms here (autograd's bookkeeping included in both). Each parameter is
+read where a population's flat buffer keeps it (:data:`TABLE_LAYOUTS`): copying the strided views out first cost
+more than the tables themselves (0.30 ms a step). Additive pooling keeps its tables in torch.
+
+Float32 throughout, as the torch step; the sums run in another order, so the losses and gradients equal the torch
+step's to float32 rounding (the self-check, :func:`status`, holds them within 1e-5 relative before the population
+uses the kernel). Built with the machine's C compiler (:func:`interp.native.build`); the CPU only; where no compiler
+builds it or the self-check fails, the torch step is used.
 """
 
 from __future__ import annotations
