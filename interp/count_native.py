@@ -654,14 +654,6 @@ def _new_in_layout(shape: tuple[int, ...], order: tuple[int, ...]) -> Tensor:
     return stored.permute(0, *(order.index(j) + 1 for j in range(len(order))))
 
 
-def _address(x: Tensor) -> ctypes.c_void_p:
-    """The address of ``x``'s first element, for a C function that reads it at its own strides (checked by the
-    caller: :func:`_in_layout`); refused for a tensor whose memory does not hold its values."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.layout != torch.strided or x.is_neg() or x.is_conj():
-        raise ValueError(f"a C function reads a float32 CPU tensor holding its own values; got {x.dtype} on {x.device}")
-    return ctypes.c_void_p(x.data_ptr())
-
-
 def _check_tables(W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U, queries, present, always) -> None:
     """Every argument of the C tables checked before the kernel reads raw memory (a clear error, not a crash)."""
     if not isinstance(W_E, Tensor) or W_E.dim() != 3 or not isinstance(W_Q, Tensor) or W_Q.dim() != 4:
@@ -710,7 +702,7 @@ class CountTables(torch.autograd.Function):
         library(Q, Vp, H, e, d, Vo, False).count_tables(
             ctypes.c_int64(K),
             ctypes.c_int64(V),
-            *(_address(x) for x in f),
+            *(pointer(x, torch.float32, strided=True) for x in f),
             pointer(strides),
             pointer(qi),
             pointer(pi),
@@ -749,7 +741,7 @@ class CountTables(torch.autograd.Function):
         library(Q, Vp, H, e, d, Vo, False).count_tables_backward(
             ctypes.c_int64(K),
             ctypes.c_int64(V),
-            *(_address(x) for x in W),
+            *(pointer(x, torch.float32, strided=True) for x in W),
             pointer(strides),
             pointer(saved),
             pointer(queries),
@@ -757,7 +749,7 @@ class CountTables(torch.autograd.Function):
             ctypes.c_float(ctx.scale),
             pointer(g_table),
             pointer(g_TE),
-            *(_address(g) for g in grads),
+            *(pointer(g, torch.float32, strided=True) for g in grads),
             pointer(work),
         )
         return (*grads, None, None, None, None, None)

@@ -184,14 +184,17 @@ def abandon_builds() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def pointer(t: Tensor | None, dtype: torch.dtype | None = None) -> ctypes.c_void_p:
+def pointer(t: Tensor | None, dtype: torch.dtype | None = None, *, strided: bool = False) -> ctypes.c_void_p:
     """The address of a tensor's first element, for a C function to read or write (NULL for None or an empty
     tensor). The tensor must be a dense, contiguous CPU tensor whose memory holds its values (not a negated or
     conjugated view, whose sign torch applies lazily), of ``dtype`` where given: C reads it as one block of that type,
-    and a copy made here would be freed before the call. The caller keeps the tensor alive until the call returns."""
+    and a copy made here would be freed before the call. ``strided=True``: C reads it at strides its caller checked
+    and passed (a view of a wider buffer), so it need not be contiguous. The caller keeps the tensor alive until the
+    call returns."""
     if t is None or t.numel() == 0:
         return ctypes.c_void_p(None)
-    if t.layout != torch.strided or t.device.type != "cpu" or not t.is_contiguous() or t.is_neg() or t.is_conj():
+    dense = strided or t.is_contiguous()
+    if t.layout != torch.strided or t.device.type != "cpu" or not dense or t.is_neg() or t.is_conj():
         raise ValueError(
             f"a C function reads a dense contiguous CPU tensor holding its own values; got one on {t.device}, "
             f"layout {t.layout}, strides {t.stride() if t.layout == torch.strided else None}"

@@ -29,6 +29,16 @@ def test_pointer_is_the_first_elements_address_and_refuses_what_c_cannot_read():
     assert pointer(t, torch.float32).value == t.data_ptr()
     with pytest.raises(ValueError, match=r"reads torch\.int64 here; got torch\.int32"):
         pointer(t.int(), torch.int64)  # C would read the int32 buffer as int64
+    # strided=True: the C function reads the view at the strides its caller passes, so a view of a wider buffer is
+    # taken (its first element's address), and the rest is still refused
+    assert pointer(t[:, 1:], torch.float32, strided=True).value == t.data_ptr() + 4
+    assert pointer(t.T, strided=True).value == t.data_ptr()
+    with pytest.raises(ValueError, match="negated or conjugated view"):
+        pointer(torch._neg_view(t), strided=True)
+    with pytest.raises(ValueError, match="on meta"):
+        pointer(torch.empty(3, device="meta"), strided=True)
+    with pytest.raises(ValueError, match=r"reads torch\.float32 here; got torch\.float64"):
+        pointer(t.double()[:, 1:], torch.float32, strided=True)
 
 
 def test_unfilled_skips_deterministic_modes_fill_only_within_and_restores_it():
