@@ -4,8 +4,9 @@ A step function is compiled once per process for each ``dynamic`` setting and re
 populations in one process; each used to compile its step afresh). ``torch.compile`` on the CPU generates C++:
 where no C++ compiler is installed, :func:`compiled_step` refuses in one line (``compile=True`` was asked for), and
 :func:`compiled_or_plain` falls back to the plain function (an optional speed-up). The plain function is compiled
-(``inspect.unwrap``): a runtime type checker's wrapper, as the test run puts on every annotated function, cannot be
-traced.
+(``inspect.unwrap``): a runtime type checker's wrapper, as the test run puts on every function of the package, is
+not traceable by every torch (the functions it calls are wrapped too; torch 2.13 traces those, 2.11 did not trace
+the counter masks' hash, which is now ``no_type_check``).
 
 Each compiled step specialises on its shapes (``dynamic=False``: one graph per population size, batch, d_model and
 form), and a sweep or Table 1's regeneration trains several such shapes in one process (six graphs of the
