@@ -51,18 +51,18 @@ CELLS = (
     "d32-shapley-svc",
     "d32-mask-all-but-one",
 )
-# seconds of each cell's 100 runs (its populations' own, one process of one thread, the fifth timing in
+# seconds of each cell's 100 runs (its populations' own, one process of one thread, the sixth timing in
 # docs/benchmarks.md, "Table 1 regenerated"): what --split cells balances the processes by
 CELL_COST = {
-    "d8-normal": 540,
-    "d8-svc": 580,
-    "d8-shapley-svc": 540,
-    "d8-mask-all-but-one": 510,
-    "d2-normal": 470,
-    "d32-normal": 730,
-    "d32-svc": 970,
-    "d32-shapley-svc": 1520,
-    "d32-mask-all-but-one": 730,
+    "d8-normal": 162,
+    "d8-svc": 182,
+    "d8-shapley-svc": 177,
+    "d8-mask-all-but-one": 156,
+    "d2-normal": 198,
+    "d32-normal": 234,
+    "d32-svc": 351,
+    "d32-shapley-svc": 694,
+    "d32-mask-all-but-one": 258,
 }
 IGNORED = ("wall_seconds", "population", "checkpoint")  # bookkeeping, not results
 OUTCOME = ("best_epoch", "kept_epoch", "epochs_run", "final_active_heads", "accuracy", "strategy", "seed")
