@@ -670,6 +670,8 @@ def _check_tables(W_E, W_Q, W_K, W_V, b_Q, b_K, b_V, W_U, queries, present, alwa
             raise InterpError(
                 f"the C token-count tables take {name} as a float32 CPU tensor of shape {list(shape)}; got {got}"
             )
+    if not shape_supported(d, Vo):
+        raise InterpError(f"the C token-count tables take d_model and d_vocab_out multiples of 8; got {d} and {Vo}")
     for name, x in (("queries", queries), ("present", present)):
         if not isinstance(x, Tensor) or x.dtype != torch.int64 or x.device.type != "cpu" or x.dim() != 1 or not len(x):
             raise InterpError(f"{name} must be a non-empty 1-dimensional int64 CPU tensor of token ids")

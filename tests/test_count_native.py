@@ -317,6 +317,8 @@ def test_the_c_tables_refuse_what_they_cannot_read():
         "always of another length": (dict(always=always[:2]), "always must be a bool tensor"),
         "a 2-D W_E": (dict(W_E=base["W_E"][0]), "W_E \\[K, d_vocab, d_model\\]"),
     }
+    narrow = _problem(K=1, H=2, e=2, d=12, Vo=8, identity=False, with_mask=False)[0]  # d_model 12: no whole vectors
+    bad["d_model 12"] = ({k: narrow[n] for k, n in zip(list(base)[:8], ip.TABLE_PARAMETERS)}, "multiples of 8")
     for what, (change, message) in bad.items():
         with pytest.raises(InterpError, match=message):
             cn._check_tables(*(({**base, **change})[n] for n in list(base)[:11]))
